@@ -1,0 +1,107 @@
+"""The whole exception tree of asynclock.
+
+One root, :class:`AsynclockError`, so ``except asynclock.AsynclockError`` catches everything the
+library raises on purpose. Bad input stays a builtin :class:`ValueError` / :class:`TypeError`, and
+local misuse (re-entering one lock object, releasing a lock another task holds) stays a
+:class:`RuntimeError`: those are bugs in the calling code, not conditions to handle.
+"""
+
+from __future__ import annotations
+
+
+class AsynclockError(Exception):
+    """Root of every error asynclock raises on purpose."""
+
+
+class LockError(AsynclockError):
+    """Something went wrong with a lock (base class)."""
+
+
+class LockAcquisitionError(LockError):
+    """The lock could not be acquired: it is held by someone else.
+
+    This is the error :func:`asynclock.retry_on_lock_conflict` retries.
+
+    Attributes:
+        key: the lock's key.
+        ttl: the TTL (seconds) the acquirer asked for.
+        retry_after: seconds until the current holder's lock expires, as the server reported at
+            the last attempt, or ``None`` when unknown. The holder may release earlier, or extend.
+    """
+
+    def __init__(
+        self, key: str, ttl: float, retry_after: float | None, message: str | None = None
+    ) -> None:
+        self.key = key
+        self.ttl = ttl
+        self.retry_after = retry_after
+        if message is None:
+            when = (
+                f"the holder's lock expires in {retry_after:.3f} s"
+                if retry_after is not None
+                else "the holder's remaining time is unknown"
+            )
+            message = f"could not acquire lock {key!r}: it is held by someone else ({when})"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[LockAcquisitionError], tuple[str, float, float | None, str]]:
+        return (type(self), (self.key, self.ttl, self.retry_after, str(self)))
+
+
+class LockNotOwnedError(LockError):
+    """The server says this acquisition no longer holds the lock (it expired, or was taken over).
+
+    Raised by :meth:`AsyncLock.extend` and :meth:`AsyncLock.release`. It is an *external*
+    condition, like a broken connection: the lock's TTL ran out before the holder finished.
+
+    Attributes:
+        key: the lock's key.
+        owner: the owner id of the acquisition that lost the lock.
+    """
+
+    def __init__(self, key: str, owner: str, message: str | None = None) -> None:
+        self.key = key
+        self.owner = owner
+        if message is None:
+            message = (
+                f"lock {key!r} is no longer held by {owner!r}: its TTL ran out or it was "
+                "force-released, and another acquirer may hold it now"
+            )
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[LockNotOwnedError], tuple[str, str, str]]:
+        return (type(self), (self.key, self.owner, str(self)))
+
+
+class LockLostError(LockError):
+    """An auto-renewed lock was lost while its body ran; the body was cancelled.
+
+    ``async with AsyncLock(..., auto_renew=True)`` raises this when a renewal found the lock gone
+    (or could not reach the server before the lock's TTL ran out), or when ``max_lifetime`` ran
+    out. ``lock.lost`` is then ``True``.
+
+    Attributes:
+        key: the lock's key.
+        owner: the owner id of the acquisition that was lost.
+    """
+
+    def __init__(self, key: str, owner: str, message: str | None = None) -> None:
+        self.key = key
+        self.owner = owner
+        if message is None:
+            message = f"lock {key!r} held by {owner!r} was lost while its body ran"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[LockLostError], tuple[str, str, str]]:
+        return (type(self), (self.key, self.owner, str(self)))
+
+
+class StateError(AsynclockError):
+    """A state backend failed (base class)."""
+
+
+class StateUnavailableError(StateError, ConnectionError):
+    """The state backend could not be reached, or did not answer within its timeout.
+
+    The driver's own exception is chained as ``__cause__``. Messages never contain passwords.
+    """

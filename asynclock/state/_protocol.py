@@ -1,0 +1,149 @@
+"""The contract between the primitives (AsyncLock, Deduper, ...) and a state backend.
+
+A backend is any object with these methods; it does not need to inherit from anything
+(structural typing, like trio's ``_HasAcquireRelease``). ``tests/conformance`` runs every
+backend through the same semantics, and a third-party backend can run that suite too.
+
+Vocabulary used in every docstring below:
+
+* **atomic against processes**: the operation is one server-side step (a Lua script, one SQL
+  statement); no other client of the same server sees a half-done state. ``MemoryState`` is
+  atomic against tasks and threads of one process only.
+* **server clock**: expiry is decided by the backend's own clock (Redis ``PX``, SQL ``now()``,
+  ``time.monotonic()`` for memory), never by the caller's wall clock.
+* **owner**: an opaque string unique per acquisition (see ``asynclock._owner``).
+* **token**: the fencing token: an ``int`` that is strictly greater than every token issued
+  before for the same key by the same backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The answer to :meth:`State.acquire`.
+
+    Exactly one of the fields is set: ``token`` when the caller now holds the lock,
+    ``retry_after`` (seconds until the current holder's lock expires) when it does not.
+    ``retry_after`` may be ``0.0`` when the holder's lock is about to expire.
+    """
+
+    token: int | None
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The answer to :meth:`State.release`.
+
+    ``owned`` is ``False`` when the key was no longer held by the caller (nothing was changed).
+    ``handoff_token`` is the successor's fencing token when the lock was handed over directly,
+    ``None`` when it was released (or when the backend declined the handoff to serve a waiter
+    in another process first; the successor must then acquire like anyone else).
+    """
+
+    owned: bool
+    handoff_token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """What :meth:`State.inspect` reports about a held lock."""
+
+    key: str
+    owner: str
+    remaining: float
+    token: int
+
+
+@runtime_checkable
+class Watch(Protocol):
+    """A subscription to release notifications for one key (see :meth:`Notifier.watch`)."""
+
+    def reset(self) -> None:
+        """Forget notifications received so far; call it right before each acquire attempt."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait until a release of the key was announced after the last :meth:`reset`.
+
+        Returns ``True`` when woken by a notification and ``False`` after ``timeout`` seconds.
+        A notification may be lost (a dropped connection, a failover); callers therefore always
+        bound ``timeout`` by the holder's remaining TTL, so they never wait past the expiry.
+        """
+        ...
+
+
+@runtime_checkable
+class State(Protocol):
+    """Where locks and dedupe records live.
+
+    Every method is a coroutine and every call yields to the event loop at least once.
+    Backends raise :class:`asynclock.StateUnavailableError` (with the driver's error as
+    ``__cause__``) when the server cannot be reached within their configured timeouts.
+    """
+
+    async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
+        """Take ``key`` for ``owner`` for ``ttl`` seconds if nobody holds it (or it expired).
+
+        Atomic against processes; expiry by the server clock. On success the grant carries a new
+        fencing token; otherwise the holder's remaining time. Idempotent for one owner: repeating
+        a call that already won (say, after a lost reply) returns the same token again.
+
+        ``waiting=True`` tells the backend that the caller will block until the key is free, so
+        the holder's process may give way to it instead of handing the lock to its own waiters
+        (cross-process fairness); backends are free to ignore it.
+        """
+        ...
+
+    async def release(
+        self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
+    ) -> Release:
+        """Release ``key`` if ``owner`` still holds it (compare-and-delete, atomic).
+
+        With ``successor`` (and its ``ttl``), the backend may instead hand the lock straight to
+        that new owner in the same atomic step, with a new fencing token: this is how a process
+        serves its own queue of waiters without a release/acquire round trip. A release wakes
+        the key's watchers.
+        """
+        ...
+
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        """Reset the TTL of ``key`` to ``ttl`` seconds from now if ``owner`` still holds it.
+
+        Compare-then-act, atomic. ``False`` means the lock is gone or held by someone else;
+        it is never re-created.
+        """
+        ...
+
+    async def inspect(self, key: str) -> LockInfo | None:
+        """The current holder of ``key``, or ``None`` when nobody holds it."""
+        ...
+
+    async def dedupe_add(self, key: str, ttl: float) -> bool:
+        """Record ``key`` for ``ttl`` seconds unless it is recorded already (atomic set-if-absent).
+
+        ``True`` exactly once per key per TTL window, across every client of the backend.
+        """
+        ...
+
+    async def dedupe_forget(self, key: str) -> bool:
+        """Delete the record of ``key``; ``True`` if there was one."""
+        ...
+
+    def watch(self, key: str) -> AbstractAsyncContextManager[Watch]:
+        """Subscribe to release notifications of ``key`` for the duration of the block.
+
+        The subscription is active when ``__aenter__`` returns, so a release that happens after
+        it (even before the first ``wait``) is not missed.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release the backend's resources. A backend given a client does not close it."""
+        ...
