@@ -1,0 +1,76 @@
+"""asynclock: asyncio-native distributed locks, dedupe and lock-aware retries.
+
+Everything public is importable from here. Server states load their drivers on first access,
+so ``import asynclock`` needs none of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from asynclock._dedupe import Deduper as Deduper
+from asynclock._errors import AsynclockError as AsynclockError
+from asynclock._errors import LockAcquisitionError as LockAcquisitionError
+from asynclock._errors import LockError as LockError
+from asynclock._errors import LockLostError as LockLostError
+from asynclock._errors import LockNotOwnedError as LockNotOwnedError
+from asynclock._errors import StateError as StateError
+from asynclock._errors import StateUnavailableError as StateUnavailableError
+from asynclock._lock import AsyncLock as AsyncLock
+from asynclock.state import state_from_url as state_from_url
+from asynclock.state._protocol import LockInfo as LockInfo
+from asynclock.state._protocol import State as State
+from asynclock.state.memory import MemoryState as MemoryState
+
+if TYPE_CHECKING:
+    from asynclock.state.redis import RedisState as RedisState
+
+__version__ = "0.1.0.dev0"
+
+__all__ = (
+    "AsyncLock",
+    "AsynclockError",
+    "Deduper",
+    "LockAcquisitionError",
+    "LockError",
+    "LockInfo",
+    "LockLostError",
+    "LockNotOwnedError",
+    "MemoryState",
+    "RedisState",
+    "State",
+    "StateError",
+    "StateUnavailableError",
+    "state_from_url",
+)
+
+# Public objects report the package as their home (error messages, docs, pickling).
+for _name in __all__:
+    if _name != "RedisState":
+        _obj = globals()[_name]
+        try:
+            _obj.__module__ = __name__
+        except (AttributeError, TypeError):  # pragma: no cover - builtins
+            pass
+del _name, _obj
+
+_LAZY = {"RedisState": ("asynclock.state.redis", "redis")}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        module_name, extra = _LAZY[name]
+        try:
+            module = __import__(module_name, fromlist=[name])
+        except ImportError as exc:
+            raise ImportError(
+                f"asynclock.{name} needs its driver: pip install 'asynclock[{extra}]' ({exc})"
+            ) from exc
+        obj: object = getattr(module, name)
+        try:
+            obj.__module__ = __name__
+        except (AttributeError, TypeError):  # pragma: no cover
+            pass
+        globals()[name] = obj
+        return obj
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,10 @@
+"""``python -m asynclock``: the command line (the ``asynclock`` script calls ``main`` here too)."""
+
+from __future__ import annotations
+
+from asynclock._cli import main
+
+__all__ = ("main",)
+
+if __name__ == "__main__":
+    raise SystemExit(main())

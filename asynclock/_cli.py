@@ -1,0 +1,122 @@
+"""The ``asynclock`` command line (also ``python -m asynclock``).
+
+Subcommands:
+
+* ``demo``: the webhook storm, without and with asynclock (see :mod:`asynclock._demo`).
+* ``bench``, ``locks``, ``unlock``: reserved; they print "not yet implemented" and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import TYPE_CHECKING
+
+from asynclock._demo import format_result, run_demo
+from asynclock._errors import StateUnavailableError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ("main",)
+
+_NOT_YET = "not yet implemented (see issue #6/#8)"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite seconds >= 0, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asynclock",
+        description="asyncio distributed locks and dedupe for webhook workers and bots.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="the webhook storm, without and with asynclock",
+        description=(
+            "Concurrent 'first message' handlers race a find-or-create of a conversation; "
+            "run once without a lock and once with one AsyncLock per contact."
+        ),
+    )
+    demo.add_argument(
+        "--state",
+        default="memory://",
+        metavar="URL",
+        help="where the locks live (default: memory://), e.g. redis://127.0.0.1:6379/0",
+    )
+    demo.add_argument(
+        "--tasks", type=_positive_int, default=20, metavar="N", help="concurrent messages (20)"
+    )
+    demo.add_argument(
+        "--contacts", type=_positive_int, default=5, metavar="N", help="distinct contacts (5)"
+    )
+    demo.add_argument(
+        "--gap",
+        type=_seconds,
+        default=0.02,
+        metavar="SECONDS",
+        help="simulated database round trip between find and create (0.02)",
+    )
+
+    bench = commands.add_parser("bench", help=f"the benchmark suite: {_NOT_YET}")
+    bench.add_argument("--state", metavar="URL")
+    locks = commands.add_parser("locks", help=f"list the locks held now: {_NOT_YET}")
+    locks.add_argument("--state", metavar="URL")
+    unlock = commands.add_parser("unlock", help=f"force-release a lock: {_NOT_YET}")
+    unlock.add_argument("--state", metavar="URL")
+    unlock.add_argument("key", nargs="?", metavar="KEY")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``asynclock`` command line.
+
+    Args:
+        argv: the arguments after the program name; ``None`` means ``sys.argv[1:]``.
+
+    Returns:
+        The process exit code: 0 on success, 1 when the state server cannot be reached,
+        2 for a usage error or a subcommand that is not implemented yet.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command: str | None = args.command
+    if command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if command != "demo":
+        print(f"asynclock {command}: {_NOT_YET}", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(
+            run_demo(args.state, tasks=args.tasks, contacts=args.contacts, gap=args.gap)
+        )
+    except ValueError as exc:
+        print(f"asynclock demo: {exc}", file=sys.stderr)
+        return 2
+    except StateUnavailableError as exc:
+        print(f"asynclock demo: the state server is unavailable: {exc}", file=sys.stderr)
+        return 1
+    print(format_result(result), end="")
+    return 0

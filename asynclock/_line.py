@@ -1,0 +1,151 @@
+"""This process's queue of acquirers for one key of one state (the "line").
+
+Only one member of a line talks to the server at a time: the *member* holds the lock or is
+contending for it, everyone else waits in FIFO order in ``waiters``. That is what makes
+waiters of one process first-come-first-served, keeps the server's load at one contender per
+process per key, and lets a release hand the lock straight to the next waiter in the same
+atomic server step (``State.release(successor=...)``): one round trip per handoff.
+
+Invariants:
+
+* ``member`` is the :class:`Ticket` that most recently won the lock or was promoted to contend.
+  A ticket acts on the line (hands over, promotes) only while it is the member, so a stale
+  holder whose lock expired can never disturb the queue it left.
+* A waiter's future resolves at most once: to a fencing token (the lock was handed over: the
+  waiter holds it) or to ``None`` (the waiter is now the member and must contend).
+* A waiter never waits past the member's expected expiry (``Ticket.expires``): if the holder
+  vanished without releasing, the head waiter takes over and contends on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asynclock.state._protocol import Release, State
+
+
+class Ticket:
+    """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on."""
+
+    __slots__ = ("expires", "future", "owner", "ttl")
+
+    def __init__(self, owner: str, ttl: float) -> None:
+        self.owner = owner
+        self.ttl = ttl
+        self.future: asyncio.Future[int | None] | None = None
+        #: loop time by which this ticket's lock expires if it holds it (inf while contending)
+        self.expires = math.inf
+
+    def live(self) -> bool:
+        """Whether a waiter still sleeps on this ticket's future."""
+        return self.future is not None and not self.future.done()
+
+
+class Line:
+    """The member and the FIFO waiters of one key, in one event loop."""
+
+    __slots__ = ("_lines", "key", "member", "waiters")
+
+    def __init__(self, key: str, lines: dict[tuple[int, str], Line]) -> None:
+        self.key = key
+        self.member: Ticket | None = None
+        self.waiters: deque[Ticket] = deque()
+        self._lines = lines
+
+    def hold(self, ticket: Ticket, ttl: float) -> None:
+        """``ticket`` now holds the lock for ``ttl`` seconds."""
+        self.member = ticket
+        ticket.expires = asyncio.get_running_loop().time() + ttl
+
+    def next_waiter(self) -> Ticket | None:
+        """Pop the first waiter that still waits (skipping those that timed out or left)."""
+        while self.waiters:
+            ticket = self.waiters.popleft()
+            if ticket.live():
+                return ticket
+        return None
+
+    def promote(self, first: Ticket | None = None) -> None:
+        """Make ``first`` (else the next live waiter) the member that contends; else vacate."""
+        ticket = first if first is not None and first.live() else self.next_waiter()
+        self.member = ticket
+        if ticket is not None:
+            ticket.expires = math.inf
+            assert ticket.future is not None
+            ticket.future.set_result(None)
+        elif not self.waiters:
+            self._lines.pop((id(asyncio.get_running_loop()), self.key), None)
+
+    def leave(self, ticket: Ticket) -> None:
+        """``ticket`` stops being the member without a lock to pass on."""
+        if self.member is ticket:
+            self.promote()
+
+    def drop_waiter(self, ticket: Ticket) -> None:
+        """Remove a waiter that gave up before its future resolved."""
+        try:
+            self.waiters.remove(ticket)
+        except ValueError:
+            pass
+        if self.member is None and not self.waiters:
+            self._lines.pop((id(asyncio.get_running_loop()), self.key), None)
+
+
+async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
+    """Release ``ticket``'s lock, handing it to the next live waiter when there is one.
+
+    Returns the server's answer for ``ticket`` itself. If the successor left while the handoff
+    was on the wire, the lock is passed on again on its behalf, so it is never left with nobody.
+    """
+    first: Release | None = None
+    current = ticket
+    while True:
+        successor = line.next_waiter() if line.member is current else None
+        if successor is None:
+            result = await state.release(line.key, current.owner)
+            if line.member is current:
+                line.promote()
+            return first or result
+        try:
+            result = await state.release(
+                line.key, current.owner, successor=successor.owner, ttl=successor.ttl
+            )
+        except BaseException:
+            # Outcome unknown. The successor contends with its own owner id: acquire is
+            # idempotent per owner, so if the handoff did happen it simply gets its token.
+            line.promote(successor)
+            raise
+        first = first or result
+        if not result.owned or result.handoff_token is None:
+            # our lock was lost, or the backend let a waiter of another process go first
+            line.promote(successor)
+            return first
+        line.hold(successor, successor.ttl)
+        if successor.live():
+            assert successor.future is not None
+            successor.future.set_result(result.handoff_token)
+            return first
+        current = successor  # it gave up meanwhile: pass the lock on in its name
+
+
+_registry: weakref.WeakKeyDictionary[State, dict[tuple[int, str], Line]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def line_for(state: State, key: str) -> Line:
+    """The line of ``key`` on ``state`` in the running event loop (created on demand)."""
+    try:
+        lines = _registry[state]
+    except KeyError:
+        lines = _registry.setdefault(state, {})
+    index = (id(asyncio.get_running_loop()), key)
+    line = lines.get(index)
+    if line is None:
+        line = lines[index] = Line(key, lines)
+    return line

@@ -1,0 +1,502 @@
+"""AsyncLock: a TTL lock with fencing tokens, FIFO wake-ups and cancellation safety."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import TYPE_CHECKING, final
+
+import anyio
+
+from asynclock._errors import LockAcquisitionError, LockLostError, LockNotOwnedError
+from asynclock._line import Line, Ticket, line_for, release_chain
+from asynclock._owner import new_owner
+from asynclock._renew import Renewer
+from asynclock._validate import check_key, check_seconds, check_ttl
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from asynclock.state._protocol import Grant, Release, State
+
+logger = logging.getLogger("asynclock")
+
+# A waiter re-checks a holder that should have expired this long after its expected expiry;
+# covers the small gap between the client's estimate and the server's clock.
+_EXPIRY_GRACE = 0.005
+# Never re-ask the server sooner than this after it said the holder's lock expires "now".
+_MIN_WAIT = 0.001
+
+
+@final
+class AsyncLock:
+    """A distributed TTL lock for asyncio, held by one task at a time.
+
+    Create one object per acquisition (``async with AsyncLock(state, key):``), like a
+    ``with open(...)``; the object belongs to the task that acquired it.
+
+    Invariants:
+
+    * **Single owner, not reentrant.** Entering a lock object that is held (or being acquired)
+      raises ``RuntimeError``; so does releasing it from a task other than the one that
+      acquired it.
+    * **Expiry by the server's clock.** Without ``auto_renew`` a holder keeps the lock for at
+      most ``ttl`` seconds from its last acquire/extend; after that anyone may take it.
+    * **Fencing.** Every acquisition gets a token strictly greater than every earlier token of
+      the key. Hand it to the store you write to, and let the store reject writes with a token
+      lower than one it has seen (see the timeline below).
+    * **Owner ids are per acquisition** (``"<host>:<pid>:<task id>:<random>"``), never shared
+      between tasks.
+    * **Waiters are served in arrival order within a process**, and they do not poll: they wake
+      on the release (pub/sub, in-process events) or when the holder's TTL runs out.
+    * **Cancellation.** A task cancelled while acquiring leaves no lock behind: if the server
+      granted it just as the cancellation came, it is released (or handed to the next waiter)
+      at once. A cancelled release still completes in the background.
+
+    Timeline (why fencing tokens matter)::
+
+        t=0   A acquires "invoice:7" (ttl=10)          token 41
+        t=3   A stalls (GC pause, slow network) ...
+        t=10  A's lock expires on the server
+        t=11  B acquires "invoice:7"                   token 42
+        t=12  B writes to the store with token 42      store remembers 42
+        t=13  A wakes up and writes with token 41      store rejects: 41 < 42
+        t=13  A's release raises LockNotOwnedError
+
+    Args:
+        state: where the lock lives (:class:`MemoryState`, :class:`RedisState`, ...).
+        key: the lock's name; any non-empty string.
+        ttl: seconds the lock lives unless released or extended.
+        blocking: whether ``acquire()`` (and ``async with``) waits for a held lock.
+        timeout: seconds a blocking acquire waits at most (``None``: no limit).
+        auto_renew: extend the lock every ``ttl/3`` while held; if it is lost, cancel the body
+            and raise :class:`LockLostError` from ``async with``.
+        max_lifetime: with ``auto_renew``, stop renewing after this many seconds of holding;
+            the body is then cancelled with :class:`LockLostError` as well.
+
+    Example:
+        >>> import asyncio, asynclock
+        >>> async def main():
+        ...     state = asynclock.MemoryState()
+        ...     async with asynclock.AsyncLock(state, "contact:42", ttl=5.0) as lock:
+        ...         return lock.owned, lock.token > 0
+        >>> asyncio.run(main())
+        (True, True)
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_auto_renew",
+        "_blocking",
+        "_busy",
+        "_cleanup_ticket",
+        "_key",
+        "_last_token",
+        "_line",
+        "_lost",
+        "_max_lifetime",
+        "_owner",
+        "_renewer",
+        "_retry_after",
+        "_scope",
+        "_state",
+        "_task",
+        "_ticket",
+        "_timeout",
+        "_token",
+        "_ttl",
+    )
+
+    def __init__(
+        self,
+        state: State,
+        key: str,
+        ttl: float = 30.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        max_lifetime: float | None = None,
+    ) -> None:
+        self._key = check_key(key)
+        self._ttl = check_ttl(ttl, key=key)
+        self._timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True, allow_none=True)
+        self._max_lifetime = check_seconds(
+            max_lifetime, "max_lifetime", key=key, allow_none=True
+        )
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, got {blocking!r} (key {key!r})")
+        self._state = state
+        self._blocking = blocking
+        self._auto_renew = bool(auto_renew)
+        self._owner = ""
+        self._token: int | None = None
+        self._ticket: Ticket | None = None
+        self._line: Line | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._busy = False
+        self._last_token: int | None = None
+        self._cleanup_ticket: Ticket | None = None
+        self._lost = False
+        self._retry_after: float | None = None
+        self._renewer: Renewer | None = None
+        self._scope: anyio.CancelScope | None = None
+
+    # -- read-only views ----------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """The lock's key."""
+        return self._key
+
+    @property
+    def ttl(self) -> float:
+        """Seconds the lock lives unless released or extended."""
+        return self._ttl
+
+    @property
+    def state(self) -> State:
+        """The state the lock lives in."""
+        return self._state
+
+    @property
+    def owned(self) -> bool:
+        """Whether this object acquired the lock and has not released it (a local view)."""
+        return self._token is not None
+
+    @property
+    def owner(self) -> str:
+        """The owner id of the current (or last) acquisition; ``""`` before the first."""
+        return self._owner
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the current (or last) acquisition; ``None`` before the first."""
+        return self._token if self._token is not None else self._last_token
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock was found lost while held (auto-renew, extend or release)."""
+        return self._lost
+
+    @property
+    def retry_after(self) -> float | None:
+        """After a failed acquire: seconds until the holder's lock expires, if known."""
+        return self._retry_after
+
+    def __repr__(self) -> str:
+        status = "owned" if self.owned else ("lost" if self._lost else "unlocked")
+        token = f" token={self._token}" if self._token is not None else ""
+        return f"<AsyncLock {self._key!r} {status}{token} ttl={self._ttl} state={self._state!r}>"
+
+    # -- acquire ------------------------------------------------------------------------------
+
+    async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Acquire the lock.
+
+        Args:
+            blocking: wait for a held lock (default: the constructor's ``blocking``).
+            timeout: seconds to wait at most (default: the constructor's ``timeout``).
+
+        Returns:
+            ``True`` once acquired. ``False`` only for a non-blocking attempt that found the
+            lock held (it never raises on conflict).
+
+        Raises:
+            LockAcquisitionError: a blocking acquire ran out of ``timeout``.
+            RuntimeError: this object is already held or being acquired (not reentrant).
+            StateUnavailableError: the backend could not be reached.
+        """
+        if blocking is None:
+            blocking = self._blocking
+        if timeout is None:
+            timeout = self._timeout
+        else:
+            timeout = check_seconds(timeout, "timeout", key=self._key, allow_zero=True)
+        if self._busy or self._token is not None:
+            raise RuntimeError(
+                f"AsyncLock {self._key!r} is already held or being acquired by this object; "
+                "locks are not reentrant: create one AsyncLock per acquisition"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if blocking and timeout is not None else None
+        self._busy = True
+        try:
+            acquired = await self._acquire(bool(blocking), deadline)
+        finally:
+            self._busy = False
+        if acquired or not blocking:
+            return acquired
+        raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
+
+    async def _acquire(self, blocking: bool, deadline: float | None) -> bool:
+        self._owner = new_owner()
+        self._lost = False
+        self._retry_after = None
+        ticket = Ticket(self._owner, self._ttl)
+        line = line_for(self._state, self._key)
+        self._ticket, self._line = ticket, line
+        if line.member is None:
+            line.member = ticket
+            return await self._contend(line, ticket, blocking, deadline)
+        if not blocking:
+            # a local holder: one try at the server anyway, which also takes over a lock whose
+            # holder let it expire
+            grant = await self._attempt(line, ticket, waiting=False)
+            if grant.token is not None:
+                return self._won(line, ticket, grant.token)
+            self._retry_after = grant.retry_after
+            return False
+        return await self._queue(line, ticket, deadline)
+
+    async def _queue(self, line: Line, ticket: Ticket, deadline: float | None) -> bool:
+        """Wait in the line until the lock is handed over, or it is our turn to contend."""
+        loop = asyncio.get_running_loop()
+        line.waiters.append(ticket)
+        while True:
+            future: asyncio.Future[int | None] = loop.create_future()
+            ticket.future = future
+            member = line.member
+            bound = member.expires + _EXPIRY_GRACE if member is not None else math.inf
+            if deadline is not None:
+                bound = min(bound, deadline)
+            try:
+                if math.isinf(bound):
+                    await asyncio.wait((future,))
+                else:
+                    await asyncio.wait((future,), timeout=max(bound - loop.time(), 0.0))
+            except asyncio.CancelledError:
+                self._abandon_waiting(line, ticket)
+                raise
+            if future.done():
+                result = future.result()
+                if result is not None:
+                    return self._won(line, ticket, result)
+                return await self._contend(line, ticket, True, deadline)
+            # woke without an answer: give up at the deadline, or take over from a holder that
+            # should have expired (only the head of the line does; the others keep waiting)
+            future.cancel()
+            if deadline is not None and loop.time() >= deadline:
+                line.drop_waiter(ticket)
+                holder = line.member
+                self._retry_after = (
+                    max(holder.expires - loop.time(), 0.0)
+                    if holder is not None and not math.isinf(holder.expires)
+                    else None
+                )
+                return False
+            if line.waiters and line.waiters[0] is ticket and line.member is member:
+                line.waiters.popleft()
+                line.member = ticket
+                return await self._contend(line, ticket, True, deadline)
+
+    def _abandon_waiting(self, line: Line, ticket: Ticket) -> None:
+        """A waiter was cancelled: leave the line, passing on whatever it was just given."""
+        future = ticket.future
+        if future is None or not future.done() or future.cancelled():
+            if future is not None:
+                future.cancel()
+            line.drop_waiter(ticket)
+            return
+        token = future.result()
+        if token is None:
+            line.leave(ticket)
+        else:
+            self._spawn_release(line, ticket)
+
+    async def _contend(
+        self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
+    ) -> bool:
+        """As the line's member, take the lock from the server (waiting for releases)."""
+        won = False
+        try:
+            grant = await self._attempt(line, ticket, waiting=False)
+            if grant.token is not None:
+                won = True
+                return self._won(line, ticket, grant.token)
+            if not blocking:
+                self._retry_after = grant.retry_after
+                return False
+            loop = asyncio.get_running_loop()
+            async with self._state.watch(self._key) as watch:
+                while True:
+                    watch.reset()
+                    grant = await self._attempt(line, ticket, waiting=True)
+                    if grant.token is not None:
+                        won = True
+                        return self._won(line, ticket, grant.token)
+                    self._retry_after = grant.retry_after
+                    wait = max(grant.retry_after or 0.0, _MIN_WAIT)
+                    if deadline is not None:
+                        left = deadline - loop.time()
+                        if left <= 0:
+                            return False
+                        wait = min(wait, left)
+                    await watch.wait(wait)
+        finally:
+            if not won and ticket is not self._cleanup_ticket:
+                line.leave(ticket)
+
+    async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
+        """One server acquire, shielded: a cancellation never orphans a granted lock."""
+        task = asyncio.ensure_future(
+            self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
+        )
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # the outcome is left to a callback; _contend must not leave the line
+            self._cleanup_ticket = ticket
+            task.add_done_callback(lambda done: self._after_cancelled_attempt(done, line, ticket))
+            raise
+
+    def _after_cancelled_attempt(self, task: asyncio.Task[Grant], line: Line, ticket: Ticket) -> None:
+        if not task.cancelled() and task.exception() is None and task.result().token is not None:
+            line.hold(ticket, self._ttl)
+            self._spawn_release(line, ticket)
+        else:
+            line.leave(ticket)
+
+    def _won(self, line: Line, ticket: Ticket, token: int) -> bool:
+        line.hold(ticket, self._ttl)
+        self._token = token
+        self._task = asyncio.current_task()
+        return True
+
+    # -- release ------------------------------------------------------------------------------
+
+    def _spawn_release(self, line: Line, ticket: Ticket) -> asyncio.Task[Release]:
+        task = asyncio.get_running_loop().create_task(release_chain(self._state, line, ticket))
+        task.add_done_callback(_log_background_failure)
+        return task
+
+    async def release(self) -> None:
+        """Release the lock (or hand it to the next waiter of this process).
+
+        Raises:
+            LockNotOwnedError: the lock had expired or been taken over before the release.
+            RuntimeError: this object does not hold the lock, or another task acquired it.
+            StateUnavailableError: the backend could not be reached (the lock then expires by
+                its TTL; ``owned`` stays ``True`` so the release can be retried).
+        """
+        ticket, line = self._ticket, self._line
+        if self._token is None or ticket is None or line is None:
+            raise RuntimeError(f"cannot release AsyncLock {self._key!r}: it is not held")
+        if self._task is not None and asyncio.current_task() is not self._task:
+            raise RuntimeError(
+                f"cannot release AsyncLock {self._key!r} from a task that did not acquire it"
+            )
+        await self._release(line, ticket)
+
+    async def _release(self, line: Line, ticket: Ticket) -> None:
+        if self._renewer is not None:
+            self._renewer.stop()
+            self._renewer = None
+        task = self._spawn_release(line, ticket)
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._forget_acquisition()  # the release goes on in the background
+            raise
+        self._forget_acquisition()
+        if not result.owned:
+            self._lost = True
+            raise LockNotOwnedError(self._key, ticket.owner)
+
+    def _forget_acquisition(self) -> None:
+        self._last_token = self._token
+        self._token = None
+        self._task = None
+
+    # -- extend -------------------------------------------------------------------------------
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the lock's TTL to ``ttl`` seconds from now (default: the lock's ``ttl``).
+
+        Raises:
+            LockNotOwnedError: the lock had expired or been taken over; it is not re-created.
+            RuntimeError: this object does not hold the lock.
+        """
+        new_ttl = self._ttl if ttl is None else check_ttl(ttl, key=self._key)
+        ticket, line = self._ticket, self._line
+        if self._token is None or ticket is None or line is None:
+            raise RuntimeError(f"cannot extend AsyncLock {self._key!r}: it is not held")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if not await self._state.extend(self._key, ticket.owner, new_ttl):
+            self._lost = True
+            raise LockNotOwnedError(self._key, ticket.owner)
+        ticket.expires = started + new_ttl
+
+    async def locked(self) -> bool:
+        """Whether anyone (this object included) holds the lock right now, per the server."""
+        return await self._state.inspect(self._key) is not None
+
+    # -- async with ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AsyncLock:
+        await self.acquire()  # raises LockAcquisitionError when a timeout runs out
+        if not self.owned:
+            raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
+        if self._auto_renew:
+            scope = anyio.CancelScope()
+            scope.__enter__()
+            self._scope = scope
+            assert self._ticket is not None
+            self._renewer = Renewer(
+                self._state, self._key, self._ticket, self._ttl, self._max_lifetime, self._on_lost
+            )
+        return self
+
+    def _on_lost(self, reason: str) -> None:
+        self._lost = True
+        logger.warning(
+            "asynclock: lock %r lost while held (%s); cancelling its body",
+            self._key,
+            reason,
+            extra={"lock_key": self._key, "owner": self._owner},
+        )
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        scope, self._scope = self._scope, None
+        swallowed = False
+        try:
+            if self._renewer is not None:
+                self._renewer.stop()
+                self._renewer = None
+            ticket, line = self._ticket, self._line
+            if self._token is not None and ticket is not None and line is not None:
+                try:
+                    await self._release(line, ticket)
+                except LockNotOwnedError:
+                    if exc is None and not self._lost:
+                        raise
+                    logger.warning(
+                        "asynclock: lock %r had expired before its body finished",
+                        self._key,
+                        extra={"lock_key": self._key, "owner": self._owner},
+                    )
+        finally:
+            if scope is not None:
+                swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        if self._lost and (swallowed or exc is None):
+            raise LockLostError(self._key, self._owner) from exc
+        return False
+
+
+def _log_background_failure(task: asyncio.Task[Release]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.warning(
+            "asynclock: background release failed (the lock expires by its TTL): %r", exc
+        )

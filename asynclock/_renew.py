@@ -1,0 +1,86 @@
+"""The auto-renew task of ``AsyncLock(auto_renew=True)``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from asynclock._errors import StateUnavailableError
+
+if TYPE_CHECKING:
+    from asynclock._line import Ticket
+    from asynclock.state._protocol import State
+
+
+class Renewer:
+    """Extends a held lock every ``ttl/3`` until stopped; reports a loss through ``on_lost``.
+
+    Invariants: renewals never push the lock past ``max_lifetime`` seconds after the renewer
+    started; a renewal that cannot reach the state is retried (sooner) until the lock's expected
+    expiry, and only then reported lost; after ``on_lost`` the task ends.
+    """
+
+    __slots__ = ("_key", "_max_lifetime", "_on_lost", "_state", "_task", "_ticket", "_ttl")
+
+    def __init__(
+        self,
+        state: State,
+        key: str,
+        ticket: Ticket,
+        ttl: float,
+        max_lifetime: float | None,
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self._state = state
+        self._key = key
+        self._ticket = ticket
+        self._ttl = ttl
+        self._max_lifetime = max_lifetime
+        self._on_lost = on_lost
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"asynclock-renew {key!r}"
+        )
+
+    def stop(self) -> None:
+        """Stop renewing (the lock is being released)."""
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._ttl / 3
+        end_of_life = (
+            loop.time() + self._max_lifetime if self._max_lifetime is not None else None
+        )
+        next_at = loop.time() + interval
+        while True:
+            now = loop.time()
+            if end_of_life is not None and end_of_life <= next_at:
+                # the cap comes first: hold until it, then give the body up
+                await asyncio.sleep(max(end_of_life - now, 0.0))
+                self._on_lost(f"max_lifetime={self._max_lifetime} s passed")
+                return
+            await asyncio.sleep(max(next_at - now, 0.0))
+            ttl = self._ttl
+            if end_of_life is not None:
+                ttl = min(ttl, max(end_of_life - loop.time(), 0.001))
+            sent = loop.time()
+            try:
+                extended = await self._state.extend(self._key, self._ticket.owner, ttl)
+            except StateUnavailableError as exc:
+                if loop.time() >= self._ticket.expires:
+                    self._on_lost(f"the state was unreachable until the TTL ran out: {exc}")
+                    return
+                next_at = loop.time() + min(interval, (self._ticket.expires - loop.time()) / 3)
+                continue
+            if not extended:
+                self._on_lost("a renewal found the lock expired or taken over")
+                return
+            self._ticket.expires = sent + ttl
+            next_at = sent + interval
+
+    async def wait_stopped(self) -> None:
+        """Wait until the task has ended (tests use it)."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -1,0 +1,58 @@
+"""State backends: where locks and dedupe records live.
+
+``MemoryState`` needs nothing; the server states import their drivers on first use, so
+``import asynclock`` works without redis-py, asyncpg or aiomysql installed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from asynclock.state._protocol import Grant, LockInfo, Release, State, Watch
+from asynclock.state._url import SCHEMES, StateURL, backend_class
+from asynclock.state.memory import MemoryState
+
+if TYPE_CHECKING:
+    from asynclock.state.redis import RedisState
+
+__all__ = (
+    "SCHEMES",
+    "Grant",
+    "LockInfo",
+    "MemoryState",
+    "RedisState",
+    "Release",
+    "State",
+    "StateURL",
+    "Watch",
+    "state_from_url",
+)
+
+
+def state_from_url(url: str, **options: object) -> State:
+    """Build the state that serves ``url``, chosen by its scheme.
+
+    ``memory://`` gives a :class:`MemoryState`; ``redis://``, ``rediss://`` and ``unix://`` a
+    :class:`RedisState` (``options`` go to :meth:`RedisState.from_url`, e.g. ``prefix=``).
+
+    Raises:
+        ValueError: the scheme is unknown (the message lists the known ones).
+        ImportError: the backend's driver is not installed (the message names the extra).
+
+    Example:
+        >>> import asynclock
+        >>> asynclock.state_from_url("memory://")
+        <MemoryState locks=0 dedupe=0>
+    """
+    cls = backend_class(url)
+    from_url = getattr(cls, "from_url")  # noqa: B009 - every backend class has from_url
+    state: State = from_url(url, **options)
+    return state
+
+
+def __getattr__(name: str) -> object:
+    if name == "RedisState":
+        from asynclock.state.redis import RedisState
+
+        return RedisState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,28 @@
+"""Driver errors become :class:`StateUnavailableError` at the edge, always."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from asynclock._errors import StateUnavailableError
+
+
+@contextmanager
+def map_driver_errors(
+    unavailable: tuple[type[BaseException], ...], where: str, op_timeout: float | None
+) -> Iterator[None]:
+    """Translate ``unavailable`` driver errors (and our own deadline) into StateUnavailableError.
+
+    ``where`` names the backend without secrets (a redacted URL); the driver's exception stays
+    reachable as ``__cause__``.
+    """
+    try:
+        yield
+    except (TimeoutError, asyncio.TimeoutError) as exc:
+        raise StateUnavailableError(
+            f"{where} did not answer within op_timeout={op_timeout} s"
+        ) from exc
+    except unavailable as exc:
+        raise StateUnavailableError(f"{where} is unavailable: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,47 @@
+"""The Watch object shared by the backends: an event that a release notification sets."""
+
+from __future__ import annotations
+
+import asyncio
+
+from asynclock._compat import deadline_after
+
+
+class EventWatch:
+    """Release notifications for one key, delivered to the event loop that created the watch.
+
+    ``notify`` may be called from any thread; it crosses threads with ``call_soon_threadsafe``.
+    """
+
+    __slots__ = ("_event", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        """Set the event; call only from the watch's own loop."""
+        self._event.set()
+
+    def notify(self, current: asyncio.AbstractEventLoop | None) -> None:
+        """Set the event from ``current`` (the caller's running loop, or ``None``)."""
+        if current is self._loop:
+            self._event.set()
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    def reset(self) -> None:
+        """Forget notifications received so far."""
+        self._event.clear()
+
+    async def wait(self, timeout: float) -> bool:
+        """``True`` when notified since the last :meth:`reset`, ``False`` after ``timeout``."""
+        if self._event.is_set():
+            await asyncio.sleep(0)
+            return True
+        try:
+            async with deadline_after(max(timeout, 0.0)):
+                await self._event.wait()
+        except (TimeoutError, asyncio.TimeoutError):
+            return False
+        return True

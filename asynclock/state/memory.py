@@ -1,0 +1,249 @@
+"""MemoryState: locks and dedupe records in this process's memory.
+
+The embedded default: no server, no dependency. Safe across the tasks of one event loop and
+across event loops running in different threads of one process (one ``threading.Lock`` guards
+every table, and wake-ups cross threads with ``call_soon_threadsafe``). Not shared between
+processes: use a server state for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from asynclock._validate import check_key, check_ttl
+from asynclock.state._protocol import Grant, LockInfo, Release
+from asynclock.state._watch import EventWatch
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+#: expired entries removed per operation by the amortised sweep
+_SWEEP_BUDGET = 32
+
+
+@dataclass(slots=True)
+class _Held:
+    owner: str
+    token: int
+    expires_at: float
+    # id of an event loop (another "process line") whose blocking waiter asked for a turn
+    flagged_by: int = 0
+
+
+class MemoryState:
+    """Locks and dedupe records in this process's memory (the embedded default).
+
+    Invariants:
+
+    * Operations are atomic against every task and thread of this process.
+    * Expiry uses ``clock`` (``time.monotonic`` by default), so wall-clock jumps never grant a
+      lock twice. Expired entries are dropped lazily on access and by an amortised sweep (a heap
+      of deadlines, a few entries per operation), so a million distinct keys do not leak.
+    * Fencing tokens come from one counter per state, so they strictly increase per key.
+    * Every method yields to the event loop once before it acts and never after, so a
+      cancellation can only land before the operation: it is either done or not started.
+
+    Args:
+        clock: a monotonic clock in seconds; tests may inject a fake one.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_clock",
+        "_closed",
+        "_dedupe",
+        "_heap",
+        "_locks",
+        "_mutex",
+        "_tokens",
+        "_watchers",
+    )
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        self._clock: Callable[[], float] = clock or time.monotonic
+        self._mutex = threading.Lock()
+        self._locks: dict[str, _Held] = {}
+        self._dedupe: dict[str, float] = {}
+        self._heap: list[tuple[float, bool, str]] = []  # (deadline, is_lock, key)
+        self._watchers: dict[str, set[EventWatch]] = {}
+        self._tokens = itertools.count(1)
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str = "memory://", **options: object) -> MemoryState:
+        """Build from ``memory://`` (no options are read from the URL)."""
+        if options:
+            raise TypeError(f"MemoryState takes no options, got {sorted(options)}")
+        return cls()
+
+    def __repr__(self) -> str:
+        return f"<MemoryState locks={len(self._locks)} dedupe={len(self._dedupe)}>"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Mark the state closed; entries stay readable (nothing to disconnect)."""
+        self._closed = True
+        await asyncio.sleep(0)
+
+    # -- internals (call with the mutex held) ------------------------------------------------
+
+    def _sweep(self, now: float) -> None:
+        heap = self._heap
+        for _ in range(_SWEEP_BUDGET):
+            if not heap or heap[0][0] > now:
+                return
+            _, is_lock, key = heapq.heappop(heap)
+            if is_lock:
+                held = self._locks.get(key)
+                if held is not None and held.expires_at <= now:
+                    del self._locks[key]
+            else:
+                expires_at = self._dedupe.get(key)
+                if expires_at is not None and expires_at <= now:
+                    del self._dedupe[key]
+
+    def _live(self, key: str, now: float) -> _Held | None:
+        held = self._locks.get(key)
+        if held is not None and held.expires_at <= now:
+            del self._locks[key]
+            return None
+        return held
+
+    def _grant(self, key: str, owner: str, expires_at: float) -> int:
+        token = next(self._tokens)
+        self._locks[key] = _Held(owner, token, expires_at)
+        heapq.heappush(self._heap, (expires_at, True, key))
+        return token
+
+    def _notify(self, key: str) -> None:
+        watchers = self._watchers.get(key)
+        if not watchers:
+            return
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for watch in watchers:
+            watch.notify(current)
+
+    # -- the State protocol -------------------------------------------------------------------
+
+    async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
+        """See :meth:`asynclock.state.State.acquire`."""
+        check_key(key)
+        check_ttl(ttl, key=key)
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            held = self._live(key, now)
+            if held is None:
+                return Grant(self._grant(key, owner, now + ttl))
+            if held.owner == owner:
+                return Grant(held.token)
+            if waiting and not held.flagged_by:
+                held.flagged_by = id(asyncio.get_running_loop())
+            return Grant(None, held.expires_at - now)
+
+    async def release(
+        self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
+    ) -> Release:
+        """See :meth:`asynclock.state.State.release`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            held = self._live(key, now)
+            if held is None or held.owner != owner:
+                return Release(owned=False)
+            loop_id = id(asyncio.get_running_loop())
+            if successor is not None and held.flagged_by in (0, loop_id):
+                assert ttl is not None
+                return Release(True, self._grant(key, successor, now + ttl))
+            del self._locks[key]
+            self._notify(key)
+            return Release(owned=True)
+
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        """See :meth:`asynclock.state.State.extend`."""
+        check_ttl(ttl, key=key)
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            held = self._live(key, now)
+            if held is None or held.owner != owner:
+                return False
+            held.expires_at = now + ttl
+            heapq.heappush(self._heap, (held.expires_at, True, key))
+            return True
+
+    async def inspect(self, key: str) -> LockInfo | None:
+        """See :meth:`asynclock.state.State.inspect`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            held = self._live(key, now)
+            if held is None:
+                return None
+            return LockInfo(key, held.owner, held.expires_at - now, held.token)
+
+    async def dedupe_add(self, key: str, ttl: float) -> bool:
+        """See :meth:`asynclock.state.State.dedupe_add`."""
+        check_key(key)
+        check_ttl(ttl, key=key)
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            expires_at = self._dedupe.get(key)
+            if expires_at is not None and expires_at > now:
+                return False
+            self._dedupe[key] = now + ttl
+            heapq.heappush(self._heap, (now + ttl, False, key))
+            return True
+
+    async def dedupe_forget(self, key: str) -> bool:
+        """See :meth:`asynclock.state.State.dedupe_forget`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            expires_at = self._dedupe.pop(key, None)
+            return expires_at is not None and expires_at > self._clock()
+
+    @asynccontextmanager
+    async def watch(self, key: str) -> AsyncIterator[EventWatch]:
+        """See :meth:`asynclock.state.State.watch`."""
+        watch = EventWatch(asyncio.get_running_loop())
+        with self._mutex:
+            self._watchers.setdefault(key, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            with self._mutex:
+                watchers = self._watchers.get(key)
+                if watchers is not None:
+                    watchers.discard(watch)
+                    if not watchers:
+                        del self._watchers[key]
+
+    def size(self) -> tuple[int, int]:
+        """``(locks, dedupe records)`` currently stored, expired ones included until swept."""
+        return len(self._locks), len(self._dedupe)

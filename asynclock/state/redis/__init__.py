@@ -1,0 +1,315 @@
+"""RedisState: locks and dedupe records in Redis, through redis-py's ``redis.asyncio``.
+
+Every lock operation is one EVALSHA of a script in this folder (``acquire.lua``,
+``release.lua``, ``extend.lua``, ``inspect.lua``, each prefixed with ``_value.lua``), so it is
+atomic against every client of the server and uses the server's clock. Dedupe is one
+``SET NX PX``. Key layout (``P`` is the prefix):
+
+* ``P{key}``: the lock (see ``_value.lua`` for its value); the braces make the user's key the
+  Redis Cluster hash tag, so everything about one lock lives in one slot.
+* ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
+* ``P<namespace>:<id>``: a dedupe record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from redis import exceptions as redis_errors
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from asynclock._compat import deadline_after
+from asynclock._owner import new_process_id
+from asynclock._validate import check_seconds, check_ttl, ttl_ms
+from asynclock.state._errors import map_driver_errors
+from asynclock.state._protocol import Grant, LockInfo, Release
+from asynclock.state._url import StateURL, redact
+from asynclock.state._watch import EventWatch
+from asynclock.state.redis._subscriber import Subscriber
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+__all__ = ["RedisState"]
+
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    OSError,
+)
+
+
+class _Script:
+    """A Lua script of this folder, with the shared prelude, run by EVALSHA."""
+
+    __slots__ = ("name", "sha", "text")
+
+    def __init__(self, name: str) -> None:
+        folder = resources.files(__package__)
+        prelude = folder.joinpath("_value.lua").read_text(encoding="utf-8")
+        body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+        self.name = name
+        self.text = f"{prelude}\n{body}"
+        self.sha = hashlib.sha1(self.text.encode(), usedforsecurity=False).hexdigest()
+
+
+def _scripts() -> dict[str, _Script]:
+    return {name: _Script(name) for name in ("acquire", "release", "extend", "inspect")}
+
+
+class RedisState:
+    """Locks and dedupe records in Redis, shared by every process that uses the same server.
+
+    Invariants:
+
+    * Acquire, release, extend and dedupe are each one atomic server-side step; expiry is the
+      server's (``PX``), never the client's clock.
+    * Fencing tokens strictly increase per key (see ``acquire.lua``).
+    * Every operation either answers within ``op_timeout`` seconds or raises
+      :class:`~asynclock.StateUnavailableError`; nothing hangs on a dead server.
+    * A state built by :meth:`from_url` owns its client and closes it; a state given a client
+      never closes it.
+
+    One RedisState serves one event loop (redis-py's connections belong to a loop).
+
+    Args:
+        client: a ``redis.asyncio.Redis`` client. RESP2 or RESP3 both work.
+        prefix: put in front of every key, so applications sharing a server never meet.
+            Must not contain ``{`` or ``}`` (they would change the Cluster hash tag).
+        op_timeout: seconds one operation may take, connection wait included.
+        token_retention: seconds a released key remembers its last fencing token.
+        reservation: seconds a release keeps the lock reserved for a waiter of another process
+            that asked for a turn, before anyone may take it.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str = "asynclock:",
+        op_timeout: float = 5.0,
+        token_retention: float = 60.0,
+        reservation: float = 0.25,
+    ) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(f"prefix must not contain '{{' or '}}', got {prefix!r}")
+        self._client = client
+        self._prefix = prefix
+        self._op_timeout = check_seconds(op_timeout, "op_timeout")
+        self._retention_ms = ttl_ms(check_ttl(token_retention, "token_retention"))
+        self._reservation_ms = ttl_ms(check_ttl(reservation, "reservation"))
+        self._owns_client = False
+        self._where = f"Redis at {_describe(client)}"
+        self._process = new_process_id()
+        self._scripts = _scripts()
+        self._subscriber: Subscriber | None = None
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "asynclock:",
+        connect_timeout: float = 5.0,
+        op_timeout: float = 5.0,
+        max_connections: int = 50,
+        token_retention: float = 60.0,
+        reservation: float = 0.25,
+    ) -> RedisState:
+        """Build a state (and its own client) from a ``redis://``, ``rediss://`` or ``unix://`` URL.
+
+        The client uses a blocking pool of ``max_connections``: a burst of concurrent operations
+        waits for a free connection (within ``op_timeout``) instead of failing with
+        "Too many connections". It has no per-read socket timeout and no automatic retries: each
+        operation runs under one ``op_timeout`` deadline instead (cheaper than redis-py's
+        per-command ``wait_for``), and a retried release could report a lock it had just released
+        as lost.
+        """
+        parsed = StateURL(url)
+        if parsed.scheme == "redis+cluster":
+            raise NotImplementedError(
+                "redis+cluster:// is planned (issue #8); use redis:// for a single server"
+            )
+        check_seconds(connect_timeout, "connect_timeout")
+        op = check_seconds(op_timeout, "op_timeout")
+        if not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        try:
+            pool = BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=op,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=None,
+                retry=Retry(NoBackoff(), 0),
+            )
+        except ValueError as exc:
+            raise ValueError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+        client = Redis(connection_pool=pool)
+        state = cls(
+            client,
+            prefix=prefix,
+            op_timeout=op_timeout,
+            token_retention=token_retention,
+            reservation=reservation,
+        )
+        state._owns_client = True
+        state._where = f"Redis at {redact(url)}"
+        return state
+
+    def __repr__(self) -> str:
+        return f"RedisState({self._where.removeprefix('Redis at ')}, prefix={self._prefix!r})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the subscriber, and the client when this state built it."""
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            await subscriber.aclose()
+        if self._owns_client:
+            await self._client.aclose()
+        else:
+            await asyncio.sleep(0)
+
+    @property
+    def client(self) -> Redis:
+        """The redis-py client this state talks through."""
+        return self._client
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of every key this state writes."""
+        return self._prefix
+
+    def lock_key(self, key: str) -> str:
+        """The Redis key that holds lock ``key``."""
+        return f"{self._prefix}{{{key}}}"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _eval(self, name: str, keys: tuple[str, ...], *args: str | int) -> object:
+        script = self._scripts[name]
+        client = self._client
+        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+            async with deadline_after(self._op_timeout):
+                try:
+                    return await client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+                except redis_errors.NoScriptError:
+                    await client.script_load(script.text)
+                    return await client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+
+    # -- the State protocol -----------------------------------------------------------------
+
+    async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
+        """See :meth:`asynclock.state.State.acquire`."""
+        result = await self._eval(
+            "acquire",
+            (self.lock_key(key),),
+            owner,
+            ttl_ms(ttl),
+            self._process if waiting else "",
+        )
+        value = _as_int(result)
+        if value > 0:
+            return Grant(value)
+        return Grant(None, -value / 1000.0)
+
+    async def release(
+        self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
+    ) -> Release:
+        """See :meth:`asynclock.state.State.release`."""
+        lock_key = self.lock_key(key)
+        result = _as_int(
+            await self._eval(
+                "release",
+                (lock_key, f"{lock_key}:released"),
+                owner,
+                successor or "",
+                ttl_ms(ttl) if successor and ttl else 0,
+                self._retention_ms,
+                self._reservation_ms,
+            )
+        )
+        if result < 0:
+            return Release(owned=False)
+        return Release(owned=True, handoff_token=result or None)
+
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        """See :meth:`asynclock.state.State.extend`."""
+        return _as_int(await self._eval("extend", (self.lock_key(key),), owner, ttl_ms(ttl))) == 1
+
+    async def inspect(self, key: str) -> LockInfo | None:
+        """See :meth:`asynclock.state.State.inspect`."""
+        result = await self._eval("inspect", (self.lock_key(key),))
+        if not isinstance(result, list) or len(result) != 3:
+            return None
+        owner, pttl, token = result
+        owner_text = owner.decode() if isinstance(owner, bytes) else str(owner)
+        return LockInfo(key, owner_text, max(_as_int(pttl), 0) / 1000.0, _as_int(token))
+
+    async def dedupe_add(self, key: str, ttl: float) -> bool:
+        """See :meth:`asynclock.state.State.dedupe_add`."""
+        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+            async with deadline_after(self._op_timeout):
+                result = await self._client.set(
+                    self._prefix + key, b"1", nx=True, px=ttl_ms(ttl)
+                )
+        return bool(result)
+
+    async def dedupe_forget(self, key: str) -> bool:
+        """See :meth:`asynclock.state.State.dedupe_forget`."""
+        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+            async with deadline_after(self._op_timeout):
+                deleted = await self._client.delete(self._prefix + key)
+        return bool(deleted)
+
+    @contextlib.asynccontextmanager
+    async def watch(self, key: str) -> AsyncIterator[EventWatch]:
+        """See :meth:`asynclock.state.State.watch` (one shared pub/sub connection)."""
+        if self._subscriber is None:
+            self._subscriber = Subscriber(self._client, self._op_timeout or 5.0)
+        subscriber = self._subscriber
+        channel = f"{self.lock_key(key)}:released".encode()
+        watch = EventWatch(asyncio.get_running_loop())
+        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+            await subscriber.add(channel, watch)
+        try:
+            yield watch
+        finally:
+            subscriber.discard(channel, watch)
+
+
+def _as_int(value: object) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (bytes, str)):
+        return int(value)
+    raise TypeError(f"unexpected reply from Redis: {value!r}")
+
+
+def _describe(client: Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"

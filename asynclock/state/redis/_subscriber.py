@@ -1,0 +1,181 @@
+"""One pub/sub connection per RedisState, shared by every waiter of every key.
+
+Waiters subscribe to their key's release channel *before* their acquire attempt and wait for
+the server's confirmation, so a release between a failed attempt and the wait is never missed
+(Redisson's lost wake-up, redisson#1763). A lost message (dropped connection, failover) only
+delays a waiter until the holder's TTL runs out, because every wait is bounded by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from asynclock._compat import deadline_after
+from asynclock.state._watch import EventWatch
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.connection import AbstractConnection
+
+logger = logging.getLogger("asynclock")
+
+_FIRST_RECONNECT_DELAY = 0.01
+_MAX_RECONNECT_DELAY = 1.0
+
+
+class Subscriber:
+    """Per-key release channels multiplexed on one dedicated connection."""
+
+    def __init__(self, client: Redis, op_timeout: float) -> None:
+        self._client = client
+        self._op_timeout = op_timeout
+        self._conn: AbstractConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._connecting = asyncio.Lock()
+        self._watches: dict[bytes, set[EventWatch]] = {}
+        # one future per SUBSCRIBE sent, resolved in order by the server's confirmations
+        self._confirmations: dict[bytes, deque[asyncio.Future[None]]] = {}
+        self._closed = False
+
+    def _new_connection(self) -> AbstractConnection:
+        pool = self._client.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        # a subscriber blocks on reads by design, and speaks RESP2 pub/sub arrays
+        kwargs["socket_timeout"] = None
+        kwargs["protocol"] = 2
+        conn: AbstractConnection = pool.connection_class(**kwargs)
+        return conn
+
+    async def _ensure_connected(self) -> AbstractConnection:
+        if self._conn is not None:
+            return self._conn
+        async with self._connecting:
+            if self._conn is None:
+                conn = self._new_connection()
+                async with deadline_after(self._op_timeout):
+                    await conn.connect()
+                self._conn = conn
+                if self._watches:  # after a reconnect: subscribe again to what is watched
+                    for channel in self._watches:
+                        self._confirmations.setdefault(channel, deque()).append(
+                            asyncio.get_running_loop().create_future()
+                        )
+                    await conn.send_command("SUBSCRIBE", *self._watches, check_health=False)
+                self._reader = asyncio.get_running_loop().create_task(
+                    self._read(conn), name="asynclock-redis-subscriber"
+                )
+            return self._conn
+
+    async def add(self, channel: bytes, watch: EventWatch) -> None:
+        """Subscribe ``watch`` to ``channel``; returns once the server confirmed."""
+        if self._closed:
+            raise RuntimeError("the RedisState is closed")
+        conn = await self._ensure_connected()
+        watches = self._watches.get(channel)
+        if watches is not None:
+            watches.add(watch)
+            pending = self._confirmations.get(channel)
+            if pending:  # someone else's SUBSCRIBE for this channel is not confirmed yet
+                await asyncio.shield(pending[-1])
+            return
+        self._watches[channel] = {watch}
+        confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._confirmations.setdefault(channel, deque()).append(confirmed)
+        try:
+            await conn.send_command("SUBSCRIBE", channel, check_health=False)
+            async with deadline_after(self._op_timeout):
+                await asyncio.shield(confirmed)
+        except BaseException:
+            self.discard(channel, watch)
+            raise
+
+    def discard(self, channel: bytes, watch: EventWatch) -> None:
+        """Unsubscribe ``watch``; the channel is unsubscribed when its last watch leaves."""
+        watches = self._watches.get(channel)
+        if watches is None:
+            return
+        watches.discard(watch)
+        if watches:
+            return
+        del self._watches[channel]
+        conn = self._conn
+        if conn is not None and not self._closed:
+            task = asyncio.get_running_loop().create_task(self._unsubscribe(conn, channel))
+            task.add_done_callback(_ignore_result)
+
+    async def _unsubscribe(self, conn: AbstractConnection, channel: bytes) -> None:
+        with contextlib.suppress(Exception):
+            await conn.send_command("UNSUBSCRIBE", channel, check_health=False)
+
+    async def _read(self, conn: AbstractConnection) -> None:
+        try:
+            while True:
+                message = await conn.read_response()
+                if not isinstance(message, list) or len(message) < 2:
+                    continue
+                kind, channel = message[0], message[1]
+                if kind == b"message":
+                    for watch in tuple(self._watches.get(channel, ())):
+                        watch.fire()
+                elif kind == b"subscribe":
+                    pending = self._confirmations.get(channel)
+                    if pending:
+                        future = pending.popleft()
+                        if not pending:
+                            del self._confirmations[channel]
+                        if not future.done():
+                            future.set_result(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the connection broke: wake everyone, reconnect
+            logger.warning("asynclock: Redis subscriber connection lost (%r); reconnecting", exc)
+            await self._connection_lost(conn, exc)
+
+    async def _connection_lost(self, conn: AbstractConnection, exc: Exception) -> None:
+        with contextlib.suppress(Exception):
+            await conn.disconnect()
+        self._conn = None
+        for pending in self._confirmations.values():
+            for future in pending:
+                if not future.done():
+                    future.set_exception(ConnectionError(f"subscriber connection lost: {exc!r}"))
+        self._confirmations.clear()
+        # waiters retry against the server now; any of them may have missed a release
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.fire()
+        delay = _FIRST_RECONNECT_DELAY
+        while not self._closed and self._watches:
+            await asyncio.sleep(delay)
+            try:
+                await self._ensure_connected()
+                return
+            except Exception as retry_exc:  # keep trying while anyone waits
+                logger.debug("asynclock: subscriber reconnect failed: %r", retry_exc)
+                delay = min(delay * 2, _MAX_RECONNECT_DELAY)
+
+    async def aclose(self) -> None:
+        """Stop the reader and close the connection."""
+        self._closed = True
+        reader, self._reader = self._reader, None
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.fire()
+        self._watches.clear()
+
+
+def _ignore_result(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,36 @@
+-- KEYS[1] lock key | ARGV[1] owner, ARGV[2] ttl_ms, ARGV[3] waiter id of this process ('' when
+-- the caller will not wait)
+-- returns the new fencing token (> 0), or -(the holder's remaining ms) (<= 0) when the key is held
+-- The token is max(last token + 1, server TIME in microseconds): strictly increasing per key
+-- while the free key remembers its last token, and still increasing after that memory expired
+-- unless a key saw more than one acquisition per microsecond on average.
+local owner = ARGV[1]
+local ttl_ms = tonumber(ARGV[2])
+local waiter = ARGV[3]
+local value = redis.call('GET', KEYS[1])
+local last = 0
+if value then
+  local token, holder, flag = parse(value)
+  last = token or 0
+  if holder == owner then
+    return last  -- a retried call that already won: idempotent
+  end
+  local reserved_for_us = holder == '' and flag ~= '' and flag == waiter
+  if holder ~= '' or (flag ~= '' and not reserved_for_us) then
+    if waiter ~= '' and flag == '' then
+      redis.call('SET', KEYS[1], value .. '|' .. waiter, 'KEEPTTL')
+    end
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl < 0 then
+      pttl = ttl_ms  -- no expiry set by someone else: bound the wait by our own TTL
+    end
+    return -pttl
+  end
+end
+local now = redis.call('TIME')
+local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+if token <= last then
+  token = last + 1
+end
+redis.call('SET', KEYS[1], fmt(token) .. ' ' .. owner, 'PX', ttl_ms)
+return token
