@@ -47,12 +47,8 @@ __all__ = (
 # Public objects report the package as their home (error messages, docs, pickling).
 for _name in __all__:
     if _name != "RedisState":
-        _obj = globals()[_name]
-        try:
-            _obj.__module__ = __name__
-        except (AttributeError, TypeError):  # pragma: no cover - builtins
-            pass
-del _name, _obj
+        globals()[_name].__module__ = __name__
+del _name
 
 _LAZY = {"RedisState": ("asynclock.state.redis", "redis")}
 
@@ -66,11 +62,8 @@ def __getattr__(name: str) -> object:
             raise ImportError(
                 f"asynclock.{name} needs its driver: pip install 'asynclock[{extra}]' ({exc})"
             ) from exc
-        obj: object = getattr(module, name)
-        try:
-            obj.__module__ = __name__
-        except (AttributeError, TypeError):  # pragma: no cover
-            pass
+        obj: type = getattr(module, name)
+        obj.__module__ = __name__
         globals()[name] = obj
         return obj
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = asyncio.run(
             run_demo(args.state, tasks=args.tasks, contacts=args.contacts, gap=args.gap)
         )
-    except ValueError as exc:
+    except (ValueError, ImportError, NotImplementedError) as exc:
         print(f"asynclock demo: {exc}", file=sys.stderr)
         return 2
     except StateUnavailableError as exc:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
 from asynclock._validate import check_key, check_ttl
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from asynclock.state._protocol import State
 
 logger = logging.getLogger("asynclock")

@@ -182,8 +182,11 @@ async def run_demo(
     seconds = check_seconds(gap, "gap", allow_zero=True)
     assert seconds is not None
     unlocked = await _storm("no lock", tasks, contacts, seconds, None)
-    async with state_from_url(state_url) as state:
+    state = state_from_url(state_url)
+    try:
         locked = await _storm("AsyncLock per contact", tasks, contacts, seconds, state)
+    finally:
+        await state.aclose()
     return DemoResult(
         state_url=state_url, contacts=contacts, gap=seconds, scenarios=(unlocked, locked)
     )

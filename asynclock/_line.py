@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import weakref
 from collections import deque
@@ -88,10 +89,8 @@ class Line:
 
     def drop_waiter(self, ticket: Ticket) -> None:
         """Remove a waiter that gave up before its future resolved."""
-        try:
+        with contextlib.suppress(ValueError):
             self.waiters.remove(ticket)
-        except ValueError:
-            pass
         if self.member is None and not self.waiters:
             self._lines.pop((id(asyncio.get_running_loop()), self.key), None)
 

@@ -122,9 +122,7 @@ class AsyncLock:
         self._key = check_key(key)
         self._ttl = check_ttl(ttl, key=key)
         self._timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True, allow_none=True)
-        self._max_lifetime = check_seconds(
-            max_lifetime, "max_lifetime", key=key, allow_none=True
-        )
+        self._max_lifetime = check_seconds(max_lifetime, "max_lifetime", key=key, allow_none=True)
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, got {blocking!r} (key {key!r})")
         self._state = state
@@ -351,7 +349,9 @@ class AsyncLock:
             task.add_done_callback(lambda done: self._after_cancelled_attempt(done, line, ticket))
             raise
 
-    def _after_cancelled_attempt(self, task: asyncio.Task[Grant], line: Line, ticket: Ticket) -> None:
+    def _after_cancelled_attempt(
+        self, task: asyncio.Task[Grant], line: Line, ticket: Ticket
+    ) -> None:
         if not task.cancelled() and task.exception() is None and task.result().token is not None:
             line.hold(ticket, self._ttl)
             self._spawn_release(line, ticket)

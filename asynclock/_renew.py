@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from asynclock._errors import StateUnavailableError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from asynclock._line import Ticket
     from asynclock.state._protocol import State
 
@@ -50,9 +51,7 @@ class Renewer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self._ttl / 3
-        end_of_life = (
-            loop.time() + self._max_lifetime if self._max_lifetime is not None else None
-        )
+        end_of_life = loop.time() + self._max_lifetime if self._max_lifetime is not None else None
         next_at = loop.time() + interval
         while True:
             now = loop.time()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from asynclock._errors import StateUnavailableError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 @contextmanager

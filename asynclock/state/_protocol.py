@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
+    from types import TracebackType
+
+    from typing_extensions import Self
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,4 +149,17 @@ class State(Protocol):
 
     async def aclose(self) -> None:
         """Release the backend's resources. A backend given a client does not close it."""
+        ...
+
+    async def __aenter__(self) -> Self:
+        """Return the state itself."""
+        ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the state (:meth:`aclose`)."""
         ...

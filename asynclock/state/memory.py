@@ -13,7 +13,6 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._watch import EventWatch
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
     from types import TracebackType
 
     from typing_extensions import Self

@@ -214,10 +214,10 @@ class RedisState:
         with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
             async with deadline_after(self._op_timeout):
                 try:
-                    return await client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+                    return await client.evalsha(script.sha, len(keys), *keys, *args)
                 except redis_errors.NoScriptError:
                     await client.script_load(script.text)
-                    return await client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-any-return]
+                    return await client.evalsha(script.sha, len(keys), *keys, *args)
 
     # -- the State protocol -----------------------------------------------------------------
 
@@ -272,9 +272,7 @@ class RedisState:
         """See :meth:`asynclock.state.State.dedupe_add`."""
         with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
             async with deadline_after(self._op_timeout):
-                result = await self._client.set(
-                    self._prefix + key, b"1", nx=True, px=ttl_ms(ttl)
-                )
+                result = await self._client.set(self._prefix + key, b"1", nx=True, px=ttl_ms(ttl))
         return bool(result)
 
     async def dedupe_forget(self, key: str) -> bool:

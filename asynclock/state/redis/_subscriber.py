@@ -15,11 +15,12 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from asynclock._compat import deadline_after
-from asynclock.state._watch import EventWatch
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
     from redis.asyncio.connection import AbstractConnection
+
+    from asynclock.state._watch import EventWatch
 
 logger = logging.getLogger("asynclock")
 
@@ -57,7 +58,7 @@ class Subscriber:
             if self._conn is None:
                 conn = self._new_connection()
                 async with deadline_after(self._op_timeout):
-                    await conn.connect()
+                    await conn.connect()  # type: ignore[no-untyped-call]
                 self._conn = conn
                 if self._watches:  # after a reconnect: subscribe again to what is watched
                     for channel in self._watches:
@@ -131,7 +132,7 @@ class Subscriber:
                             future.set_result(None)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the connection broke: wake everyone, reconnect
+        except Exception as exc:  # noqa: BLE001 - any failure of the connection: wake everyone, reconnect
             logger.warning("asynclock: Redis subscriber connection lost (%r); reconnecting", exc)
             await self._connection_lost(conn, exc)
 
@@ -154,7 +155,7 @@ class Subscriber:
             try:
                 await self._ensure_connected()
                 return
-            except Exception as retry_exc:  # keep trying while anyone waits
+            except Exception as retry_exc:  # noqa: BLE001 - keep trying while anyone waits
                 logger.debug("asynclock: subscriber reconnect failed: %r", retry_exc)
                 delay = min(delay * 2, _MAX_RECONNECT_DELAY)
 
