@@ -284,7 +284,8 @@ class AsyncLock:
                     else None
                 )
                 return False
-            if line.waiters and line.waiters[0] is ticket and line.member is member:
+            holder_gone = member is None or loop.time() >= member.expires
+            if holder_gone and line.member is member and line.waiters[0] is ticket:
                 line.waiters.popleft()
                 line.member = ticket
                 return await self._contend(line, ticket, True, deadline)
