@@ -182,11 +182,8 @@ async def run_demo(
     seconds = check_seconds(gap, "gap", allow_zero=True)
     assert seconds is not None
     unlocked = await _storm("no lock", tasks, contacts, seconds, None)
-    state = state_from_url(state_url)
-    try:
+    async with state_from_url(state_url) as state:
         locked = await _storm("AsyncLock per contact", tasks, contacts, seconds, state)
-    finally:
-        await state.aclose()
     return DemoResult(
         state_url=state_url, contacts=contacts, gap=seconds, scenarios=(unlocked, locked)
     )
@@ -248,8 +245,8 @@ def format_result(result: DemoResult) -> str:
     unlocked, locked = result.scenarios
     if locked.duplicates == 0 and locked.lost_messages == 0:
         out.append(
-            f"With the lock: {locked.conversations} conversations for {result.contacts} contacts, "
-            f"no duplicates, every message kept (no lock: {unlocked.duplicates} duplicates)."
+            f"With AsyncLock: one conversation per contact, every message kept "
+            f"(without: {unlocked.duplicates} duplicates)."
         )
     else:  # pragma: no cover - would mean the lock failed; say so loudly
         out.append("UNEXPECTED: the locked run still created duplicates.")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import weakref
 from collections import deque
@@ -28,6 +29,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from asynclock.state._protocol import Release, State
+
+logger = logging.getLogger("asynclock")
 
 
 class Ticket:
@@ -100,36 +103,73 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
 
     Returns the server's answer for ``ticket`` itself. If the successor left while the handoff
     was on the wire, the lock is passed on again on its behalf, so it is never left with nobody.
+    If the chain is interrupted (cancelled, server unreachable), the lock is released in the
+    background and the successor contends like anyone else.
     """
     first: Release | None = None
     current = ticket
-    while True:
-        successor = line.next_waiter() if line.member is current else None
-        if successor is None:
-            result = await state.release(line.key, current.owner)
-            if line.member is current:
-                line.promote()
-            return first or result
-        try:
+    successor: Ticket | None = None
+    try:
+        while True:
+            successor = line.next_waiter() if line.member is current else None
+            if successor is None:
+                result = await state.release(line.key, current.owner)
+                if line.member is current:
+                    line.promote()
+                return first or result
             result = await state.release(
                 line.key, current.owner, successor=successor.owner, ttl=successor.ttl
             )
-        except BaseException:
-            # Outcome unknown. The successor contends with its own owner id: acquire is
-            # idempotent per owner, so if the handoff did happen it simply gets its token.
+            first = first or result
+            if not result.owned or result.handoff_token is None:
+                # our lock was lost, or the backend let a waiter of another process go first
+                line.promote(successor)
+                return first
+            line.hold(successor, successor.ttl)
+            if successor.live():
+                assert successor.future is not None
+                successor.future.set_result(result.handoff_token)
+                return first
+            current = successor  # it gave up meanwhile: pass the lock on in its name
+    except BaseException:
+        # The outcome is unknown. Release in the background (by owner, so it is harmless if
+        # the first try did land); a successor contends with its own owner id, and acquire is
+        # idempotent per owner, so if the handoff did happen it simply gets its token.
+        release_in_background(state, line.key, current.owner)
+        if successor is not None:
             line.promote(successor)
-            raise
-        first = first or result
-        if not result.owned or result.handoff_token is None:
-            # our lock was lost, or the backend let a waiter of another process go first
-            line.promote(successor)
-            return first
-        line.hold(successor, successor.ttl)
-        if successor.live():
-            assert successor.future is not None
-            successor.future.set_result(result.handoff_token)
-            return first
-        current = successor  # it gave up meanwhile: pass the lock on in its name
+        elif line.member is current:
+            line.promote()
+        raise
+
+
+def release_in_background(state: State, key: str, owner: str) -> None:
+    """Make sure ``owner`` no longer holds ``key``, without waiting for it."""
+    task = asyncio.get_running_loop().create_task(state.release(key, owner))
+    task.add_done_callback(_log_failure)
+
+
+def abandon_in_background(state: State, line: Line, ticket: Ticket) -> None:
+    """Undo an acquire of unknown outcome, then let the next waiter contend."""
+
+    async def abandon() -> None:
+        try:
+            await state.abandon(line.key, ticket.owner)
+        finally:
+            line.leave(ticket)
+
+    task = asyncio.get_running_loop().create_task(abandon())
+    task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Task[object]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.warning(
+            "asynclock: background clean-up failed (the lock expires by its TTL): %r", exc
+        )
 
 
 _registry: weakref.WeakKeyDictionary[State, dict[tuple[int, str], Line]] = (

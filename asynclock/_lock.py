@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, final
 import anyio
 
 from asynclock._errors import LockAcquisitionError, LockLostError, LockNotOwnedError
-from asynclock._line import Line, Ticket, line_for, release_chain
+from asynclock._line import Line, Ticket, abandon_in_background, line_for, release_chain
 from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._validate import check_key, check_seconds, check_ttl
@@ -338,26 +338,15 @@ class AsyncLock:
                 line.leave(ticket)
 
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
-        """One server acquire, shielded: a cancellation never orphans a granted lock."""
-        task = asyncio.ensure_future(
-            self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
-        )
+        """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
         try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # the outcome is left to a callback; _contend must not leave the line
+            return await self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
+        except BaseException:
+            # The server may have granted the lock (or may still, if the command is on the
+            # wire): abandon it, which also leaves the line once done; _contend must not.
             self._cleanup_ticket = ticket
-            task.add_done_callback(lambda done: self._after_cancelled_attempt(done, line, ticket))
+            abandon_in_background(self._state, line, ticket)
             raise
-
-    def _after_cancelled_attempt(
-        self, task: asyncio.Task[Grant], line: Line, ticket: Ticket
-    ) -> None:
-        if not task.cancelled() and task.exception() is None and task.result().token is not None:
-            line.hold(ticket, self._ttl)
-            self._spawn_release(line, ticket)
-        else:
-            line.leave(ticket)
 
     def _won(self, line: Line, ticket: Ticket, token: int) -> bool:
         line.hold(ticket, self._ttl)
@@ -367,10 +356,9 @@ class AsyncLock:
 
     # -- release ------------------------------------------------------------------------------
 
-    def _spawn_release(self, line: Line, ticket: Ticket) -> asyncio.Task[Release]:
+    def _spawn_release(self, line: Line, ticket: Ticket) -> None:
         task = asyncio.get_running_loop().create_task(release_chain(self._state, line, ticket))
         task.add_done_callback(_log_background_failure)
-        return task
 
     async def release(self) -> None:
         """Release the lock (or hand it to the next waiter of this process).
@@ -394,11 +382,10 @@ class AsyncLock:
         if self._renewer is not None:
             self._renewer.stop()
             self._renewer = None
-        task = self._spawn_release(line, ticket)
         try:
-            result = await asyncio.shield(task)
+            result = await release_chain(self._state, line, ticket)
         except asyncio.CancelledError:
-            self._forget_acquisition()  # the release goes on in the background
+            self._forget_acquisition()  # release_chain finishes the release in the background
             raise
         self._forget_acquisition()
         if not result.owned:

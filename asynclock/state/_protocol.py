@@ -116,6 +116,14 @@ class State(Protocol):
         """
         ...
 
+    async def abandon(self, key: str, owner: str) -> None:
+        """Undo an acquire whose outcome the caller does not know (cancelled, timed out).
+
+        Releases ``key`` if ``owner`` holds it, and makes sure that the abandoned acquire, should
+        it still reach the server later, cannot grant ``owner`` the lock any more. Atomic.
+        """
+        ...
+
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         """Reset the TTL of ``key`` to ``ttl`` seconds from now if ``owner`` still holds it.
 

@@ -183,6 +183,14 @@ class MemoryState:
             self._notify(key)
             return Release(owned=True)
 
+    async def abandon(self, key: str, owner: str) -> None:
+        """See :meth:`asynclock.state.State.abandon`.
+
+        In memory an acquire acts right after its single yield and never later, so an abandoned
+        acquire cannot land afterwards; releasing is all there is to do.
+        """
+        await self.release(key, owner)
+
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.extend`."""
         check_ttl(ttl, key=key)

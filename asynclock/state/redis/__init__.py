@@ -31,12 +31,14 @@ from asynclock.state._errors import map_driver_errors
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
+from asynclock.state.redis._pool import LeanPool
 from asynclock.state.redis._subscriber import Subscriber
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from types import TracebackType
 
+    from redis.asyncio.connection import AbstractConnection
     from typing_extensions import Self
 
 __all__ = ["RedisState"]
@@ -63,7 +65,7 @@ class _Script:
 
 
 def _scripts() -> dict[str, _Script]:
-    return {name: _Script(name) for name in ("acquire", "release", "extend", "inspect")}
+    return {name: _Script(name) for name in ("acquire", "release", "extend", "inspect", "abandon")}
 
 
 class RedisState:
@@ -114,6 +116,11 @@ class RedisState:
         self._process = new_process_id()
         self._scripts = _scripts()
         self._subscriber: Subscriber | None = None
+        pool = client.connection_pool
+        size = getattr(pool, "max_connections", None)
+        self._pool = LeanPool(
+            lambda: _connection_for(client), size if isinstance(size, int) and size < 2**31 else 50
+        )
 
     @classmethod
     def from_url(
@@ -187,6 +194,7 @@ class RedisState:
         subscriber, self._subscriber = self._subscriber, None
         if subscriber is not None:
             await subscriber.aclose()
+        await self._pool.aclose()
         if self._owns_client:
             await self._client.aclose()
         else:
@@ -208,27 +216,38 @@ class RedisState:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    async def _eval(self, name: str, keys: tuple[str, ...], *args: str | int) -> object:
+    async def _eval(
+        self, name: str, keys: tuple[str, ...], *args: str | int, idempotent: bool = False
+    ) -> object:
         script = self._scripts[name]
-        client = self._client
+        call = self._pool.call
         with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
             async with deadline_after(self._op_timeout):
                 try:
-                    return await client.evalsha(script.sha, len(keys), *keys, *args)
+                    return await call(
+                        "EVALSHA", script.sha, len(keys), *keys, *args, retry_stale=idempotent
+                    )
                 except redis_errors.NoScriptError:
-                    await client.script_load(script.text)
-                    return await client.evalsha(script.sha, len(keys), *keys, *args)
+                    await call("SCRIPT", "LOAD", script.text)
+                    return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _command(self, *args: str | int | bytes) -> object:
+        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+            async with deadline_after(self._op_timeout):
+                return await self._pool.call(*args)
 
     # -- the State protocol -----------------------------------------------------------------
 
     async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
         """See :meth:`asynclock.state.State.acquire`."""
+        lock_key = self.lock_key(key)
         result = await self._eval(
             "acquire",
-            (self.lock_key(key),),
+            (lock_key, f"{lock_key}:abandoned:{owner}"),
             owner,
             ttl_ms(ttl),
             self._process if waiting else "",
+            idempotent=True,
         )
         value = _as_int(result)
         if value > 0:
@@ -255,13 +274,29 @@ class RedisState:
             return Release(owned=False)
         return Release(owned=True, handoff_token=result or None)
 
+    async def abandon(self, key: str, owner: str) -> None:
+        """See :meth:`asynclock.state.State.abandon` (``abandon.lua``)."""
+        lock_key = self.lock_key(key)
+        await self._eval(
+            "abandon",
+            (lock_key, f"{lock_key}:released", f"{lock_key}:abandoned:{owner}"),
+            owner,
+            # the abandoned acquire cannot be in flight for longer than an operation may take
+            ttl_ms(max(self._op_timeout or 0.0, 1.0) * 2),
+            self._retention_ms,
+            self._reservation_ms,
+        )
+
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.extend`."""
-        return _as_int(await self._eval("extend", (self.lock_key(key),), owner, ttl_ms(ttl))) == 1
+        reply = await self._eval(
+            "extend", (self.lock_key(key),), owner, ttl_ms(ttl), idempotent=True
+        )
+        return _as_int(reply) == 1
 
     async def inspect(self, key: str) -> LockInfo | None:
         """See :meth:`asynclock.state.State.inspect`."""
-        result = await self._eval("inspect", (self.lock_key(key),))
+        result = await self._eval("inspect", (self.lock_key(key),), idempotent=True)
         if not isinstance(result, list) or len(result) != 3:
             return None
         owner, pttl, token = result
@@ -270,17 +305,12 @@ class RedisState:
 
     async def dedupe_add(self, key: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.dedupe_add`."""
-        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
-            async with deadline_after(self._op_timeout):
-                result = await self._client.set(self._prefix + key, b"1", nx=True, px=ttl_ms(ttl))
-        return bool(result)
+        reply = await self._command("SET", self._prefix + key, b"1", "NX", "PX", ttl_ms(ttl))
+        return reply is not None
 
     async def dedupe_forget(self, key: str) -> bool:
         """See :meth:`asynclock.state.State.dedupe_forget`."""
-        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
-            async with deadline_after(self._op_timeout):
-                deleted = await self._client.delete(self._prefix + key)
-        return bool(deleted)
+        return _as_int(await self._command("DEL", self._prefix + key)) > 0
 
     @contextlib.asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[EventWatch]:
@@ -304,6 +334,19 @@ def _as_int(value: object) -> int:
     if isinstance(value, (bytes, str)):
         return int(value)
     raise TypeError(f"unexpected reply from Redis: {value!r}")
+
+
+def _connection_for(client: Redis) -> AbstractConnection:
+    """A new connection configured like ``client``'s, minus the per-read socket timeout.
+
+    Every operation runs under RedisState's own ``op_timeout`` deadline instead, and a reply is
+    read whole or the connection is dropped, so a per-read timeout adds cost and nothing else.
+    """
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = None
+    conn: AbstractConnection = pool.connection_class(**kwargs)
+    return conn
 
 
 def _describe(client: Redis) -> str:

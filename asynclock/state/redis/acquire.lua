@@ -1,4 +1,4 @@
--- KEYS[1] lock key | ARGV[1] owner, ARGV[2] ttl_ms, ARGV[3] waiter id of this process ('' when
+-- KEYS[1] lock key, KEYS[2] this owner's abandon mark | ARGV[1] owner, ARGV[2] ttl_ms, ARGV[3] waiter id of this process ('' when
 -- the caller will not wait)
 -- returns the new fencing token (> 0), or -(the holder's remaining ms) (<= 0) when the key is held
 -- The token is max(last token + 1, server TIME in microseconds): strictly increasing per key
@@ -7,6 +7,9 @@
 local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local waiter = ARGV[3]
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return -ttl_ms  -- the caller gave this attempt up (abandon.lua ran first): never grant it
+end
 local value = redis.call('GET', KEYS[1])
 local last = 0
 if value then
