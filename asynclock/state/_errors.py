@@ -24,8 +24,19 @@ def map_driver_errors(
     try:
         yield
     except (TimeoutError, asyncio.TimeoutError) as exc:
-        raise StateUnavailableError(
-            f"{where} did not answer within op_timeout={op_timeout} s"
-        ) from exc
+        raise unavailable_error(exc, where, op_timeout) from exc
     except unavailable as exc:
-        raise StateUnavailableError(f"{where} is unavailable: {type(exc).__name__}: {exc}") from exc
+        raise unavailable_error(exc, where, op_timeout) from exc
+
+
+def unavailable_error(
+    exc: BaseException, where: str, op_timeout: float | None
+) -> StateUnavailableError:
+    """The StateUnavailableError for driver error ``exc`` (chain it with ``from exc``).
+
+    For hot paths that catch the driver errors themselves instead of entering
+    :func:`map_driver_errors`.
+    """
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return StateUnavailableError(f"{where} did not answer within op_timeout={op_timeout} s")
+    return StateUnavailableError(f"{where} is unavailable: {type(exc).__name__}: {exc}")

@@ -27,7 +27,7 @@ from redis.retry import Retry
 from asynclock._compat import deadline_after
 from asynclock._owner import new_process_id
 from asynclock._validate import check_seconds, check_ttl, ttl_ms
-from asynclock.state._errors import map_driver_errors
+from asynclock.state._errors import map_driver_errors, unavailable_error
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
@@ -41,12 +41,19 @@ if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
     from typing_extensions import Self
 
+    from asynclock._errors import StateUnavailableError
+
 __all__ = ["RedisState"]
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     OSError,
+)
+_UNAVAILABLE_OR_TIMEOUT: tuple[type[BaseException], ...] = (
+    *_UNAVAILABLE,
+    TimeoutError,
+    asyncio.TimeoutError,
 )
 
 
@@ -221,7 +228,7 @@ class RedisState:
     ) -> object:
         script = self._scripts[name]
         call = self._pool.call
-        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+        try:
             async with deadline_after(self._op_timeout):
                 try:
                     return await call(
@@ -230,11 +237,18 @@ class RedisState:
                 except redis_errors.NoScriptError:
                     await call("SCRIPT", "LOAD", script.text)
                     return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except _UNAVAILABLE_OR_TIMEOUT as exc:
+            raise self._unavailable(exc) from exc
 
     async def _command(self, *args: str | int | bytes) -> object:
-        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+        try:
             async with deadline_after(self._op_timeout):
                 return await self._pool.call(*args)
+        except _UNAVAILABLE_OR_TIMEOUT as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: BaseException) -> StateUnavailableError:
+        return unavailable_error(exc, self._where, self._op_timeout)
 
     # -- the State protocol -----------------------------------------------------------------
 
