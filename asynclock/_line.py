@@ -28,6 +28,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")
@@ -131,11 +133,16 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
                 successor.future.set_result(result.handoff_token)
                 return first
             current = successor  # it gave up meanwhile: pass the lock on in its name
-    except BaseException:
-        # The outcome is unknown. Release in the background (by owner, so it is harmless if
-        # the first try did land); a successor contends with its own owner id, and acquire is
-        # idempotent per owner, so if the handoff did happen it simply gets its token.
-        release_in_background(state, line.key, current.owner)
+    except BaseException as exc:
+        # The outcome is unknown. Release by owner (harmless if the first try did land); a
+        # successor contends with its own owner id, and acquire is idempotent per owner, so if
+        # the handoff did happen it simply gets its token. On cancellation the release is
+        # finished before the CancelledError goes on, so the key is free once the task is done.
+        cleanup = state.release(line.key, current.owner)
+        if isinstance(exc, asyncio.CancelledError):
+            await finish_despite_cancellation(cleanup)
+        else:
+            run_in_background(cleanup)
         if successor is not None:
             line.promote(successor)
         elif line.member is current:
@@ -143,27 +150,28 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
         raise
 
 
-def release_in_background(state: State, key: str, owner: str) -> None:
-    """Make sure ``owner`` no longer holds ``key``, without waiting for it."""
-    task = asyncio.get_running_loop().create_task(state.release(key, owner))
+async def finish_despite_cancellation(work: Coroutine[object, object, object]) -> None:
+    """Run clean-up ``work`` to its end even if the calling task is cancelled (again) meanwhile.
+
+    Failures are logged, not raised: the caller is already propagating an exception. Backends
+    bound every operation by their timeout, so this cannot hang.
+    """
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        # asyncio.wait never cancels the task it waits for, and raises only CancelledError
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait((task,))
+    _log_failure(task)
+
+
+def run_in_background(work: Coroutine[object, object, object]) -> None:
+    """Run clean-up ``work`` without waiting for it; failures are logged."""
+    task = asyncio.get_running_loop().create_task(work)
     task.add_done_callback(_log_failure)
 
 
-def abandon_in_background(state: State, line: Line, ticket: Ticket) -> None:
-    """Undo an acquire of unknown outcome, then let the next waiter contend."""
-
-    async def abandon() -> None:
-        try:
-            await state.abandon(line.key, ticket.owner)
-        finally:
-            line.leave(ticket)
-
-    task = asyncio.get_running_loop().create_task(abandon())
-    task.add_done_callback(_log_failure)
-
-
-def _log_failure(task: asyncio.Task[object]) -> None:
-    if task.cancelled():
+def _log_failure(task: asyncio.Future[object]) -> None:
+    if not task.done() or task.cancelled():
         return
     exc = task.exception()
     if exc is not None:

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, final
 import anyio
 
 from asynclock._errors import LockAcquisitionError, LockLostError, LockNotOwnedError
-from asynclock._line import Line, Ticket, abandon_in_background, line_for, release_chain
+from asynclock._line import (
+    Line,
+    Ticket,
+    finish_despite_cancellation,
+    line_for,
+    release_chain,
+    run_in_background,
+)
 from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._validate import check_key, check_seconds, check_ttl
@@ -52,7 +59,9 @@ class AsyncLock:
       on the release (pub/sub, in-process events) or when the holder's TTL runs out.
     * **Cancellation.** A task cancelled while acquiring leaves no lock behind: if the server
       granted it just as the cancellation came, it is released (or handed to the next waiter)
-      at once. A cancelled release still completes in the background.
+      at once. A cancelled release still completes in the background. A task that ends while
+      still holding a lock (say it was cancelled between ``acquire()`` and ``release()``
+      without a ``try``/``finally``) has it released for it, with a warning.
 
     Timeline (why fencing tokens matter)::
 
@@ -90,7 +99,6 @@ class AsyncLock:
         "_auto_renew",
         "_blocking",
         "_busy",
-        "_cleanup_ticket",
         "_key",
         "_last_token",
         "_line",
@@ -135,7 +143,6 @@ class AsyncLock:
         self._task: asyncio.Task[object] | None = None
         self._busy = False
         self._last_token: int | None = None
-        self._cleanup_ticket: Ticket | None = None
         self._lost = False
         self._retry_after: float | None = None
         self._renewer: Renewer | None = None
@@ -334,25 +341,47 @@ class AsyncLock:
                         wait = min(wait, left)
                     await watch.wait(wait)
         finally:
-            if not won and ticket is not self._cleanup_ticket:
+            if not won:
                 line.leave(ticket)
 
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
         """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
         try:
             return await self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
+        except asyncio.CancelledError:
+            # The server may have granted the lock, or may still if the command is on the
+            # wire. Undo it before the cancellation goes on, so the key is free once the task
+            # is done (bounded by the backend's operation timeout).
+            await finish_despite_cancellation(self._state.abandon(self._key, ticket.owner))
+            raise
         except BaseException:
-            # The server may have granted the lock (or may still, if the command is on the
-            # wire): abandon it, which also leaves the line once done; _contend must not.
-            self._cleanup_ticket = ticket
-            abandon_in_background(self._state, line, ticket)
+            run_in_background(self._state.abandon(self._key, ticket.owner))
             raise
 
     def _won(self, line: Line, ticket: Ticket, token: int) -> bool:
         line.hold(ticket, self._ttl)
         self._token = token
-        self._task = asyncio.current_task()
+        task = self._task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(self._owner_task_ended)
         return True
+
+    def _owner_task_ended(self, task: asyncio.Task[object]) -> None:
+        """The acquiring task ended while still holding the lock: nobody can release it now."""
+        ticket, line = self._ticket, self._line
+        if self._token is None or ticket is None or line is None:
+            return
+        logger.warning(
+            "asynclock: task %r ended while holding lock %r without releasing it; releasing it",
+            task.get_name(),
+            self._key,
+            extra={"lock_key": self._key, "owner": ticket.owner},
+        )
+        self._forget_acquisition()
+        if self._renewer is not None:
+            self._renewer.stop()
+            self._renewer = None
+        self._spawn_release(line, ticket)
 
     # -- release ------------------------------------------------------------------------------
 
@@ -395,7 +424,9 @@ class AsyncLock:
     def _forget_acquisition(self) -> None:
         self._last_token = self._token
         self._token = None
-        self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.remove_done_callback(self._owner_task_ended)
 
     # -- extend -------------------------------------------------------------------------------
 
@@ -454,28 +485,27 @@ class AsyncLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        lost_while_held = self._lost  # set by the renewer; release() sets it too, later
+        if self._renewer is not None:
+            self._renewer.stop()
+            self._renewer = None
+        # Leave the cancel scope before awaiting anything: a cancelled scope would cancel the
+        # release too (anyio cancellation is level-triggered).
         scope, self._scope = self._scope, None
-        swallowed = False
-        try:
-            if self._renewer is not None:
-                self._renewer.stop()
-                self._renewer = None
-            ticket, line = self._ticket, self._line
-            if self._token is not None and ticket is not None and line is not None:
-                try:
-                    await self._release(line, ticket)
-                except LockNotOwnedError:
-                    if exc is None and not self._lost:
-                        raise
-                    logger.warning(
-                        "asynclock: lock %r had expired before its body finished",
-                        self._key,
-                        extra={"lock_key": self._key, "owner": self._owner},
-                    )
-        finally:
-            if scope is not None:
-                swallowed = bool(scope.__exit__(exc_type, exc, tb))
-        if self._lost and (swallowed or exc is None):
+        swallowed = bool(scope.__exit__(exc_type, exc, tb)) if scope is not None else False
+        ticket, line = self._ticket, self._line
+        if self._token is not None and ticket is not None and line is not None:
+            try:
+                await self._release(line, ticket)
+            except LockNotOwnedError:
+                if exc is None and not lost_while_held:
+                    raise
+                logger.warning(
+                    "asynclock: lock %r had expired before its body finished",
+                    self._key,
+                    extra={"lock_key": self._key, "owner": self._owner},
+                )
+        if lost_while_held and (swallowed or exc is None):
             raise LockLostError(self._key, self._owner) from exc
         return False
 

@@ -8,9 +8,10 @@ never needs redis-py, asyncpg or aiomysql.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from asynclock.state._protocol import State
@@ -47,26 +48,30 @@ class StateURL:
         return self.redacted()
 
 
+_SECRET_PARAMS = re.compile(r"(?i)(^|[&;])((?:password|passwd|pass|pwd)=)[^&;]*")
+
+
 def redact(url: str) -> str:
-    """Return ``url`` with the password (if any) replaced by ``***``."""
+    """Return ``url`` with any password (user info or ``?password=``) replaced by ``***``."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable url>"
-    if parts.password is None:
+    netloc = parts.netloc
+    if parts.password is not None:
+        user = parts.username or ""
+        host = netloc.rpartition("@")[2]
+        netloc = f"{user}:***@{host}"
+    query = _SECRET_PARAMS.sub(r"\1\2***", parts.query)
+    if netloc == parts.netloc and query == parts.query:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" if user else f":***@{host}"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is not None:
-        netloc += f":{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    # built by hand: urlunsplit would turn "unix:///path" into "unix:/path"
+    text = f"{parts.scheme}://{netloc}{parts.path}"
+    if query:
+        text += f"?{query}"
+    if parts.fragment:
+        text += f"#{parts.fragment}"
+    return text
 
 
 def backend_class(url: str) -> type[State]:
