@@ -1,0 +1,162 @@
+"""Command line: ``python -m benchmarks <scenario> [--state URL] [--quick] [--rounds N]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis.asyncio
+
+from benchmarks import _contended, _memory, _uncontended
+from benchmarks._env import (
+    DEFAULT_URL,
+    REPO,
+    Config,
+    PrivateServer,
+    background_rate,
+    delete_run_keys,
+    environment_facts,
+    is_loopback_url,
+    load_asynclock,
+    log,
+)
+from benchmarks._report import Section, kv_table, write_doc
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from benchmarks._env import Asynclock
+
+SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = {
+    "uncontended": _uncontended.run,
+    "contended": _contended.run,
+    "memory": _memory.run,
+}
+NEEDS_REDIS = {"uncontended", "contended"}
+
+PREAMBLE = """# Benchmarks
+
+asynclock against its peers, measured in one process on one machine and one Redis server, with
+the variants interleaved round-robin in every round. Cells show **median (min-max)** over the
+rounds. The machine is small and shared (the Redis server and the client run on the same two
+vCPUs), so single runs vary by ±30%: **compare the ratios taken within one run, not absolute
+numbers**, and do not carry the absolute numbers to other hardware.
+
+Regenerate with:
+
+```
+python -m benchmarks all --private-server --write   # as below: ~1.5 min, own redis-server
+python -m benchmarks all --quick                    # ~25 s, stdout only, shared server
+python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
+```
+
+Each scenario's block below is replaced only when that scenario runs again; the notes block is
+hand-written and kept. `--private-server` starts a throwaway `redis-server` on a free loopback
+port, so the command counts are this run's own (a shared server also counts its other clients). The peer numbers these are compared with come from the same kind of
+machine (`shared/research/peer-lock-benchmarks.md`).
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="asynclock benchmarks against redis-py's Lock, python-redis-lock, the raw "
+        "redis.asyncio floor and asyncio.Lock. Markdown report on stdout.",
+    )
+    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser.add_argument("--state", default=DEFAULT_URL, help=f"Redis URL (default {DEFAULT_URL})")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and pairs (< 1 min)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per scenario")
+    parser.add_argument("--write", action="store_true", help="also write docs/benchmarks.md")
+    parser.add_argument(
+        "--doc", default=str(REPO / "docs" / "benchmarks.md"), help="where --write writes"
+    )
+    parser.add_argument(
+        "--private-server",
+        action="store_true",
+        help="start a throwaway redis-server on a free loopback port for this run (clean "
+        "command counts; the shared server's other clients are not counted)",
+    )
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a Redis server that is not on a loopback address",
+    )
+    return parser
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds)
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if cfg.rounds is not None and cfg.rounds < 1:
+        log("--rounds must be at least 1")
+        return 2
+    client: redis.asyncio.Redis | None = None
+    if any(n in NEEDS_REDIS for n in names):
+        if not is_loopback_url(cfg.url) and not args.allow_remote:
+            log(f"refusing {cfg.url}: not a loopback address (use --allow-remote if you mean it)")
+            return 2
+        client = redis.asyncio.Redis.from_url(cfg.url)
+        try:
+            await client.ping()
+        except Exception as exc:  # noqa: BLE001 (reported, never fatal)
+            log(f"cannot reach Redis at {cfg.url}: {exc!r}")
+            await client.aclose()
+            return 2
+    api = load_asynclock()
+    log(f"asynclock: {api if isinstance(api, str) else 'version ' + api.version}")
+    background = await background_rate(client) if client is not None else 0.0
+    where = cfg.url if client else "memory:// only"
+    if client is not None and args.private_server:
+        where += ' (a private throwaway redis-server: --save "" --appendonly no)'
+    facts = await environment_facts(client, where, api)
+    sections: list[Section] = []
+    t0 = time.monotonic()
+    try:
+        for name in names:
+            log(f"--- {name}")
+            started = time.monotonic()
+            sections.append(await SCENARIOS[name](cfg, api))
+            log(f"--- {name} took {time.monotonic() - started:.1f} s")
+    finally:
+        if client is not None:
+            deleted = await delete_run_keys(client, cfg.run_id)
+            log(f"deleted {deleted} key(s) of run {cfg.run_id}")
+            await client.aclose()
+    if client is not None:
+        where = "private throwaway server" if args.private_server else "shared server"
+        facts.append(("server load before the run", f"{background:,.0f} commands/s ({where})"))
+    kind = "quick" if cfg.quick else "full"
+    facts.append(("run", f"{cfg.run_id}, {kind}, {time.monotonic() - t0:.0f} s"))
+    environment = "## Environment\n\n" + kv_table(facts) + "\n"
+    headlines = [h for s in sections for h in s.headlines]
+    report = [PREAMBLE.split("\nRegenerate")[0], environment]
+    if headlines:
+        report.append("## Headline ratios\n\n" + kv_table(headlines) + "\n")
+    report += [s.body + "\n" for s in sections]
+    print("\n".join(report))
+    if args.write:
+        path = Path(args.doc)
+        write_doc(path, preamble=PREAMBLE, environment=environment, sections=sections)
+        log(f"wrote {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.private_server:
+        return asyncio.run(_amain(args))
+    if args.state != DEFAULT_URL:
+        parser.error("--private-server and --state are exclusive")
+    try:
+        with PrivateServer() as server:
+            log(f"private redis-server on {server.url}")
+            args.state = server.url
+            return asyncio.run(_amain(args))
+    except (OSError, RuntimeError) as exc:
+        log(f"cannot start a private redis-server: {exc}")
+        return 2

@@ -1,0 +1,141 @@
+"""Markdown tables and the ``docs/benchmarks.md`` writer."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from benchmarks._stats import Spread, fmt, fmt_spread
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+Metrics = dict[str, float]
+
+
+@dataclass
+class Rounds:
+    """Per-round metrics of every variant, in the order the variants were declared."""
+
+    variants: list[str] = field(default_factory=list)
+    data: dict[str, list[Metrics]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def declare(self, variant: str) -> None:
+        if variant not in self.data:
+            self.variants.append(variant)
+            self.data[variant] = []
+
+    def add(self, variant: str, metrics: Metrics) -> None:
+        self.declare(variant)
+        self.data[variant].append(metrics)
+
+    def skip(self, variant: str, reason: str) -> None:
+        self.declare(variant)
+        self.skipped.setdefault(variant, reason)
+
+    def spread(self, variant: str, metric: str) -> Spread:
+        return Spread.of(m[metric] for m in self.data.get(variant, []) if metric in m)
+
+    def rounds_of(self, variant: str) -> int:
+        return len(self.data.get(variant, []))
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    metric: str
+    digits: int = 0
+    median_only: bool = False
+
+
+def table(rounds: Rounds, columns: list[Column], *, label: str = "variant") -> str:
+    """A markdown table: one row per variant, each cell ``median (min-max)`` over the rounds."""
+    head = "| " + " | ".join([label, *(c.header for c in columns)]) + " |"
+    sep = "|" + "---|" * (len(columns) + 1)
+    lines = [head, sep]
+    for variant in rounds.variants:
+        if not rounds.data[variant]:
+            reason = rounds.skipped.get(variant, "no data")
+            cells = [f"skipped: {reason}"] + [""] * (len(columns) - 1)
+        else:
+            cells = []
+            for col in columns:
+                spread = rounds.spread(variant, col.metric)
+                if col.median_only:
+                    cells.append(fmt(spread.median, col.digits))
+                else:
+                    cells.append(fmt_spread(spread, col.digits))
+        label_cell = variant
+        if rounds.data[variant] and variant in rounds.skipped:
+            label_cell += f" (then failed: {rounds.skipped[variant]})"
+        lines.append("| " + " | ".join([label_cell, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def kv_table(rows: list[tuple[str, str]], headers: tuple[str, str] = ("what", "value")) -> str:
+    lines = [f"| {headers[0]} | {headers[1]} |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One scenario's part of the report."""
+
+    scenario: str
+    body: str
+    headlines: list[tuple[str, str]] = field(default_factory=list)
+
+
+_ORDER = ("uncontended", "contended", "memory")
+_DEFAULT_NOTES = (
+    "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
+)
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def _extract(text: str, name: str) -> str | None:
+    start, end = _markers(name)
+    match = re.search(re.escape(start) + r"\n(.*?)" + re.escape(end), text, flags=re.DOTALL)
+    return match.group(1) if match else None
+
+
+def write_doc(path: Path, *, preamble: str, environment: str, sections: list[Section]) -> None:
+    """Write ``docs/benchmarks.md``, block by block.
+
+    Every block sits between ``<!-- name:start -->`` and ``<!-- name:end -->`` markers. Blocks of
+    scenarios that did not run this time keep their previous text, and the hand-written
+    ``notes`` block is never overwritten.
+    """
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    fresh: dict[str, str] = {"environment": environment.rstrip() + "\n"}
+    for section in sections:
+        fresh[section.scenario] = section.body.rstrip() + "\n"
+        if section.headlines:
+            heading = f"From `{section.scenario}`:\n\n"
+            fresh[f"headlines-{section.scenario}"] = heading + kv_table(section.headlines) + "\n"
+
+    def block(name: str, default: str | None = None) -> str:
+        text = fresh.get(name)
+        if text is None:
+            text = _extract(old, name)
+        if text is None:
+            text = default
+        if text is None:
+            return ""
+        start, end = _markers(name)
+        return f"{start}\n{text}{end}\n"
+
+    notes = _extract(old, "notes") or _DEFAULT_NOTES
+    start, end = _markers("notes")
+    parts = [preamble.rstrip() + "\n", block("environment"), "## Headline ratios\n"]
+    parts += [b for n in _ORDER if (b := block(f"headlines-{n}"))]
+    parts.append(f"## Reading the numbers\n\n{start}\n{notes}{end}\n")
+    parts += [b for n in _ORDER if (b := block(n))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts), encoding="utf-8")
