@@ -35,7 +35,7 @@ demo: install
 	$(VENV)/bin/asynclock demo $(if $(STATE),--state $(STATE),)
 
 bench: install services
-	$(VENV)/bin/asynclock bench $(if $(STATE),--state $(STATE),)
+	$(VENV)/bin/asynclock bench all $(if $(STATE),--state $(STATE),)
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache

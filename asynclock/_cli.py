@@ -3,14 +3,17 @@
 Subcommands:
 
 * ``demo``: the webhook storm, without and with asynclock (see :mod:`asynclock._demo`).
-* ``bench``, ``locks``, ``unlock``: reserved; they print "not yet implemented" and exit 2.
+* ``bench``: runs the benchmark harness of a source checkout (``python -m benchmarks``).
+* ``locks``, ``unlock``: reserved; they print "not yet implemented" and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asynclock._demo import format_result, run_demo
@@ -79,8 +82,14 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated database round trip between find and create (0.02)",
     )
 
-    bench = commands.add_parser("bench", help=f"the benchmark suite: {_NOT_YET}")
-    bench.add_argument("--state", metavar="URL")
+    bench = commands.add_parser(
+        "bench",
+        help="the benchmark suite against peers (from a source checkout)",
+        description="Runs `python -m benchmarks` of the source checkout in the current folder; "
+        "every argument goes to it (try `asynclock bench --help`).",
+        add_help=False,
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     locks = commands.add_parser("locks", help=f"list the locks held now: {_NOT_YET}")
     locks.add_argument("--state", metavar="URL")
     unlock = commands.add_parser("unlock", help=f"force-release a lock: {_NOT_YET}")
@@ -99,8 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit code: 0 on success, 1 when the state server cannot be reached,
         2 for a usage error or a subcommand that is not implemented yet.
     """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:  # everything after it belongs to the harness's own parser
+        return _bench(arguments[1:])
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     command: str | None = args.command
     if command is None:
         parser.print_help(sys.stderr)
@@ -120,3 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(format_result(result), end="")
     return 0
+
+
+def _bench(bench_args: list[str]) -> int:
+    """Run the benchmark harness of the source checkout in the current folder."""
+    here = Path.cwd()
+    if not (here / "benchmarks" / "_cli.py").is_file():
+        print(
+            "asynclock bench: run it from a source checkout of asynclock (the benchmarks/ "
+            "folder is not part of the installed package)",
+            file=sys.stderr,
+        )
+        return 2
+    sys.path.insert(0, str(here))
+    bench_cli = importlib.import_module("benchmarks._cli")
+    code: int = bench_cli.main(bench_args or ["all"])
+    return code
