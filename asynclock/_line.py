@@ -138,11 +138,11 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
         # successor contends with its own owner id, and acquire is idempotent per owner, so if
         # the handoff did happen it simply gets its token. On cancellation the release is
         # finished before the CancelledError goes on, so the key is free once the task is done.
-        cleanup = state.release(line.key, current.owner)
-        if isinstance(exc, asyncio.CancelledError):
-            await finish_despite_cancellation(cleanup)
-        else:
-            run_in_background(cleanup)
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        await clean_up(state.release(line.key, current.owner), wait=cancelled)
+        if successor is not None and not successor.live():
+            # the handoff may have landed on a waiter who left meanwhile
+            await clean_up(state.abandon(line.key, successor.owner), wait=cancelled)
         if successor is not None:
             line.promote(successor)
         elif line.member is current:
@@ -162,6 +162,14 @@ async def finish_despite_cancellation(work: Coroutine[object, object, object]) -
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait((task,))
     _log_failure(task)
+
+
+async def clean_up(work: Coroutine[object, object, object], *, wait: bool) -> None:
+    """Run clean-up ``work``: to its end despite cancellation, or in the background."""
+    if wait:
+        await finish_despite_cancellation(work)
+    else:
+        run_in_background(work)
 
 
 def run_in_background(work: Coroutine[object, object, object]) -> None:

@@ -272,7 +272,7 @@ class AsyncLock:
                 else:
                     await asyncio.wait((future,), timeout=max(bound - loop.time(), 0.0))
             except asyncio.CancelledError:
-                self._abandon_waiting(line, ticket)
+                await self._abandon_waiting(line, ticket)
                 raise
             if future.done():
                 result = future.result()
@@ -297,8 +297,12 @@ class AsyncLock:
                 line.member = ticket
                 return await self._contend(line, ticket, True, deadline)
 
-    def _abandon_waiting(self, line: Line, ticket: Ticket) -> None:
-        """A waiter was cancelled: leave the line, passing on whatever it was just given."""
+    async def _abandon_waiting(self, line: Line, ticket: Ticket) -> None:
+        """A waiter was cancelled: leave the line, passing on whatever it was just given.
+
+        A lock handed over just before the cancellation is passed on (or released) before the
+        cancellation goes on, so the key is never left to a task that is gone.
+        """
         future = ticket.future
         if future is None or not future.done() or future.cancelled():
             if future is not None:
@@ -307,9 +311,14 @@ class AsyncLock:
             return
         token = future.result()
         if token is None:
-            line.leave(ticket)
+            # Promoted to contend, maybe after a handoff of unknown outcome: make sure this
+            # owner holds nothing before the next waiter goes.
+            try:
+                await finish_despite_cancellation(self._state.abandon(self._key, ticket.owner))
+            finally:
+                line.leave(ticket)
         else:
-            self._spawn_release(line, ticket)
+            await finish_despite_cancellation(release_chain(self._state, line, ticket))
 
     async def _contend(
         self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
@@ -484,7 +493,7 @@ class AsyncLock:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         lost_while_held = self._lost  # set by the renewer; release() sets it too, later
         if self._renewer is not None:
             self._renewer.stop()
@@ -507,7 +516,6 @@ class AsyncLock:
                 )
         if lost_while_held and (swallowed or exc is None):
             raise LockLostError(self._key, self._owner) from exc
-        return False
 
 
 def _log_background_failure(task: asyncio.Task[Release]) -> None:

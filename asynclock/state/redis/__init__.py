@@ -276,7 +276,7 @@ class RedisState:
         result = _as_int(
             await self._eval(
                 "release",
-                (lock_key, f"{lock_key}:released"),
+                (lock_key, f"{lock_key}:released", f"{lock_key}:abandoned:{successor or ''}"),
                 owner,
                 successor or "",
                 ttl_ms(ttl) if successor and ttl else 0,

@@ -1,4 +1,5 @@
--- KEYS[1] lock key, KEYS[2] release channel | ARGV[1] owner, ARGV[2] successor owner ('' = none),
+-- KEYS[1] lock key, KEYS[2] release channel, KEYS[3] the successor's abandon mark
+-- ARGV[1] owner, ARGV[2] successor owner ('' = none),
 -- ARGV[3] successor ttl_ms, ARGV[4] token retention ms, ARGV[5] reservation ms
 -- returns -1 when owner does not hold the key (nothing changed), 0 when released, or the
 -- successor's new fencing token (> 0) when the lock was handed straight to the successor.
@@ -12,7 +13,8 @@ local token, holder, flag = parse(value)
 if holder == '' or holder ~= ARGV[1] then
   return -1
 end
-if ARGV[2] ~= '' and flag == '' then
+-- a successor that gave up already (abandon.lua ran) must not be handed the lock
+if ARGV[2] ~= '' and flag == '' and redis.call('EXISTS', KEYS[3]) == 0 then
   redis.call('SET', KEYS[1], fmt(token + 1) .. ' ' .. ARGV[2], 'PX', tonumber(ARGV[3]))
   return token + 1
 end

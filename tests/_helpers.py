@@ -1,0 +1,111 @@
+"""Small tools shared by the tests: a fake clock, a loop-step counter, bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+    from asynclock import AsyncLock
+
+T = TypeVar("T")
+
+#: Long enough for a task started just before to reach its blocking wait, on a loaded machine
+#: (a loopback round trip takes well under a millisecond). Only used to *order arrivals* or to
+#: make sure a waiter is waiting; never to let a race resolve itself.
+SETTLE = 0.1
+
+
+class FakeClock:
+    """A clock for ``MemoryState(clock=...)`` that moves only when told to."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class LoopTicker:
+    """Counts event-loop iterations from a background task (``count`` grows once per step).
+
+    ``await ticker.assert_yields(coro)`` checks that awaiting ``coro`` gave the loop back at least
+    once: a method that never yields would let the ticker stand still.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.count += 1
+            await asyncio.sleep(0)
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def assert_yields(self, awaitable: Awaitable[T], what: str) -> T:
+        before = self.count
+        result = await awaitable
+        assert self.count > before, f"{what} never yielded to the event loop"
+        return result
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool]], *, within: float, interval: float = 0.01
+) -> float:
+    """Await ``predicate`` until it is true; return the seconds it took. Fails after ``within``."""
+    start = time.monotonic()
+    while not await predicate():
+        if time.monotonic() - start > within:
+            raise AssertionError(f"condition still false after {within} s")
+        await asyncio.sleep(interval)
+    return time.monotonic() - start
+
+
+async def loop_steps(n: int) -> None:
+    """Let the event loop run ``n`` iterations."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def finish(task: asyncio.Task[Any]) -> BaseException | None:
+    """Wait for ``task`` to end; return its exception (``CancelledError`` included) or ``None``."""
+    await asyncio.wait([task])
+    if task.cancelled():
+        return asyncio.CancelledError()
+    return task.exception()
+
+
+def owned(lock: AsyncLock) -> bool:
+    """``lock.owned``, read fresh (a type checker would otherwise carry over an earlier check)."""
+    return lock.owned
+
+
+def token_of(lock: AsyncLock) -> int:
+    """The fencing token of the lock's current or last acquisition (there must be one)."""
+    token = lock.token
+    assert token is not None, f"{lock!r} has no token"
+    return token

@@ -1,0 +1,135 @@
+"""The backend matrix as data: every conformance test runs once per entry of ``STATES``.
+
+Adding a backend is one ``_server(...)`` line below (plus, if its keys need cleaning, one case in
+:func:`purge_namespace`). Server URLs can be overridden with environment variables so the suite
+can run against servers elsewhere; by default it uses the loopback servers of ``.ci/services.sh``.
+
+A server that does not answer is a *skip with a reason* locally and a *test error* in CI
+(``CI=true``): CI must never go green by skipping a backend.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from functools import cache
+from urllib.parse import urlsplit
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+#: Every key a test writes on a shared server starts with this, then the test's namespace.
+TEST_PREFIX = "asynclock-test:"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One row of the matrix.
+
+    Attributes:
+        name: the test id (``test_x[redis]``) and the marker name.
+        url: what ``state_from_url`` is given.
+        namespace_option: the keyword of ``state_from_url`` that isolates one test's keys from
+            every other test on the same server (``None``: each state is private anyway).
+    """
+
+    name: str
+    url: str
+    namespace_option: str | None = None
+
+    @property
+    def server(self) -> bool:
+        """True when processes other than this one can share the state (a real server)."""
+        return self.namespace_option is not None
+
+    def options(self, namespace: str) -> dict[str, object]:
+        """The ``state_from_url`` keywords that give a state the fresh ``namespace``."""
+        if self.namespace_option is None:
+            return {}
+        return {self.namespace_option: f"{TEST_PREFIX}{namespace}:"}
+
+
+def _server(name: str, env: str, default: str, namespace_option: str = "prefix") -> Backend:
+    return Backend(name, os.environ.get(env, default), namespace_option)
+
+
+MEMORY = Backend("memory", "memory://")
+REDIS = _server("redis", "ASYNCLOCK_REDIS_URL", "redis://127.0.0.1:6379/0")
+# When their states land, one line each (and add them to BACKENDS):
+# POSTGRES = _server("postgres", "ASYNCLOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test")
+# MYSQL = _server("mysql", "ASYNCLOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+
+BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS)
+SERVER_BACKENDS: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.server)
+
+
+def _param(backend: Backend) -> object:
+    return pytest.param(backend, id=backend.name, marks=getattr(pytest.mark, backend.name))
+
+
+#: ``@pytest.fixture(params=STATES)``: every backend.
+STATES = [_param(b) for b in BACKENDS]
+#: Backends that several OS processes can share (the cross-process tests).
+SERVER_STATES = [_param(b) for b in SERVER_BACKENDS]
+
+
+_DEFAULT_PORTS = {
+    "redis": 6379,
+    "rediss": 6379,
+    "postgresql": 5432,
+    "postgres": 5432,
+    "mysql": 3306,
+}
+
+
+@cache
+def not_ready_reason(backend: Backend) -> str | None:
+    """``None`` when the backend's server accepts connections, else why not (probed once).
+
+    The probe opens a plain socket to the URL's address: it does not use asynclock, so a bug in
+    the library shows up as a failing test, never as a skipped one.
+    """
+    if not backend.server:
+        return None
+    parts = urlsplit(backend.url)
+    try:
+        if parts.scheme == "unix":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(2.0)
+                sock.connect(parts.path)
+        else:
+            host = parts.hostname or "127.0.0.1"
+            port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+            if port is None:
+                return f"{backend.name}: no port in {backend.url!r}"
+            socket.create_connection((host, port), timeout=2.0).close()
+    except OSError as exc:
+        where = parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port}"
+        return f"{backend.name} server at {where} is not reachable: {exc}"
+    return None
+
+
+def require(backend: Backend) -> None:
+    """Skip (locally) or fail (in CI) the current test when the backend's server is down."""
+    reason = not_ready_reason(backend)
+    if reason is None:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+async def purge_namespace(backend: Backend, namespace: str) -> None:
+    """Delete every key of ``namespace`` from the backend's server (never anything else)."""
+    if backend.name == "redis":
+        from redis.asyncio import Redis
+
+        client = Redis.from_url(backend.url)
+        try:
+            keys = [key async for key in client.scan_iter(match=f"*{namespace}*", count=1000)]
+            if keys:
+                await client.delete(*keys)
+        finally:
+            await client.aclose()

@@ -1,0 +1,122 @@
+"""Entry points of the OS processes that ``conformance/test_processes.py`` spawns.
+
+They live outside the test module so a spawned interpreter imports only this (and asynclock),
+not pytest's collection. Each process runs its own event loop with its own state, built from the
+URL and options it is given, and reports back a plain dict through a queue: never raises, so the
+parent always gets an answer (an ``"error"`` entry with the traceback when something failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from asynclock import AsyncLock, Deduper, state_from_url
+from tests._helpers import token_of
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Barrier
+
+#: How long a worker waits for its siblings at the start line.
+BARRIER_TIMEOUT = 60.0
+
+
+def _report(results: Queue[dict[str, Any]], run: Any) -> None:
+    try:
+        answer: dict[str, Any] = asyncio.run(run)
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
+        answer = {"error": traceback.format_exc(), "pid": os.getpid()}
+    results.put(answer)
+
+
+def lock_worker(
+    url: str,
+    options: dict[str, object],
+    key: str,
+    counter_key: str | None,
+    tasks: int,
+    rounds: int,
+    barrier: Barrier,
+    results: Queue[dict[str, Any]],
+) -> None:
+    """Contend for ``key``; record each critical section as ``(start, end, token, pid)``.
+
+    With ``counter_key`` (Redis), each critical section also INCRs a counter on the server and
+    DECRs it on the way out; ``most_inside`` is the largest value any process saw.
+    """
+    _report(results, _contend(url, options, key, counter_key, tasks, rounds, barrier))
+
+
+async def _contend(
+    url: str,
+    options: dict[str, object],
+    key: str,
+    counter_key: str | None,
+    tasks: int,
+    rounds: int,
+    barrier: Barrier,
+) -> dict[str, Any]:
+    intervals: list[tuple[float, float, int, int]] = []
+    most_inside = 0
+    counter: Any = None
+    if counter_key is not None:
+        from redis.asyncio import Redis
+
+        counter = Redis.from_url(url)
+    state = state_from_url(url, **options)
+    try:
+        await state.inspect(key)  # connected before the start line
+        await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT)
+
+        async def task() -> None:
+            nonlocal most_inside
+            for _ in range(rounds):
+                async with AsyncLock(state, key, ttl=10.0, timeout=60.0) as lock:
+                    start = time.time()
+                    if counter is not None:
+                        most_inside = max(most_inside, int(await counter.incr(counter_key)))
+                    await asyncio.sleep(0.002)
+                    if counter is not None:
+                        await counter.decr(counter_key)
+                    intervals.append((start, time.time(), token_of(lock), os.getpid()))
+
+        await asyncio.gather(*(task() for _ in range(tasks)))
+    finally:
+        await state.aclose()
+        if counter is not None:
+            await counter.aclose()
+    return {"intervals": intervals, "most_inside": most_inside, "pid": os.getpid()}
+
+
+def dedupe_worker(
+    url: str,
+    options: dict[str, object],
+    ids: list[str],
+    seed: int,
+    barrier: Barrier,
+    results: Queue[dict[str, Any]],
+) -> None:
+    """Call ``first_seen`` on every id (in an order of its own); report the ids it saw first."""
+    _report(results, _first_seen_all(url, options, ids, seed, barrier))
+
+
+async def _first_seen_all(
+    url: str, options: dict[str, object], ids: list[str], seed: int, barrier: Barrier
+) -> dict[str, Any]:
+    order = list(ids)
+    random.Random(seed).shuffle(order)
+    state = state_from_url(url, **options)
+    try:
+        dedupe = Deduper(state, ttl=600.0, namespace="procs")
+        await state.inspect("warm-up")
+        await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT)
+        answers = await asyncio.gather(*(dedupe.first_seen(i) for i in order))
+    finally:
+        await state.aclose()
+    fresh = [i for i, new in zip(order, answers, strict=True) if new]
+    return {"fresh": fresh, "pid": os.getpid()}

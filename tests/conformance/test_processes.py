@@ -1,0 +1,108 @@
+"""Several OS processes sharing one server: exclusion and exactly-once dedupe across processes.
+
+Each process (multiprocessing *spawn*: a fresh interpreter) builds its own state from the URL and
+runs its own event loop; see ``tests/_workers.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from asynclock import AsyncLock, Deduper
+from tests import _workers
+from tests._matrix import TEST_PREFIX
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from asynclock import State
+    from tests.conftest import Target
+
+pytestmark = pytest.mark.processes
+
+PROCESSES = 3
+
+
+async def run_processes(
+    target: Callable[..., None], args_for: Callable[[int], Sequence[object]], count: int
+) -> list[dict[str, Any]]:
+    """Start ``count`` spawned processes behind one start barrier; return their reports."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(count)
+    results: Any = ctx.Queue()
+    procs = [
+        ctx.Process(target=target, args=(*args_for(n), barrier, results), daemon=True)
+        for n in range(count)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        reports = [await asyncio.to_thread(results.get, True, 100.0) for _ in procs]
+        for proc in procs:
+            await asyncio.to_thread(proc.join, 20.0)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        results.close()
+        results.join_thread()
+    errors = [report["error"] for report in reports if "error" in report]
+    assert not errors, "\n".join(errors)
+    assert len({report["pid"] for report in reports}) == count
+    return reports
+
+
+class TestLockAcrossProcesses:
+    async def test_one_holder_across_processes(
+        self, server_target: Target, server_state: State, key: str
+    ) -> None:
+        # A counter on the server itself, INCR on entry and DECR on exit (Redis only).
+        counter_key = (
+            f"{TEST_PREFIX}{server_target.namespace}:counter"
+            if server_target.backend.name == "redis"
+            else None
+        )
+        tasks, rounds = 2, 10
+        reports = await run_processes(
+            _workers.lock_worker,
+            lambda n: (server_target.url, server_target.options, key, counter_key, tasks, rounds),
+            PROCESSES,
+        )
+
+        intervals = sorted(itertools.chain.from_iterable(r["intervals"] for r in reports))
+        assert len(intervals) == PROCESSES * tasks * rounds
+        overlaps = [
+            (a, b) for a, b in itertools.pairwise(intervals) if b[0] < a[1]
+        ]  # next one started before the previous one ended
+        assert not overlaps, overlaps[:5]
+        tokens = [token for _, _, token, _ in intervals]
+        assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+        assert len({pid for *_, pid in intervals}) == PROCESSES
+        if counter_key is not None:
+            assert max(r["most_inside"] for r in reports) == 1
+        assert not await AsyncLock(server_state, key).locked()
+
+
+class TestDedupeAcrossProcesses:
+    async def test_first_seen_exactly_once_across_processes(
+        self, server_target: Target, server_state: State
+    ) -> None:
+        ids = [f"evt-{n}" for n in range(200)]
+        reports = await run_processes(
+            _workers.dedupe_worker,
+            lambda n: (server_target.url, server_target.options, ids, n),
+            PROCESSES,
+        )
+        counts = Counter(itertools.chain.from_iterable(r["fresh"] for r in reports))
+        assert set(counts) == set(ids)
+        assert {event_id: n for event_id, n in counts.items() if n != 1} == {}
+        # And the parent, a fourth client, sees them all as duplicates.
+        dedupe = Deduper(server_state, ttl=600.0, namespace="procs")
+        assert not any([await dedupe.first_seen(event_id) for event_id in ids[:20]])

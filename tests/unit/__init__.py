@@ -1,0 +1,3 @@
+"""Tests that need no server."""
+
+from __future__ import annotations
