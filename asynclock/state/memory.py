@@ -48,7 +48,8 @@ class MemoryState:
     * Operations are atomic against every task and thread of this process.
     * Expiry uses ``clock`` (``time.monotonic`` by default), so wall-clock jumps never grant a
       lock twice. Expired entries are dropped lazily on access and by an amortised sweep (a heap
-      of deadlines, a few entries per operation), so a million distinct keys do not leak.
+      of deadlines, a few entries per operation, rebuilt when stale deadlines outnumber live
+      entries), so a million distinct keys, or one key acquired a million times, do not leak.
     * Fencing tokens come from one counter per state, so they strictly increase per key.
     * Every method yields to the event loop once before it acts and never after, so a
       cancellation can only land before the operation: it is either done or not started.
@@ -132,8 +133,20 @@ class MemoryState:
     def _grant(self, key: str, owner: str, expires_at: float) -> int:
         token = next(self._tokens)
         self._locks[key] = _Held(owner, token, expires_at)
-        heapq.heappush(self._heap, (expires_at, True, key))
+        self._schedule(expires_at, True, key)
         return token
+
+    def _schedule(self, expires_at: float, is_lock: bool, key: str) -> None:
+        """Remember a deadline for the sweep; keeps the heap in proportion to live entries."""
+        heap = self._heap
+        heapq.heappush(heap, (expires_at, is_lock, key))
+        live = len(self._locks) + len(self._dedupe)
+        if len(heap) > 2 * live + 64:
+            # released and re-extended entries leave stale deadlines behind (a hot key pushes
+            # one per acquisition): rebuild from what is live, amortised O(1) per push
+            heap[:] = [(held.expires_at, True, k) for k, held in self._locks.items()]
+            heap.extend((deadline, False, k) for k, deadline in self._dedupe.items())
+            heapq.heapify(heap)
 
     def _notify(self, key: str) -> None:
         watchers = self._watchers.get(key)
@@ -201,7 +214,7 @@ class MemoryState:
             if held is None or held.owner != owner:
                 return False
             held.expires_at = now + ttl
-            heapq.heappush(self._heap, (held.expires_at, True, key))
+            self._schedule(held.expires_at, True, key)
             return True
 
     async def inspect(self, key: str) -> LockInfo | None:
@@ -226,7 +239,7 @@ class MemoryState:
             if expires_at is not None and expires_at > now:
                 return False
             self._dedupe[key] = now + ttl
-            heapq.heappush(self._heap, (now + ttl, False, key))
+            self._schedule(now + ttl, False, key)
             return True
 
     async def dedupe_forget(self, key: str) -> bool:

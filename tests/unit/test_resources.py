@@ -1,0 +1,57 @@
+"""The Lua scripts ship in the wheel and load from the installed package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = {"_value.lua", "acquire.lua", "release.lua", "extend.lua", "inspect.lua", "abandon.lua"}
+
+
+def test_every_script_loads_from_the_package() -> None:
+    folder = resources.files("asynclock.state.redis")
+    for name in SCRIPTS:
+        text = folder.joinpath(name).read_text(encoding="utf-8")
+        assert text.startswith("--"), f"{name} must open with its contract comment"
+
+
+def test_every_script_the_state_runs_exists() -> None:
+    from asynclock.state.redis import _scripts
+
+    loaded = _scripts()
+    assert {f"{name}.lua" for name in loaded} | {"_value.lua"} == SCRIPTS
+    for script in loaded.values():
+        assert len(script.sha) == 40
+
+
+@pytest.mark.slow
+def test_the_wheel_contains_the_scripts_and_py_typed(tmp_path: Path) -> None:
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("asynclock-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for name in SCRIPTS:
+        assert f"asynclock/state/redis/{name}" in names
+    assert "asynclock/py.typed" in names
