@@ -17,6 +17,8 @@ from asynclock._errors import LockNotOwnedError as LockNotOwnedError
 from asynclock._errors import StateError as StateError
 from asynclock._errors import StateUnavailableError as StateUnavailableError
 from asynclock._lock import AsyncLock as AsyncLock
+from asynclock._retry import RetryStatistics as RetryStatistics
+from asynclock._retry import retry_on_lock_conflict as retry_on_lock_conflict
 from asynclock.state import state_from_url as state_from_url
 from asynclock.state._protocol import LockInfo as LockInfo
 from asynclock.state._protocol import State as State
@@ -38,9 +40,11 @@ __all__ = (
     "LockNotOwnedError",
     "MemoryState",
     "RedisState",
+    "RetryStatistics",
     "State",
     "StateError",
     "StateUnavailableError",
+    "retry_on_lock_conflict",
     "state_from_url",
 )
 

@@ -18,7 +18,7 @@ from asynclock._line import (
     release_chain,
     run_in_background,
 )
-from asynclock._owner import new_owner
+from asynclock._owner import granted_reason, new_owner
 from asynclock._renew import Renewer
 from asynclock._validate import check_key, check_seconds, check_ttl
 
@@ -99,6 +99,7 @@ class AsyncLock:
         "_auto_renew",
         "_blocking",
         "_busy",
+        "_granted",
         "_key",
         "_last_token",
         "_line",
@@ -142,6 +143,7 @@ class AsyncLock:
         self._line: Line | None = None
         self._task: asyncio.Task[object] | None = None
         self._busy = False
+        self._granted = False
         self._last_token: int | None = None
         self._lost = False
         self._retry_after: float | None = None
@@ -179,6 +181,17 @@ class AsyncLock:
     def token(self) -> int | None:
         """The fencing token of the current (or last) acquisition; ``None`` before the first."""
         return self._token if self._token is not None else self._last_token
+
+    @property
+    def granted(self) -> bool:
+        """Whether this object was entered *without* acquiring (see ``process_without_lock``).
+
+        Inside a call that :func:`retry_on_lock_conflict` runs with
+        ``on_exhaustion="process_without_lock"``, every lock is granted at once without touching
+        the state: ``acquire()`` returns ``True`` while ``owned`` stays ``False``, and
+        ``release()``/``extend()`` do nothing.
+        """
+        return self._granted
 
     @property
     def lost(self) -> bool:
@@ -219,11 +232,17 @@ class AsyncLock:
             timeout = self._timeout
         else:
             timeout = check_seconds(timeout, "timeout", key=self._key, allow_zero=True)
-        if self._busy or self._token is not None:
+        if self._busy or self._token is not None or self._granted:
             raise RuntimeError(
                 f"AsyncLock {self._key!r} is already held or being acquired by this object; "
                 "locks are not reentrant: create one AsyncLock per acquisition"
             )
+        reason = granted_reason()
+        if reason is not None:
+            await asyncio.sleep(0)  # the yield rule holds here too
+            self._granted = True
+            logger.debug("asynclock: lock %r granted without acquiring (%s)", self._key, reason)
+            return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if blocking and timeout is not None else None
         self._busy = True
@@ -407,6 +426,10 @@ class AsyncLock:
             StateUnavailableError: the backend could not be reached (the lock then expires by
                 its TTL; ``owned`` stays ``True`` so the release can be retried).
         """
+        if self._granted:
+            self._granted = False
+            await asyncio.sleep(0)
+            return
         ticket, line = self._ticket, self._line
         if self._token is None or ticket is None or line is None:
             raise RuntimeError(f"cannot release AsyncLock {self._key!r}: it is not held")
@@ -447,6 +470,9 @@ class AsyncLock:
             RuntimeError: this object does not hold the lock.
         """
         new_ttl = self._ttl if ttl is None else check_ttl(ttl, key=self._key)
+        if self._granted:
+            await asyncio.sleep(0)
+            return
         ticket, line = self._ticket, self._line
         if self._token is None or ticket is None or line is None:
             raise RuntimeError(f"cannot extend AsyncLock {self._key!r}: it is not held")
@@ -465,6 +491,8 @@ class AsyncLock:
 
     async def __aenter__(self) -> AsyncLock:
         await self.acquire()  # raises LockAcquisitionError when a timeout runs out
+        if self._granted:
+            return self
         if not self.owned:
             raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
         if self._auto_renew:
@@ -494,6 +522,9 @@ class AsyncLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._granted:
+            self._granted = False
+            return
         lost_while_held = self._lost  # set by the renewer; release() sets it too, later
         if self._renewer is not None:
             self._renewer.stop()
