@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from asynclock._dedupe import Deduper as Deduper
+from asynclock._dispatch import EventDispatcher as EventDispatcher
 from asynclock._errors import AsynclockError as AsynclockError
 from asynclock._errors import LockAcquisitionError as LockAcquisitionError
 from asynclock._errors import LockError as LockError
@@ -16,6 +17,9 @@ from asynclock._errors import LockLostError as LockLostError
 from asynclock._errors import LockNotOwnedError as LockNotOwnedError
 from asynclock._errors import StateError as StateError
 from asynclock._errors import StateUnavailableError as StateUnavailableError
+from asynclock._event import Event as Event
+from asynclock._event import HandlerContext as HandlerContext
+from asynclock._event import Outcome as Outcome
 from asynclock._lock import AsyncLock as AsyncLock
 from asynclock._retry import RetryStatistics as RetryStatistics
 from asynclock._retry import retry_on_lock_conflict as retry_on_lock_conflict
@@ -33,12 +37,16 @@ __all__ = (
     "AsyncLock",
     "AsynclockError",
     "Deduper",
+    "Event",
+    "EventDispatcher",
+    "HandlerContext",
     "LockAcquisitionError",
     "LockError",
     "LockInfo",
     "LockLostError",
     "LockNotOwnedError",
     "MemoryState",
+    "Outcome",
     "RedisState",
     "RetryStatistics",
     "State",

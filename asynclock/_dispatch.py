@@ -1,0 +1,509 @@
+"""EventDispatcher: events in, handlers out, one handler per lock key at a time, no silent loss."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import types
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
+
+from asynclock._dedupe import Deduper
+from asynclock._errors import LockAcquisitionError
+from asynclock._event import Event, HandlerContext, Outcome
+from asynclock._line import finish_despite_cancellation
+from asynclock._lock import AsyncLock
+from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock.state.memory import MemoryState
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+    from asynclock.state._protocol import State
+
+logger = logging.getLogger("asynclock")
+
+PolicyName = Literal["drop", "force", "queue", "latest", "debounce", "concurrent"]
+POLICIES: tuple[PolicyName, ...] = ("drop", "force", "queue", "latest", "debounce", "concurrent")
+#: a policy name, or a (sync or async) function of (thread_key, event) returning one, per conflict
+ConflictPolicy = PolicyName | Callable[[str, Event], "PolicyName | Awaitable[PolicyName]"]
+LockScope = Literal["thread", "channel"] | Callable[[Event], str]
+Handler = (
+    Callable[[Event], Awaitable[object]] | Callable[[Event, HandlerContext], Awaitable[object]]
+)
+OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
+H = TypeVar("H")
+
+_LEVELS = {
+    Outcome.HANDLED: logging.INFO,
+    Outcome.DUPLICATE: logging.INFO,
+    Outcome.QUEUED: logging.INFO,
+    Outcome.SKIPPED: logging.INFO,
+    Outcome.FORCED: logging.WARNING,
+    Outcome.DROPPED: logging.WARNING,
+    Outcome.FAILED: logging.ERROR,
+}
+
+
+class _Registered:
+    """A handler and whether it takes ``(event, ctx)``."""
+
+    __slots__ = ("one", "two")
+
+    def __init__(self, function: Handler) -> None:
+        self.one: Callable[[Event], object] | None = None
+        self.two: Callable[[Event, HandlerContext], object] | None = None
+        if _positional_count(function) >= 2:
+            self.two = cast("Callable[[Event, HandlerContext], object]", function)
+        else:
+            self.one = cast("Callable[[Event], object]", function)
+
+    async def __call__(self, event: Event, ctx: HandlerContext) -> None:
+        if self.two is not None:
+            result = self.two(event, ctx)
+        else:
+            assert self.one is not None
+            result = self.one(event)
+        if inspect.isawaitable(result):
+            await result
+
+
+class _Backlog:
+    """Events of one busy key waiting under ``latest``/``debounce`` in this process."""
+
+    __slots__ = ("debounce", "drainer", "entries", "last_arrival")
+
+    def __init__(self, debounce: bool) -> None:
+        self.debounce = debounce
+        self.entries: list[tuple[Event, asyncio.Future[Outcome]]] = []
+        self.drainer: asyncio.Task[object] | None = None
+        self.last_arrival = 0.0
+
+
+@final
+class EventDispatcher:
+    """Routes events to handlers, one handler per lock key at a time, across processes.
+
+    Per event, in order:
+
+    1. **Dedupe** (when the event has a ``dedupe_key``): a redelivered event returns
+       ``DUPLICATE`` before anything is locked.
+    2. **Lock** the event's key (``lock_scope``) without waiting. If that works, the handlers
+       run under the lock, which is renewed every ``lock_ttl/3`` while they run; a lost lock
+       cancels them and the event is ``FAILED`` with :class:`LockLostError`.
+    3. **Conflict**: the key is busy; ``on_lock_conflict`` decides (see the table in the docs):
+       ``drop``, ``force``, ``queue``, ``latest``, ``debounce``, ``concurrent``, or a function
+       ``(thread_key, event) -> name`` asked per conflict.
+
+    Invariants:
+
+    * At most one handler runs per lock key at any time, across every process sharing the
+      state (except ``force``/``concurrent``, which run without the lock, by request).
+    * No event disappears silently: every outcome is logged on the ``asynclock`` logger with
+      the event's keys, counted in :attr:`stats` and passed to ``on_outcome``. An event that
+      is not handled (dropped, failed, cancelled) has its dedupe record forgotten, so the
+      platform's redelivery is processed.
+    * ``queue``: events of one key wait in arrival order within a process; nothing is dropped.
+
+    Args:
+        state: where locks and dedupe records live (default: a new :class:`MemoryState`).
+        on_lock_conflict: the conflict policy (default ``"drop"``).
+        lock_ttl: seconds of each lock between renewals (renewed every ``lock_ttl/3``).
+        dedupe_ttl: seconds an event id is remembered.
+        lock_scope: ``"thread"`` (``adapter:channel:thread``), ``"channel"`` or a function
+            ``event -> key``.
+        debounce: seconds without a new event that ``debounce`` waits for.
+        raise_errors: re-raise a handler's exception from :meth:`dispatch` (the outcome is
+            still recorded as ``FAILED`` first).
+        on_outcome: called as ``on_outcome(event, outcome, error)`` after every dispatch (sync
+            or async), for metrics exporters; its own errors are logged and swallowed.
+        queue_timeout: seconds a ``queue``d event waits at most before it is ``DROPPED``
+            (default: no limit).
+
+    Example:
+        >>> import asyncio
+        >>> from asynclock import EventDispatcher, Event
+        >>> bot = EventDispatcher()
+        >>> @bot.on("mention")
+        ... async def reply(event: Event) -> None:
+        ...     pass
+        >>> e = Event(type="mention", adapter="slack", channel_id="C1", thread_id="T1",
+        ...           message_id="m1")
+        >>> async def main():
+        ...     return [await bot.dispatch(e), await bot.dispatch(e)]
+        >>> [str(o) for o in asyncio.run(main())]
+        ['handled', 'duplicate']
+    """
+
+    __slots__ = (
+        "_backlogs",
+        "_closed",
+        "_debounce",
+        "_deduper",
+        "_handlers",
+        "_lock_ttl",
+        "_on_outcome",
+        "_policy",
+        "_queue_timeout",
+        "_raise_errors",
+        "_scope",
+        "_state",
+        "_stats",
+        "_tasks",
+    )
+
+    def __init__(
+        self,
+        state: State | None = None,
+        *,
+        on_lock_conflict: ConflictPolicy = "drop",
+        lock_ttl: float = 30.0,
+        dedupe_ttl: float = 600.0,
+        lock_scope: LockScope = "thread",
+        debounce: float = 1.5,
+        raise_errors: bool = True,
+        on_outcome: OutcomeHook | None = None,
+        queue_timeout: float | None = None,
+    ) -> None:
+        if not callable(on_lock_conflict) and on_lock_conflict not in POLICIES:
+            raise ValueError(
+                f"on_lock_conflict must be one of {', '.join(POLICIES)} or a function "
+                f"(thread_key, event) -> name, got {on_lock_conflict!r}"
+            )
+        if not callable(lock_scope) and lock_scope not in ("thread", "channel"):
+            raise ValueError(
+                f"lock_scope must be 'thread', 'channel' or a function event -> key, "
+                f"got {lock_scope!r}"
+            )
+        if on_outcome is not None and not callable(on_outcome):
+            raise TypeError(f"on_outcome must be callable, got {on_outcome!r}")
+        self._state: State = state if state is not None else MemoryState()
+        self._policy = on_lock_conflict
+        self._lock_ttl = check_ttl(lock_ttl, "lock_ttl")
+        self._deduper = Deduper(
+            self._state, ttl=check_ttl(dedupe_ttl, "dedupe_ttl"), namespace="event"
+        )
+        self._scope = lock_scope
+        debounce_seconds = check_seconds(debounce, "debounce", allow_zero=True)
+        assert debounce_seconds is not None
+        self._debounce = debounce_seconds
+        self._queue_timeout = check_seconds(queue_timeout, "queue_timeout", allow_none=True)
+        self._raise_errors = bool(raise_errors)
+        self._on_outcome = on_outcome
+        self._handlers: dict[str, list[_Registered]] = {}
+        self._stats: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._backlogs: dict[str, _Backlog] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        policy = self._policy if isinstance(self._policy, str) else _name(self._policy)
+        return (
+            f"<EventDispatcher on_lock_conflict={policy} lock_ttl={self._lock_ttl} "
+            f"in_flight={len(self._tasks)} state={self._state!r}>"
+        )
+
+    # -- registration -------------------------------------------------------------------------
+
+    def on(self, event_type: str) -> Callable[[H], H]:
+        """Register the decorated function as a handler of ``event_type`` (``"*"``: every type).
+
+        A handler is ``async def handler(event)`` or ``async def handler(event, ctx)``; plain
+        functions work too. Several handlers of one event run one after the other, in
+        registration order, specific types before ``"*"``.
+        """
+        check_key(event_type, "event_type")
+
+        def register(function: H) -> H:
+            self.add_handler(event_type, cast("Handler", function))
+            return function
+
+        return register
+
+    def add_handler(self, event_type: str, handler: Handler) -> None:
+        """Register ``handler`` for ``event_type`` (the non-decorator form of :meth:`on`)."""
+        check_key(event_type, "event_type")
+        if not callable(handler):
+            raise TypeError(f"a handler must be callable, got {handler!r}")
+        self._handlers.setdefault(event_type, []).append(_Registered(handler))
+
+    def _handlers_for(self, event_type: str) -> list[_Registered]:
+        return [*self._handlers.get(event_type, ()), *self._handlers.get("*", ())]
+
+    # -- observability ------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> Mapping[Outcome, int]:
+        """Outcome -> how many dispatches ended with it (a live, read-only view)."""
+        return types.MappingProxyType(self._stats)
+
+    @property
+    def state(self) -> State:
+        """The state the dispatcher's locks and dedupe records live in."""
+        return self._state
+
+    async def _record(
+        self, event: Event, outcome: Outcome, lock_key: str, error: BaseException | None = None
+    ) -> Outcome:
+        self._stats[outcome] += 1
+        logger.log(
+            _LEVELS[outcome],
+            "asynclock: event %s %s/%s/%s message=%s -> %s%s",
+            event.type,
+            event.adapter,
+            event.channel_id,
+            event.thread_id,
+            event.message_id,
+            outcome.value,
+            f" ({type(error).__name__}: {error})" if error is not None else "",
+            exc_info=error if outcome is Outcome.FAILED else None,
+            extra={
+                "event_type": event.type,
+                "adapter": event.adapter,
+                "channel_id": event.channel_id,
+                "thread_id": event.thread_id,
+                "message_id": event.message_id,
+                "dedupe_key": event.dedupe_key,
+                "lock_key": lock_key,
+                "outcome": outcome.value,
+            },
+        )
+        hook = self._on_outcome
+        if hook is not None:
+            try:
+                result = hook(event, outcome, error)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                logger.exception("asynclock: the on_outcome hook failed")
+        return outcome
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    def lock_key(self, event: Event) -> str:
+        """The key ``event`` is serialized on, per ``lock_scope``."""
+        scope = self._scope
+        if scope == "thread":
+            return event.thread_key
+        if scope == "channel":
+            return event.channel_key
+        assert callable(scope)
+        return check_key(scope(event), "lock_scope(event)")
+
+    async def dispatch(self, event: Event) -> Outcome:
+        """Dedupe, lock and handle ``event``; return what happened.
+
+        Raises:
+            Exception: a handler's exception, when ``raise_errors`` (after recording FAILED).
+            StateUnavailableError: the state could not be reached (recorded as FAILED too).
+        """
+        if not isinstance(event, Event):
+            raise TypeError(f"dispatch() takes an Event, got {type(event).__name__}")
+        lock_key = self.lock_key(event)
+        dedupe_id = f"{event.adapter}:{event.dedupe_key}" if event.dedupe_key else None
+        if dedupe_id is not None and not await self._deduper.first_seen(dedupe_id):
+            return await self._record(event, Outcome.DUPLICATE, lock_key)
+        try:
+            outcome = await self._route(event, lock_key)
+        except asyncio.CancelledError:
+            if dedupe_id is not None:  # not handled: let a redelivery through
+                await finish_despite_cancellation(self._deduper.forget(dedupe_id))
+            raise
+        except Exception as error:
+            if dedupe_id is not None:
+                await finish_despite_cancellation(self._deduper.forget(dedupe_id))
+            await self._record(event, Outcome.FAILED, lock_key, error)
+            if self._raise_errors:
+                raise
+            return Outcome.FAILED
+        if outcome is Outcome.DROPPED and dedupe_id is not None:
+            await self._deduper.forget(dedupe_id)
+        return await self._record(event, outcome, lock_key)
+
+    async def _route(self, event: Event, lock_key: str) -> Outcome:
+        handlers = self._handlers_for(event.type)
+        if self._policy == "concurrent":
+            await self._call(handlers, event, HandlerContext(lock_key))
+            return Outcome.HANDLED
+        lock = AsyncLock(self._state, lock_key, self._lock_ttl, blocking=False, auto_renew=True)
+        entered = False
+        try:
+            async with lock:
+                entered = True
+                await self._call(handlers, event, HandlerContext(lock_key, lock.token))
+            return Outcome.HANDLED
+        except LockAcquisitionError:
+            if entered:  # raised by a handler, not by our lock
+                raise
+        policy = await self._conflict_policy(lock_key, event)
+        if policy == "drop":
+            return Outcome.DROPPED
+        if policy in ("force", "concurrent"):
+            await self._call(handlers, event, HandlerContext(lock_key, forced=True))
+            return Outcome.FORCED
+        if policy == "queue":
+            return await self._queue(handlers, event, lock_key)
+        return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
+
+    async def _conflict_policy(self, lock_key: str, event: Event) -> PolicyName:
+        policy = self._policy
+        if isinstance(policy, str):
+            return policy
+        chosen = policy(lock_key, event)
+        if inspect.isawaitable(chosen):
+            chosen = await chosen
+        if chosen not in POLICIES:
+            raise ValueError(
+                f"on_lock_conflict function {_name(policy)} returned {chosen!r} for "
+                f"{lock_key!r}; expected one of {', '.join(POLICIES)}"
+            )
+        return chosen
+
+    async def _call(self, handlers: list[_Registered], event: Event, ctx: HandlerContext) -> None:
+        for handler in handlers:
+            await handler(event, ctx)
+
+    async def _queue(self, handlers: list[_Registered], event: Event, lock_key: str) -> Outcome:
+        lock = AsyncLock(
+            self._state, lock_key, self._lock_ttl, timeout=self._queue_timeout, auto_renew=True
+        )
+        entered = False
+        try:
+            async with lock:
+                entered = True
+                await self._call(handlers, event, HandlerContext(lock_key, lock.token))
+        except LockAcquisitionError:
+            if entered:
+                raise
+            return Outcome.DROPPED  # queue_timeout ran out
+        return Outcome.QUEUED
+
+    # -- latest / debounce --------------------------------------------------------------------
+
+    async def _join_backlog(self, event: Event, lock_key: str, *, debounce: bool) -> Outcome:
+        loop = asyncio.get_running_loop()
+        backlog = self._backlogs.get(lock_key)
+        if backlog is None:
+            backlog = self._backlogs[lock_key] = _Backlog(debounce)
+        future: asyncio.Future[Outcome] = loop.create_future()
+        backlog.entries.append((event, future))
+        backlog.last_arrival = loop.time()
+        if backlog.drainer is None:
+            backlog.drainer = self._spawn(self._drain(lock_key, backlog), f"drain {lock_key!r}")
+        return await future
+
+    async def _drain(self, lock_key: str, backlog: _Backlog) -> None:
+        """Serve a backlog: take the lock, handle the newest event with the rest as skipped."""
+        loop = asyncio.get_running_loop()
+        try:
+            while any(not future.done() for _, future in backlog.entries):
+                lock = AsyncLock(self._state, lock_key, self._lock_ttl, auto_renew=True)
+                async with lock:
+                    # debounce: hold the key until no new event arrived for `debounce` seconds
+                    while (  # noqa: ASYNC110 - a timer that each new arrival pushes back
+                        backlog.debounce
+                        and (quiet := backlog.last_arrival + self._debounce - loop.time()) > 0
+                    ):
+                        await asyncio.sleep(quiet)
+                    batch = [(e, f) for e, f in backlog.entries if not f.done()]
+                    backlog.entries.clear()
+                    if not batch:
+                        break
+                    newest, newest_future = batch[-1]
+                    older = batch[:-1]
+                    ctx = HandlerContext(lock_key, lock.token, tuple(e for e, _ in older))
+                    try:
+                        await self._call(self._handlers_for(newest.type), newest, ctx)
+                    except Exception as error:  # noqa: BLE001 - each event's dispatch re-raises it
+                        for _, future in batch:
+                            if not future.done():
+                                future.set_exception(error)
+                        continue
+                    for _, future in older:
+                        if not future.done():
+                            future.set_result(Outcome.SKIPPED)
+                    if not newest_future.done():
+                        newest_future.set_result(Outcome.QUEUED)
+        except BaseException as error:
+            # the lock could not be had (state unavailable, lost lock): every waiting event fails
+            for _, future in backlog.entries:
+                if not future.done():
+                    if isinstance(error, Exception):
+                        future.set_exception(error)
+                    else:
+                        future.cancel()
+            backlog.entries.clear()
+            if not isinstance(error, Exception):
+                raise
+        finally:
+            if self._backlogs.get(lock_key) is backlog:
+                del self._backlogs[lock_key]
+
+    # -- background ---------------------------------------------------------------------------
+
+    def _spawn(self, work: Awaitable[object], what: str) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.ensure_future(work)
+        task.set_name(f"asynclock {what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def submit(self, event: Event) -> asyncio.Task[Outcome]:
+        """Dispatch ``event`` in the background and return at once (for webhook endpoints).
+
+        Errors are logged and recorded as ``FAILED``, never raised into the event loop's
+        exception handler; :meth:`aclose` waits for everything submitted.
+
+        Raises:
+            RuntimeError: the dispatcher is closed.
+        """
+        if self._closed:
+            raise RuntimeError("EventDispatcher is closed: submit() after aclose()")
+        if not isinstance(event, Event):
+            raise TypeError(f"submit() takes an Event, got {type(event).__name__}")
+        return cast("asyncio.Task[Outcome]", self._spawn(self._dispatch_quietly(event), "submit"))
+
+    async def _dispatch_quietly(self, event: Event) -> Outcome:
+        try:
+            return await self.dispatch(event)
+        except Exception:  # noqa: BLE001 - recorded as FAILED and logged by dispatch()
+            return Outcome.FAILED
+
+    async def aclose(self) -> None:
+        """Stop accepting :meth:`submit`, then wait until every submitted event is done."""
+        self._closed = True
+        while self._tasks:
+            await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
+        await asyncio.sleep(0)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _positional_count(function: Handler) -> int:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return 1
+    count = 0
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            return 2
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count
+
+
+def _name(function: object) -> str:
+    return cast("str", getattr(function, "__qualname__", None) or repr(function))
