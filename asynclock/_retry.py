@@ -434,10 +434,15 @@ def retry_on_lock_conflict(
     def decorate(
         function: Callable[P, Coroutine[object, object, R]],
     ) -> Callable[P, Coroutine[object, object, R | None]]:
-        target = (
-            function.__func__ if isinstance(function, (classmethod, staticmethod)) else function
-        )
-        if not inspect.iscoroutinefunction(target):
+        if isinstance(function, (classmethod, staticmethod)):
+            # decorator written above @classmethod/@staticmethod: wrap the function inside and
+            # give back the same kind of descriptor (a classmethod object is not callable)
+            descriptor = cast("type[classmethod[object, ..., object]]", type(function))
+            return cast(
+                "Callable[P, Coroutine[object, object, R | None]]",
+                descriptor(decorate(function.__func__)),
+            )
+        if not inspect.iscoroutinefunction(function):
             raise TypeError(
                 f"retry_on_lock_conflict decorates async def functions; {_name(function)} is "
                 f"{type(function).__name__}"
