@@ -9,12 +9,12 @@ import types
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
-from asynclock._dedupe import Deduper
 from asynclock._errors import LockAcquisitionError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._line import finish_despite_cancellation
 from asynclock._lock import AsyncLock
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock.state._protocol import ClaimingState
 from asynclock.state.memory import MemoryState
 
 if TYPE_CHECKING:
@@ -69,6 +69,23 @@ class _Registered:
             result = self.one(event)
         if inspect.isawaitable(result):
             await result
+
+
+class _Claim:
+    """An event's dedupe record, and whether this dispatch recorded it (so may forget it)."""
+
+    __slots__ = ("key", "recorded")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.recorded = False
+
+    @classmethod
+    def of(cls, event: Event, lock_key: str) -> _Claim | None:
+        if event.dedupe_key is None:
+            return None
+        # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
+        return cls(f"event:{{{lock_key}}}:{event.adapter}:{event.dedupe_key}")
 
 
 class _Backlog:
@@ -140,9 +157,10 @@ class EventDispatcher:
 
     __slots__ = (
         "_backlogs",
+        "_claiming",
         "_closed",
         "_debounce",
-        "_deduper",
+        "_dedupe_ttl",
         "_handlers",
         "_lock_ttl",
         "_on_outcome",
@@ -183,9 +201,8 @@ class EventDispatcher:
         self._state: State = state if state is not None else MemoryState()
         self._policy = on_lock_conflict
         self._lock_ttl = check_ttl(lock_ttl, "lock_ttl")
-        self._deduper = Deduper(
-            self._state, ttl=check_ttl(dedupe_ttl, "dedupe_ttl"), namespace="event"
-        )
+        self._dedupe_ttl = check_ttl(dedupe_ttl, "dedupe_ttl")
+        self._claiming = isinstance(self._state, ClaimingState)
         self._scope = lock_scope
         debounce_seconds = check_seconds(debounce, "debounce", allow_zero=True)
         assert debounce_seconds is not None
@@ -303,32 +320,41 @@ class EventDispatcher:
         if not isinstance(event, Event):
             raise TypeError(f"dispatch() takes an Event, got {type(event).__name__}")
         lock_key = self.lock_key(event)
-        dedupe_id = f"{event.adapter}:{event.dedupe_key}" if event.dedupe_key else None
-        if dedupe_id is not None and not await self._deduper.first_seen(dedupe_id):
-            return await self._record(event, Outcome.DUPLICATE, lock_key)
+        claim = _Claim.of(event, lock_key)
         try:
-            outcome = await self._route(event, lock_key)
+            outcome = await self._route(event, lock_key, claim)
         except asyncio.CancelledError:
-            if dedupe_id is not None:  # not handled: let a redelivery through
-                await finish_despite_cancellation(self._deduper.forget(dedupe_id))
+            if claim is not None and claim.recorded:  # not handled: let a redelivery through
+                await finish_despite_cancellation(self._state.dedupe_forget(claim.key))
             raise
         except Exception as error:
-            if dedupe_id is not None:
-                await finish_despite_cancellation(self._deduper.forget(dedupe_id))
+            if claim is not None and claim.recorded:
+                await finish_despite_cancellation(self._state.dedupe_forget(claim.key))
             await self._record(event, Outcome.FAILED, lock_key, error)
             if self._raise_errors:
                 raise
             return Outcome.FAILED
-        if outcome is Outcome.DROPPED and dedupe_id is not None:
-            await self._deduper.forget(dedupe_id)
+        if outcome is Outcome.DROPPED and claim is not None and claim.recorded:
+            await self._state.dedupe_forget(claim.key)
         return await self._record(event, outcome, lock_key)
 
-    async def _route(self, event: Event, lock_key: str) -> Outcome:
+    async def _route(self, event: Event, lock_key: str, claim: _Claim | None) -> Outcome:
         handlers = self._handlers_for(event.type)
+        combined = claim is not None and self._claiming and self._policy != "concurrent"
+        if claim is not None and not combined:
+            if not await self._state.dedupe_add(claim.key, self._dedupe_ttl):
+                return Outcome.DUPLICATE
+            claim.recorded = True
         if self._policy == "concurrent":
             await self._call(handlers, event, HandlerContext(lock_key))
             return Outcome.HANDLED
         lock = AsyncLock(self._state, lock_key, self._lock_ttl, blocking=False, auto_renew=True)
+        if combined:
+            assert claim is not None
+            lock._arm_claim(claim.key, self._dedupe_ttl)
+            # from here the claim may be recorded (even if the call fails): forget it on failure,
+            # preferring a possible second delivery to a lost event
+            claim.recorded = True
         entered = False
         try:
             async with lock:
@@ -338,6 +364,10 @@ class EventDispatcher:
         except LockAcquisitionError:
             if entered:  # raised by a handler, not by our lock
                 raise
+            if lock._duplicate:
+                assert claim is not None
+                claim.recorded = False  # somebody else's record: never forget it
+                return Outcome.DUPLICATE
         policy = await self._conflict_policy(lock_key, event)
         if policy == "drop":
             return Outcome.DROPPED

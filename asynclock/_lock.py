@@ -21,13 +21,17 @@ from asynclock._line import (
 from asynclock._owner import granted_reason, new_owner
 from asynclock._renew import Renewer
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock.state._protocol import ClaimingState, Grant
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-    from asynclock.state._protocol import Grant, Release, State
+    from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")
+
+_NOT_GRANTED = Grant(None, None)
 
 # A waiter re-checks a holder that should have expired this long after its expected expiry;
 # covers the small gap between the client's estimate and the server's clock.
@@ -99,6 +103,8 @@ class AsyncLock:
         "_auto_renew",
         "_blocking",
         "_busy",
+        "_duplicate",
+        "_first_attempt",
         "_granted",
         "_key",
         "_last_token",
@@ -144,6 +150,8 @@ class AsyncLock:
         self._task: asyncio.Task[object] | None = None
         self._busy = False
         self._granted = False
+        self._duplicate = False
+        self._first_attempt: Callable[[str], Awaitable[Grant | None]] | None = None
         self._last_token: int | None = None
         self._lost = False
         self._retry_after: float | None = None
@@ -372,9 +380,33 @@ class AsyncLock:
             if not won:
                 line.leave(ticket)
 
+    def _arm_claim(self, claim: str, claim_ttl: float) -> None:
+        """Make the next acquire also record dedupe ``claim``, in the same atomic step.
+
+        For the dispatcher (one round trip per fresh event); needs a ClaimingState. If the
+        claim was recorded already, the acquire fails and ``_duplicate`` is set.
+        """
+        state = self._state
+        if not isinstance(state, ClaimingState):
+            raise TypeError(f"{state!r} cannot claim and acquire in one step")
+        key, ttl = self._key, self._ttl
+
+        def claim_and_acquire(owner: str) -> Awaitable[Grant | None]:
+            return state.acquire_claimed(key, owner, ttl, claim=claim, claim_ttl=claim_ttl)
+
+        self._first_attempt = claim_and_acquire
+
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
         """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
         try:
+            first = self._first_attempt
+            if first is not None and not waiting:
+                self._first_attempt = None
+                grant = await first(ticket.owner)
+                if grant is None:
+                    self._duplicate = True
+                    return _NOT_GRANTED
+                return grant
             return await self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
         except asyncio.CancelledError:
             # The server may have granted the lock, or may still if the command is on the

@@ -171,3 +171,24 @@ class State(Protocol):
     ) -> None:
         """Close the state (:meth:`aclose`)."""
         ...
+
+
+@runtime_checkable
+class ClaimingState(Protocol):
+    """Optional capability: a dedupe claim and a lock acquire in one atomic step.
+
+    The dispatcher uses it so a fresh event costs one round trip before its handler runs
+    (claim + lock) and one after (release). States without it get two separate calls.
+    """
+
+    async def acquire_claimed(
+        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    ) -> Grant | None:
+        """Record dedupe ``claim`` for ``claim_ttl`` seconds if it is new, and then acquire.
+
+        Returns ``None`` when the claim was already recorded (a duplicate: nothing is acquired
+        and nothing changes); otherwise exactly what :meth:`State.acquire` would return for a
+        non-waiting caller, with the claim recorded whether or not the lock was free. Atomic.
+        On a cluster, ``claim`` must share ``key``'s hash tag (``"...{key}..."``).
+        """
+        ...

@@ -178,6 +178,26 @@ class MemoryState:
                 held.flagged_by = id(asyncio.get_running_loop())
             return Grant(None, held.expires_at - now)
 
+    async def acquire_claimed(
+        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    ) -> Grant | None:
+        """See :meth:`asynclock.state.ClaimingState.acquire_claimed`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            expires_at = self._dedupe.get(claim)
+            if expires_at is not None and expires_at > now:
+                return None
+            self._dedupe[claim] = now + claim_ttl
+            self._schedule(now + claim_ttl, False, claim)
+            held = self._live(key, now)
+            if held is None:
+                return Grant(self._grant(key, owner, now + ttl))
+            if held.owner == owner:
+                return Grant(held.token)
+            return Grant(None, held.expires_at - now)
+
     async def release(
         self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
     ) -> Release:

@@ -58,21 +58,26 @@ _UNAVAILABLE_OR_TIMEOUT: tuple[type[BaseException], ...] = (
 
 
 class _Script:
-    """A Lua script of this folder, with the shared prelude, run by EVALSHA."""
+    """Lua files of this folder joined into one script (the prelude first), run by EVALSHA."""
 
     __slots__ = ("name", "sha", "text")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *parts: str) -> None:
         folder = resources.files(__package__)
-        prelude = folder.joinpath("_value.lua").read_text(encoding="utf-8")
-        body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
         self.name = name
-        self.text = f"{prelude}\n{body}"
+        self.text = "\n".join(
+            folder.joinpath(f"{part}.lua").read_text(encoding="utf-8")
+            for part in ("_value", *(parts or (name,)))
+        )
         self.sha = hashlib.sha1(self.text.encode(), usedforsecurity=False).hexdigest()
 
 
 def _scripts() -> dict[str, _Script]:
-    return {name: _Script(name) for name in ("acquire", "release", "extend", "inspect", "abandon")}
+    scripts = {
+        name: _Script(name) for name in ("acquire", "release", "extend", "inspect", "abandon")
+    }
+    scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire")
+    return scripts
 
 
 class RedisState:
@@ -263,6 +268,26 @@ class RedisState:
             self._process if waiting else "",
             idempotent=True,
         )
+        value = _as_int(result)
+        if value > 0:
+            return Grant(value)
+        return Grant(None, -value / 1000.0)
+
+    async def acquire_claimed(
+        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    ) -> Grant | None:
+        """See :meth:`asynclock.state.ClaimingState.acquire_claimed` (one EVALSHA)."""
+        lock_key = self.lock_key(key)
+        result = await self._eval(
+            "claim_acquire",
+            (lock_key, f"{lock_key}:abandoned:{owner}", self._prefix + claim),
+            owner,
+            ttl_ms(ttl),
+            "",
+            ttl_ms(claim_ttl),
+        )
+        if result is None:
+            return None
         value = _as_int(result)
         if value > 0:
             return Grant(value)
