@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = {"_value.lua", "acquire.lua", "release.lua", "extend.lua", "inspect.lua", "abandon.lua"}
+SCRIPTS = {
+    "_value.lua",
+    "_claim.lua",
+    "acquire.lua",
+    "release.lua",
+    "extend.lua",
+    "inspect.lua",
+    "abandon.lua",
+}
 
 
 def test_every_script_loads_from_the_package() -> None:
@@ -25,9 +33,13 @@ def test_every_script_the_state_runs_exists() -> None:
     from asynclock.state.redis import _scripts
 
     loaded = _scripts()
-    assert {f"{name}.lua" for name in loaded} | {"_value.lua"} == SCRIPTS
+    folder = resources.files("asynclock.state.redis")
     for script in loaded.values():
         assert len(script.sha) == 40
+        # every script is the prelude plus files of this folder, all of which ship
+        assert script.text.startswith(folder.joinpath("_value.lua").read_text(encoding="utf-8"))
+    shipped = {p.name for p in folder.iterdir() if p.name.endswith(".lua")}
+    assert shipped == SCRIPTS
 
 
 @pytest.mark.slow
