@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("asynclock")
 
+# A channel stays subscribed this long after its last waiter left: a key under steady
+# contention would otherwise pay a SUBSCRIBE round trip for every new waiter.
+_LINGER = 1.0
 _FIRST_RECONNECT_DELAY = 0.01
 _MAX_RECONNECT_DELAY = 1.0
 
@@ -38,6 +41,7 @@ class Subscriber:
         self._reader: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
         self._watches: dict[bytes, set[EventWatch]] = {}
+        self._lingering: dict[bytes, asyncio.TimerHandle] = {}
         # one future per SUBSCRIBE sent, resolved in order by the server's confirmations
         self._confirmations: dict[bytes, deque[asyncio.Future[None]]] = {}
         self._closed = False
@@ -79,6 +83,9 @@ class Subscriber:
         watches = self._watches.get(channel)
         if watches is not None:
             watches.add(watch)
+            lingering = self._lingering.pop(channel, None)
+            if lingering is not None:
+                lingering.cancel()
             pending = self._confirmations.get(channel)
             if pending:  # someone else's SUBSCRIBE for this channel is not confirmed yet
                 await asyncio.shield(pending[-1])
@@ -95,14 +102,22 @@ class Subscriber:
             raise
 
     def discard(self, channel: bytes, watch: EventWatch) -> None:
-        """Unsubscribe ``watch``; the channel is unsubscribed when its last watch leaves."""
+        """Unsubscribe ``watch``; the channel goes ``_LINGER`` s after its last watch left."""
         watches = self._watches.get(channel)
         if watches is None:
             return
         watches.discard(watch)
-        if watches:
+        if watches or channel in self._lingering or self._closed:
             return
-        del self._watches[channel]
+        self._lingering[channel] = asyncio.get_running_loop().call_later(
+            _LINGER, self._unsubscribe_idle, channel
+        )
+
+    def _unsubscribe_idle(self, channel: bytes) -> None:
+        self._lingering.pop(channel, None)
+        if self._watches.get(channel):
+            return
+        self._watches.pop(channel, None)
         conn = self._conn
         if conn is not None and not self._closed:
             task = asyncio.get_running_loop().create_task(self._unsubscribe(conn, channel))
@@ -162,6 +177,9 @@ class Subscriber:
     async def aclose(self) -> None:
         """Stop the reader and close the connection."""
         self._closed = True
+        for handle in self._lingering.values():
+            handle.cancel()
+        self._lingering.clear()
         reader, self._reader = self._reader, None
         if reader is not None and reader is not asyncio.current_task():
             reader.cancel()
