@@ -32,7 +32,8 @@ START_TIMEOUT = 60.0
 
 
 class RedisConversations:
-    """The storm's database on Redis: every key starts with ``prefix`` (the test's namespace).
+    """The storm's database on Redis: every key starts with ``prefix`` (the test's namespace), on whatever
+    Redis server the test names (the lock state may live elsewhere).
 
     ``{prefix}db:contacts`` (set of contacts), ``{prefix}db:contact:<id>`` (list of its
     conversation ids, oldest first), ``{prefix}db:conversation:<id>`` (list of message ids),
@@ -100,6 +101,7 @@ def _report(results: Queue[dict[str, Any]], run: Any) -> None:
 def storm_worker(
     url: str,
     options: dict[str, object],
+    db_url: str,
     db_prefix: str,
     variant: Variant,
     messages: list[tuple[int, int]],
@@ -114,12 +116,16 @@ def storm_worker(
     ``attempts``, ``jitter``. With ``go``, the deliveries start only once it is set (after the
     start line).
     """
-    _report(results, _deliver(url, options, db_prefix, variant, messages, settings, go, barrier))
+    _report(
+        results,
+        _deliver(url, options, db_url, db_prefix, variant, messages, settings, go, barrier),
+    )
 
 
 async def _deliver(
     url: str,
     options: dict[str, object],
+    db_url: str,
     db_prefix: str,
     variant: Variant,
     messages: list[tuple[int, int]],
@@ -127,7 +133,7 @@ async def _deliver(
     go: Event | None,
     barrier: Barrier,
 ) -> dict[str, Any]:
-    client: Redis = Redis.from_url(url)
+    client: Redis = Redis.from_url(db_url)
     state = state_from_url(url, **options)
     try:
         db = RedisConversations(client, db_prefix)
@@ -162,6 +168,7 @@ async def _deliver(
 def holder_worker(
     url: str,
     options: dict[str, object],
+    db_url: str,
     db_prefix: str,
     messages: list[tuple[int, int]],
     ttl: float,
@@ -173,12 +180,13 @@ def holder_worker(
     """The slow first handler: for each message (one per contact), take the contact's lock,
     find (no conversation yet), set ``go``, then stay ``hold`` seconds between the find and
     the create, still inside the lock (``hold`` < ``ttl``)."""
-    _report(results, _hold(url, options, db_prefix, messages, ttl, hold, go, barrier))
+    _report(results, _hold(url, options, db_url, db_prefix, messages, ttl, hold, go, barrier))
 
 
 async def _hold(
     url: str,
     options: dict[str, object],
+    db_url: str,
     db_prefix: str,
     messages: list[tuple[int, int]],
     ttl: float,
@@ -186,7 +194,7 @@ async def _hold(
     go: Event,
     barrier: Barrier,
 ) -> dict[str, Any]:
-    client: Redis = Redis.from_url(url)
+    client: Redis = Redis.from_url(db_url)
     state = state_from_url(url, **options)
     try:
         db = RedisConversations(client, db_prefix)

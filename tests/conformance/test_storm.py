@@ -2,7 +2,8 @@
 
 Instagram-style first-message webhooks for many contacts, several messages each, shuffled and
 delivered at once by ``PROCESSES`` spawned processes. Every handler runs find-or-create against
-a database on the Redis server itself (see ``tests/_storm_workers.py``) inside
+a database kept on the Redis server (see ``tests/_storm_workers.py``), whichever server backend
+holds the locks, inside
 ``AsyncLock(state, f"ig:contact:{id}", ttl=T, blocking=False)``.
 
 Scaled times: the origin story's 3 s TTL and ``wait=lambda n: n`` become ``STORM_TTL`` and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,7 +25,7 @@ from redis.asyncio import Redis
 from asynclock import retry_on_lock_conflict
 from asynclock._storm import StormTally, storm_messages, tally
 from tests import _storm_workers
-from tests._matrix import TEST_PREFIX
+from tests._matrix import REDIS, TEST_PREFIX, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -54,20 +56,30 @@ SLOW_CONTACTS = 3
 SLOW_PER_PROCESS = 2  # messages per contact from each of the non-holder processes
 
 
+@dataclass(frozen=True)
+class StormDb:
+    """Where the storm's "database" lives: on the Redis server (whatever backend holds the
+    locks, as an app's database is not its lock store), under this test's namespace."""
+
+    url: str
+    prefix: str
+    client: Redis
+
+
 @pytest.fixture
-async def redis_db(server_target: Target) -> AsyncIterator[Redis]:
-    """A client for the storm's database; the database lives in the server only for now."""
-    if server_target.backend.name != "redis":  # pragma: no cover - future server backends
-        pytest.fail(f"the storm's database is kept on Redis; add one for {server_target.url}")
-    client: Redis = Redis.from_url(server_target.url)
+async def storm_db(server_target: Target) -> AsyncIterator[StormDb]:
+    require(REDIS)
+    client: Redis = Redis.from_url(REDIS.url)
+    db = StormDb(REDIS.url, f"{TEST_PREFIX}{server_target.namespace}:storm:", client)
     try:
-        yield client
+        yield db
     finally:
-        await client.aclose()  # the namespace's keys go with server_target's purge
-
-
-def db_prefix(target: Target) -> str:
-    return f"{TEST_PREFIX}{target.namespace}:"
+        try:
+            keys = [k async for k in client.scan_iter(match=f"{db.prefix}*", count=1000)]
+            if keys:
+                await client.delete(*keys)
+        finally:
+            await client.aclose()
 
 
 async def run_processes(
@@ -121,7 +133,7 @@ def total_statistics(reports: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 
 async def storm(
-    target: Target, client: Redis, variant: Variant, seed: int
+    target: Target, db: StormDb, variant: Variant, seed: int
 ) -> tuple[StormTally, list[dict[str, Any]]]:
     """Run the storm with ``variant`` handlers in ``PROCESSES`` processes; tally the database."""
     messages = storm_messages(CONTACTS, PER_CONTACT, seed=seed)
@@ -132,43 +144,42 @@ async def storm(
         "attempts": 3,
         "jitter": 0.15,
     }
-    prefix = db_prefix(target)
     reports = await run_processes(
         [
             (
                 _storm_workers.storm_worker,
-                (target.url, target.options, prefix, variant, hand, settings, None),
+                (target.url, target.options, db.url, db.prefix, variant, hand, settings, None),
             )
             for hand in deal(messages, PROCESSES, seed)
         ]
     )
-    db = _storm_workers.RedisConversations(client, prefix)
-    counted = await tally(db, messages, variant)
+    conversations = _storm_workers.RedisConversations(db.client, db.prefix)
+    counted = await tally(conversations, messages, variant)
     assert sum(r["processed"] for r in reports) == counted.messages - counted.lost
     return counted, reports
 
 
 class TestWebhookStorm:
     async def test_without_a_lock_the_storm_creates_duplicates(
-        self, server_target: Target, redis_db: Redis
+        self, server_target: Target, storm_db: StormDb
     ) -> None:
         # The control: the storm really races (otherwise the zeros below would prove nothing).
-        counted, _ = await storm(server_target, redis_db, "no lock", seed=1)
+        counted, _ = await storm(server_target, storm_db, "no lock", seed=1)
         assert counted.duplicates > 0, counted
         assert (counted.lost, counted.processed_twice) == (0, 0), counted
 
     async def test_a_lock_without_retry_loses_messages(
-        self, server_target: Target, redis_db: Redis
+        self, server_target: Target, storm_db: StormDb
     ) -> None:
         # The Rails job that exhausted its retries and was dead-lettered.
-        counted, _ = await storm(server_target, redis_db, "lock, no retry", seed=2)
+        counted, _ = await storm(server_target, storm_db, "lock, no retry", seed=2)
         assert counted.lost > 0, counted
         assert (counted.duplicates, counted.processed_twice) == (0, 0), counted
 
     async def test_retry_aligned_with_the_ttl_neither_duplicates_nor_loses(
-        self, server_target: Target, redis_db: Redis
+        self, server_target: Target, storm_db: StormDb
     ) -> None:
-        counted, reports = await storm(server_target, redis_db, "lock + retry", seed=3)
+        counted, reports = await storm(server_target, storm_db, "lock + retry", seed=3)
         assert counted.conversations == CONTACTS, counted
         assert (counted.duplicates, counted.lost, counted.processed_twice) == (0, 0, 0), counted
         assert counted.stranded == 0, counted
@@ -182,7 +193,7 @@ class TestWebhookStorm:
 
 
 async def slow_holder_storm(
-    target: Target, client: Redis, wait: tuple[str, float]
+    target: Target, db: StormDb, wait: tuple[str, float]
 ) -> tuple[StormTally, list[dict[str, Any]]]:
     """One process holds every contact's lock SLOW_HOLD s between find and create; two more
     processes deliver their messages for the same contacts once the holder is inside."""
@@ -193,14 +204,14 @@ async def slow_holder_storm(
     for n, message in enumerate(rest):
         hands[n % len(hands)].append((message.id, message.contact))
     settings = {"ttl": SLOW_TTL, "gap": GAP, "wait": wait, "attempts": 3, "jitter": 0.15}
-    prefix = db_prefix(target)
     go = multiprocessing.get_context("spawn").Event()
     holder = (
         _storm_workers.holder_worker,
         (
             target.url,
             target.options,
-            prefix,
+            db.url,
+            db.prefix,
             [(m.id, m.contact) for m in firsts],
             SLOW_TTL,
             SLOW_HOLD,
@@ -210,34 +221,35 @@ async def slow_holder_storm(
     others = [
         (
             _storm_workers.storm_worker,
-            (target.url, target.options, prefix, "lock + retry", hand, settings, go),
+            (target.url, target.options, db.url, db.prefix, "lock + retry", hand, settings, go),
         )
         for hand in hands
     ]
     reports = await run_processes([holder, *others])
     held = next(r["held"] for r in reports if "held" in r)
     assert max(held) < SLOW_TTL, f"the holder overran its TTL ({held}); premise broken"
-    counted = await tally(_storm_workers.RedisConversations(client, prefix), messages, "slow")
+    conversations = _storm_workers.RedisConversations(db.client, db.prefix)
+    counted = await tally(conversations, messages, "slow")
     return counted, reports
 
 
 class TestRetryWindowAgainstASlowHolder:
     async def test_a_window_shorter_than_the_ttl_reopens_the_race(
-        self, server_target: Target, redis_db: Redis
+        self, server_target: Target, storm_db: StormDb
     ) -> None:
         # The decorator would have refused this configuration had it been told the TTL.
         with pytest.raises(ValueError, match="too short"):
             retry_on_lock_conflict(wait=SHORT_WAIT, attempts=3, lock_ttl=SLOW_TTL)
-        counted, reports = await slow_holder_storm(server_target, redis_db, ("fixed", SHORT_WAIT))
+        counted, reports = await slow_holder_storm(server_target, storm_db, ("fixed", SHORT_WAIT))
         # The fallbacks ran at ~0.2 s, while the holder was still between find and create.
         assert counted.duplicates > 0, counted
         assert (counted.lost, counted.processed_twice) == (0, 0), counted
         assert total_statistics(reports)["processed_without_lock"] > 0
 
     async def test_a_window_lined_up_with_the_ttl_waits_the_holder_out(
-        self, server_target: Target, redis_db: Redis
+        self, server_target: Target, storm_db: StormDb
     ) -> None:
         retry_on_lock_conflict(wait=lambda n: ALIGNED_STEP * n, attempts=3, lock_ttl=SLOW_TTL)
-        counted, _ = await slow_holder_storm(server_target, redis_db, ("linear", ALIGNED_STEP))
+        counted, _ = await slow_holder_storm(server_target, storm_db, ("linear", ALIGNED_STEP))
         assert counted.conversations == SLOW_CONTACTS, counted
         assert (counted.duplicates, counted.lost, counted.processed_twice) == (0, 0, 0), counted
