@@ -285,10 +285,10 @@ class AsyncLock:
     async def _queue(self, line: Line, ticket: Ticket, deadline: float | None) -> bool:
         """Wait in the line until the lock is handed over, or it is our turn to contend."""
         loop = asyncio.get_running_loop()
+        future: asyncio.Future[int | None] = loop.create_future()
+        ticket.future = future
         line.waiters.append(ticket)
         while True:
-            future: asyncio.Future[int | None] = loop.create_future()
-            ticket.future = future
             member = line.member
             bound = member.expires + _EXPIRY_GRACE if member is not None else math.inf
             if deadline is not None:
@@ -306,10 +306,13 @@ class AsyncLock:
                 if result is not None:
                     return self._won(line, ticket, result)
                 return await self._contend(line, ticket, True, deadline)
-            # woke without an answer: give up at the deadline, or take over from a holder that
-            # should have expired (only the head of the line does; the others keep waiting)
-            future.cancel()
+            if ticket not in line.waiters:
+                # popped by a release that is handing the lock to us right now: its answer
+                # comes within the backend's operation timeout, so wait for it, even past
+                # the deadline (giving up now would leave the lock to nobody)
+                continue
             if deadline is not None and loop.time() >= deadline:
+                future.cancel()
                 line.drop_waiter(ticket)
                 holder = line.member
                 self._retry_after = (
@@ -318,9 +321,12 @@ class AsyncLock:
                     else None
                 )
                 return False
+            # the holder should have expired by now without releasing: the head of the line
+            # takes over and contends on the server (the others keep waiting)
             holder_gone = member is None or loop.time() >= member.expires
             if holder_gone and line.member is member and line.waiters[0] is ticket:
                 line.waiters.popleft()
+                future.cancel()
                 line.member = ticket
                 return await self._contend(line, ticket, True, deadline)
 
