@@ -9,24 +9,44 @@ exactly one conversation per contact is created and every message lands in it.
 
 This is the race from the origin story (Instagram webhooks in a Rails chat app); run it with
 ``python -m asynclock demo`` (``--state redis://...`` to use Redis).
+
+A second section runs the same storm the way the origin story's job does it, with a
+non-blocking lock (see :mod:`asynclock._storm`): without a lock (duplicates), with a lock but no
+retry (a conflict loses the message), and with ``retry_on_lock_conflict(wait=lambda n: step * n,
+attempts=3, on_exhaustion="process_without_lock")`` whose retry window equals the lock's TTL
+(neither).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asynclock import AsyncLock, state_from_url
+from asynclock._storm import (
+    VARIANTS,
+    MemoryConversations,
+    Message,
+    StormTally,
+    run_storm,
+    storm_handler,
+    tally,
+)
 from asynclock._validate import check_seconds
 from asynclock.state._url import redact
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from asynclock._storm import Variant
     from asynclock.state._protocol import State
+
+logger = logging.getLogger("asynclock")
 
 __all__ = ("DemoResult", "ScenarioResult", "format_result", "run_demo")
 
@@ -62,12 +82,17 @@ class DemoResult:
         contacts: how many distinct contacts the messages were spread over.
         gap: the simulated database round trip, in seconds.
         scenarios: ``(no lock, with AsyncLock)``.
+        storms: the retry section, one tally per variant of :mod:`asynclock._storm`
+            (``no lock``, ``lock, no retry``, ``lock + retry``); empty when it was not run.
+        storm_ttl: the lock TTL of the retry section, in seconds (its retry window: the same).
     """
 
     state_url: str
     contacts: int
     gap: float
     scenarios: tuple[ScenarioResult, ...]
+    storms: tuple[StormTally, ...] = ()
+    storm_ttl: float = 0.0
 
 
 @dataclass(slots=True)
@@ -151,10 +176,57 @@ async def _storm(
     return db.score(scenario, tasks, time.perf_counter() - started)
 
 
+def storm_ttl_for(gap: float) -> float:
+    """The retry section's lock TTL: 0.3 s, or ten round trips when those are longer."""
+    return max(0.3, round(10 * gap, 3))
+
+
+async def _retry_storms(
+    state: State, tasks: int, contacts: int, gap: float
+) -> tuple[StormTally, ...]:
+    messages = [Message(n, n % contacts) for n in range(tasks)]
+    random.Random(0).shuffle(messages)
+    ttl = storm_ttl_for(gap)
+    step = ttl / 3  # waits step, then 2 * step: the last attempt starts one TTL after the first
+    # The fallback's warnings are the point of the table below, not noise for stderr: keep
+    # them from logging's last-resort handler (a configured root logger still gets them).
+    quiet = logging.NullHandler()
+    logger.addHandler(quiet)
+    try:
+        return tuple([await _retry_storm(state, v, messages, ttl, step, gap) for v in VARIANTS])
+    finally:
+        logger.removeHandler(quiet)
+
+
+async def _retry_storm(
+    state: State, variant: Variant, messages: list[Message], ttl: float, step: float, gap: float
+) -> StormTally:
+    db = MemoryConversations()
+    handler = storm_handler(
+        variant,
+        state,
+        db,
+        ttl=ttl,
+        gap=gap,
+        wait=lambda executions: step * executions,
+        attempts=3,
+        lock_ttl=ttl,
+    )
+    _, wall_time = await run_storm(handler, messages)
+    return await tally(db, messages, variant, wall_time, handler.statistics())
+
+
 async def run_demo(
-    state_url: str = "memory://", tasks: int = 20, contacts: int = 5, gap: float = 0.02
+    state_url: str = "memory://",
+    tasks: int = 20,
+    contacts: int = 5,
+    gap: float = 0.02,
+    *,
+    retry: bool = True,
 ) -> DemoResult:
-    """Run the webhook storm twice: without a lock, then with one ``AsyncLock`` per contact.
+    """Run the webhook storm twice: without a lock, then with one ``AsyncLock`` per contact;
+    then (``retry=True``) the retry section: no lock, a non-blocking lock without retry, and
+    the lock inside ``retry_on_lock_conflict(..., on_exhaustion="process_without_lock")``.
 
     ``tasks`` concurrent handlers each process one "first message" for contact
     ``message_id % contacts``. Each does find-active-conversation, awaits ``gap`` seconds (the
@@ -167,9 +239,11 @@ async def run_demo(
         tasks: number of concurrent handlers (messages), at least 1.
         contacts: number of distinct contacts the messages are spread over, at least 1.
         gap: the simulated database round trip in seconds, ``>= 0``.
+        retry: also run the retry section (lock TTL :func:`storm_ttl_for` ``(gap)``, 0.3 s by
+            default, so it adds about that much time).
 
     Returns:
-        Both runs' results, no-lock first.
+        Both runs' results, no-lock first, and the retry section's tallies.
 
     Raises:
         ValueError: for a bad count, a negative gap or an unknown URL scheme.
@@ -184,8 +258,14 @@ async def run_demo(
     unlocked = await _storm("no lock", tasks, contacts, seconds, None)
     async with state_from_url(state_url) as state:
         locked = await _storm("AsyncLock per contact", tasks, contacts, seconds, state)
+        storms = await _retry_storms(state, tasks, contacts, seconds) if retry else ()
     return DemoResult(
-        state_url=state_url, contacts=contacts, gap=seconds, scenarios=(unlocked, locked)
+        state_url=state_url,
+        contacts=contacts,
+        gap=seconds,
+        scenarios=(unlocked, locked),
+        storms=storms,
+        storm_ttl=storm_ttl_for(seconds) if retry else 0.0,
     )
 
 
@@ -208,6 +288,86 @@ def _row(result: ScenarioResult) -> Sequence[str]:
         str(result.lost_messages),
         f"{result.wall_time * 1000:.0f} ms",
     )
+
+
+_STORM_COLUMNS = (
+    "variant",
+    "messages",
+    "conversations",
+    "duplicates",
+    "stranded",
+    "dropped",
+    "processed twice",
+    "wall time",
+)
+
+_STORM_LABELS = {
+    "no lock": "no lock",
+    "lock, no retry": "lock, no retry",
+    "lock + retry": "lock + retry_on_lock_conflict",
+}
+
+
+def _storm_row(tallied: StormTally) -> Sequence[str]:
+    return (
+        _STORM_LABELS.get(tallied.variant, tallied.variant),
+        str(tallied.messages),
+        str(tallied.conversations),
+        str(tallied.duplicates),
+        str(tallied.stranded),
+        str(tallied.lost),
+        str(tallied.processed_twice),
+        f"{tallied.wall_time * 1000:.0f} ms",
+    )
+
+
+def _table(columns: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    rows = [columns, *body]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        return "  ".join(cells).rstrip()
+
+    return [line(columns), "  ".join("-" * width for width in widths), *map(line, body)]
+
+
+def _format_storms(result: DemoResult) -> list[str]:
+    ttl = result.storm_ttl
+    step = ttl / 3
+    out = [
+        "",
+        "retry_on_lock_conflict: the same storm, each handler inside",
+        f'  AsyncLock(state, "ig:contact:<id>", ttl={ttl:g}, blocking=False), the origin story\'s job;',
+        f'  retry: wait=lambda n: {step:g} * n, attempts=3, on_exhaustion="process_without_lock"',
+        (
+            f"  (conflicts at ~0, {step * 1000:.0f} and {3 * step * 1000:.0f} ms: the fallback "
+            "runs once the holder's TTL is over)"
+        ),
+        "",
+        *_table(_STORM_COLUMNS, [_storm_row(t) for t in result.storms]),
+        "",
+        "lost messages, two kinds: stranded = in a duplicate conversation, out of the agent's",
+        "sight; dropped = never stored (LockAcquisitionError and no retry: a dead-lettered job).",
+    ]
+    retried = result.storms[-1]
+    if retried.retry is not None:
+        stats = retried.retry
+        out.append(
+            f"retry counters: {stats.conflicts} conflicts, {stats.retries} retries, "
+            f"{stats.processed_without_lock} processed without the lock."
+        )
+    clean = (retried.duplicates, retried.stranded, retried.lost, retried.processed_twice)
+    if clean == (0, 0, 0, 0):
+        dropped = next((t.lost for t in result.storms if t.variant == "lock, no retry"), 0)
+        out.append(
+            "With retry_on_lock_conflict: one conversation per contact, no message lost "
+            f"(no retry: {dropped} dropped)."
+        )
+    else:  # pragma: no cover - would mean the retry window failed; say so loudly
+        out.append("UNEXPECTED: the retried run still duplicated or lost messages.")
+    return out
 
 
 def format_result(result: DemoResult) -> str:
@@ -250,4 +410,6 @@ def format_result(result: DemoResult) -> str:
         )
     else:  # pragma: no cover - would mean the lock failed; say so loudly
         out.append("UNEXPECTED: the locked run still created duplicates.")
+    if result.storms:
+        out += _format_storms(result)
     return "\n".join(out) + "\n"
