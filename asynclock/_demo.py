@@ -213,7 +213,7 @@ async def _retry_storm(
         lock_ttl=ttl,
     )
     _, wall_time = await run_storm(handler, messages)
-    return await tally(db, messages, variant, wall_time, handler.statistics())
+    return await tally(db, messages, variant, wall_time, handler.statistics(), len(handler.overran))
 
 
 async def run_demo(

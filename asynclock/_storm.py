@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from asynclock._errors import LockAcquisitionError
+from asynclock._errors import LockAcquisitionError, LockNotOwnedError
 from asynclock._lock import AsyncLock
 from asynclock._retry import RetryStatistics, retry_on_lock_conflict
 
@@ -156,6 +156,8 @@ class StormTally:
         stranded: messages outside their contact's first conversation (the one an agent sees).
         wall_time: seconds from the first delivery to the last handler's end.
         retry: the decorator's counters, for ``"lock + retry"``.
+        overran: handlers whose lock had expired before they left it (processed, but the
+            TTL was too short for them: the lock no longer guaranteed anything).
     """
 
     variant: str
@@ -167,6 +169,7 @@ class StormTally:
     stranded: int
     wall_time: float = 0.0
     retry: RetryStatistics | None = None
+    overran: int = 0
 
 
 async def tally(
@@ -175,6 +178,7 @@ async def tally(
     variant: str,
     wall_time: float = 0.0,
     retry: RetryStatistics | None = None,
+    overran: int = 0,
 ) -> StormTally:
     """Count duplicates, lost, processed-twice and stranded messages in ``db``."""
     stored = await db.snapshot()
@@ -198,16 +202,19 @@ async def tally(
         stranded=stranded,
         wall_time=wall_time,
         retry=retry,
+        overran=overran,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class StormHandler:
     """A handler of one variant: ``await handle(message)`` is ``True`` once it is processed,
-    ``False`` when it was lost; ``statistics()`` is the decorator's counters, if any."""
+    ``False`` when it was lost; ``statistics()`` is the decorator's counters, if any;
+    ``overran`` the ids of messages whose handler outlived its lock's TTL."""
 
     handle: Callable[[Message], Awaitable[bool]]
     statistics: Callable[[], RetryStatistics | None]
+    overran: list[int] = field(default_factory=list)
 
 
 def storm_handler(
@@ -228,17 +235,21 @@ def storm_handler(
     :func:`retry_on_lock_conflict` (``"lock + retry"`` only), with
     ``on_exhaustion="process_without_lock"``.
     """
+    overran: list[int] = []
     if variant == "no lock":
 
         async def unlocked(message: Message) -> bool:
             await find_or_create(db, message, gap)
             return True
 
-        return StormHandler(unlocked, lambda: None)
+        return StormHandler(unlocked, lambda: None, overran)
 
     async def locked(message: Message) -> bool:
-        async with AsyncLock(state, lock_key(message.contact), ttl=ttl, blocking=False):
-            await find_or_create(db, message, gap)
+        try:
+            async with AsyncLock(state, lock_key(message.contact), ttl=ttl, blocking=False):
+                await find_or_create(db, message, gap)
+        except LockNotOwnedError:
+            overran.append(message.id)  # processed, but after its lock had expired
         return True
 
     if variant == "lock, no retry":
@@ -249,7 +260,7 @@ def storm_handler(
             except LockAcquisitionError:
                 return False  # the job gives up: the customer's message is gone
 
-        return StormHandler(dead_lettered, lambda: None)
+        return StormHandler(dead_lettered, lambda: None, overran)
     if variant == "lock + retry":
         retried = retry_on_lock_conflict(
             wait=wait,
@@ -259,7 +270,7 @@ def storm_handler(
             lock_ttl=lock_ttl,
         )(locked)
         statistics: Callable[[], RetryStatistics] = retried.statistics  # type: ignore[attr-defined]
-        return StormHandler(retried, statistics)
+        return StormHandler(retried, statistics, overran)
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
 
 

@@ -162,6 +162,7 @@ async def _deliver(
         "processed": processed,
         "wall_time": wall_time,
         "statistics": asdict(stats) if stats is not None else None,
+        "overran": len(handler.overran),
     }
 
 

@@ -380,7 +380,10 @@ class TestStormInOneProcess:
             lock_ttl=0.3,
         )
         processed, wall_time = await asyncio.wait_for(run_storm(handler, messages), 20.0)
-        counted = await tally(db, messages, variant, wall_time, handler.statistics())
+        counted = await tally(
+            db, messages, variant, wall_time, handler.statistics(), len(handler.overran)
+        )
+        assert counted.overran == 0, f"a holder outlived its 0.3 s TTL: {counted}"
         assert processed == counted.messages - counted.lost
         return counted
 

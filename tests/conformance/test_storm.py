@@ -38,18 +38,21 @@ pytestmark = pytest.mark.processes
 
 PROCESSES = 3
 
-# The storm: 20 contacts x 6 messages; the TTL-aligned window 0.1 + 0.2 = 0.3 s = the TTL.
+# The storm: 20 contacts x 6 messages. The TTL-aligned window: STORM_STEP + 2 * STORM_STEP =
+# STORM_TTL, as wait=lambda n: n, attempts=3 against a 3 s lock. A holder's critical section
+# (four round trips and GAP) takes ~40 ms; the TTL leaves it ~1 s for stalls on a loaded machine.
 CONTACTS, PER_CONTACT = 20, 6
-STORM_TTL = 0.3
-STORM_STEP = 0.1
+STORM_TTL = 1.0
+STORM_STEP = STORM_TTL / 3
 GAP = 0.03  # the database round trip between find and create, on top of the real ones
 
 # The slow holder: it stays SLOW_HOLD s between find and create, inside a SLOW_TTL s lock.
-# Short window: fixed wait 0.1 s (+ up to 15% jitter), attempts 3 -> fallback at ~0.2-0.23 s,
-# ~0.3 s before the holder creates. Aligned window: 0.3 + 0.6 = 0.9 s = the TTL -> fallback
-# ~0.35 s after the holder created. Margins of ~0.3 s each way.
-SLOW_TTL = 0.9
-SLOW_HOLD = 0.55
+# Short window: fixed wait 0.1 s (+ up to 15% jitter), attempts 3 -> fallback at ~0.2-0.23 s
+# after the first conflict, ~0.5 s before the holder creates. Aligned window: 0.5 + 1.0 =
+# 1.5 s = the TTL -> fallback ~0.75 s after the holder created. A process stalled for less
+# than ~0.5 s cannot change either outcome.
+SLOW_TTL = 1.5
+SLOW_HOLD = 0.75
 SHORT_WAIT = 0.1
 ALIGNED_STEP = SLOW_TTL / 3
 SLOW_CONTACTS = 3
@@ -154,7 +157,8 @@ async def storm(
         ]
     )
     conversations = _storm_workers.RedisConversations(db.client, db.prefix)
-    counted = await tally(conversations, messages, variant)
+    overran = sum(r["overran"] for r in reports)
+    counted = await tally(conversations, messages, variant, overran=overran)
     assert sum(r["processed"] for r in reports) == counted.messages - counted.lost
     return counted, reports
 
@@ -180,6 +184,7 @@ class TestWebhookStorm:
         self, server_target: Target, storm_db: StormDb
     ) -> None:
         counted, reports = await storm(server_target, storm_db, "lock + retry", seed=3)
+        assert counted.overran == 0, f"a holder outlived its {STORM_TTL} s TTL: {counted}"
         assert counted.conversations == CONTACTS, counted
         assert (counted.duplicates, counted.lost, counted.processed_twice) == (0, 0, 0), counted
         assert counted.stranded == 0, counted
@@ -229,7 +234,8 @@ async def slow_holder_storm(
     held = next(r["held"] for r in reports if "held" in r)
     assert max(held) < SLOW_TTL, f"the holder overran its TTL ({held}); premise broken"
     conversations = _storm_workers.RedisConversations(db.client, db.prefix)
-    counted = await tally(conversations, messages, "slow")
+    overran = sum(r.get("overran", 0) for r in reports)
+    counted = await tally(conversations, messages, "slow", overran=overran)
     return counted, reports
 
 
@@ -251,5 +257,6 @@ class TestRetryWindowAgainstASlowHolder:
     ) -> None:
         retry_on_lock_conflict(wait=lambda n: ALIGNED_STEP * n, attempts=3, lock_ttl=SLOW_TTL)
         counted, _ = await slow_holder_storm(server_target, storm_db, ("linear", ALIGNED_STEP))
+        assert counted.overran == 0, counted
         assert counted.conversations == SLOW_CONTACTS, counted
         assert (counted.duplicates, counted.lost, counted.processed_twice) == (0, 0, 0), counted
