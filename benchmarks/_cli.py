@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio
 
-from benchmarks import _contended, _memory, _uncontended
+from benchmarks import _contended, _dispatcher, _memory, _uncontended
 from benchmarks._env import (
     DEFAULT_URL,
     REPO,
@@ -34,8 +34,9 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "uncontended": _uncontended.run,
     "contended": _contended.run,
     "memory": _memory.run,
+    "dispatcher": _dispatcher.run,
 }
-NEEDS_REDIS = {"uncontended", "contended"}
+NEEDS_REDIS = {"uncontended", "contended", "dispatcher"}
 
 PREAMBLE = """# Benchmarks
 
@@ -48,9 +49,10 @@ numbers**, and do not carry the absolute numbers to other hardware.
 Regenerate with:
 
 ```
-python -m benchmarks all --private-server --write   # as below: ~1.5 min, own redis-server
-python -m benchmarks all --quick                    # ~25 s, stdout only, shared server
+python -m benchmarks all --private-server --write   # as below: ~4 min, own redis-server
+python -m benchmarks all --quick                    # ~1 min, stdout only, shared server
 python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
+python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -64,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="asynclock benchmarks against redis-py's Lock, python-redis-lock, the raw "
-        "redis.asyncio floor and asyncio.Lock. Markdown report on stdout.",
+        "redis.asyncio floor, asyncio.Lock and (dispatcher) chat-sdk. Markdown report on stdout.",
     )
     parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
     parser.add_argument("--state", default=DEFAULT_URL, help=f"Redis URL (default {DEFAULT_URL})")

@@ -89,7 +89,7 @@ class Section:
     headlines: list[tuple[str, str]] = field(default_factory=list)
 
 
-_ORDER = ("uncontended", "contended", "memory")
+_ORDER = ("uncontended", "contended", "memory", "dispatcher")
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
 )
