@@ -29,6 +29,7 @@ from asynclock.state._protocol import State as State
 from asynclock.state.memory import MemoryState as MemoryState
 
 if TYPE_CHECKING:
+    from asynclock.state.postgres import PostgresState as PostgresState
     from asynclock.state.redis import RedisState as RedisState
 
 __version__ = "0.1.0.dev0"
@@ -47,6 +48,7 @@ __all__ = (
     "LockNotOwnedError",
     "MemoryState",
     "Outcome",
+    "PostgresState",
     "RedisState",
     "RetryStatistics",
     "State",
@@ -58,11 +60,14 @@ __all__ = (
 
 # Public objects report the package as their home (error messages, docs, pickling).
 for _name in __all__:
-    if _name != "RedisState":
+    if _name not in ("RedisState", "PostgresState", "MySQLState"):
         globals()[_name].__module__ = __name__
 del _name
 
-_LAZY = {"RedisState": ("asynclock.state.redis", "redis")}
+_LAZY = {
+    "RedisState": ("asynclock.state.redis", "redis"),
+    "PostgresState": ("asynclock.state.postgres", "postgres"),
+}
 
 
 def __getattr__(name: str) -> object:

@@ -10,11 +10,12 @@ A server that does not answer is a *skip with a reason* locally and a *test erro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass
 from functools import cache
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -57,11 +58,12 @@ def _server(name: str, env: str, default: str, namespace_option: str = "prefix")
 
 MEMORY = Backend("memory", "memory://")
 REDIS = _server("redis", "ASYNCLOCK_REDIS_URL", "redis://127.0.0.1:6379/0")
-# When their states land, one line each (and add them to BACKENDS):
-# POSTGRES = _server("postgres", "ASYNCLOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test")
-# MYSQL = _server("mysql", "ASYNCLOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+POSTGRES = _server(
+    "postgres", "ASYNCLOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+MYSQL = _server("mysql", "ASYNCLOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
-BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS)
+BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, POSTGRES)
 SERVER_BACKENDS: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.server)
 
 
@@ -133,3 +135,49 @@ async def purge_namespace(backend: Backend, namespace: str) -> None:
                 await client.delete(*keys)
         finally:
             await client.aclose()
+    elif backend.name in ("postgres", "mysql"):
+        await _purge_sql(backend, f"{TEST_PREFIX}{namespace}:")
+
+
+#: the tables of the SQL states under their default ``table_prefix``
+SQL_TABLES = ("asynclock_locks", "asynclock_dedupe")
+
+
+async def _purge_sql(backend: Backend, key_prefix: str) -> None:
+    """Delete the rows whose key starts with ``key_prefix`` (tables not created yet: nothing)."""
+    # The prefix is "asynclock-test:<hex>:": no LIKE wildcard in it.
+    pattern = f"{key_prefix}%"
+    if backend.name == "postgres":
+        import asyncpg  # type: ignore[import-untyped]
+
+        conn = await asyncpg.connect(backend.url, timeout=10)
+        try:
+            for table in SQL_TABLES:
+                with contextlib.suppress(asyncpg.UndefinedTableError):
+                    await conn.execute(f"DELETE FROM {table} WHERE name LIKE $1", pattern)
+        finally:
+            await conn.close()
+        return
+    import aiomysql  # type: ignore[import-untyped]
+    import pymysql  # type: ignore[import-untyped]
+
+    parts = urlsplit(backend.url)
+    mysql = await aiomysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        db=parts.path.lstrip("/") or None,
+        autocommit=True,
+        connect_timeout=10,
+    )
+    try:
+        async with mysql.cursor() as cursor:
+            for table in SQL_TABLES:
+                try:
+                    await cursor.execute(f"DELETE FROM {table} WHERE name LIKE %s", (pattern,))
+                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - two tables
+                    if exc.args[0] != 1146:  # ER_NO_SUCH_TABLE
+                        raise
+    finally:
+        mysql.close()

@@ -13,6 +13,7 @@ from asynclock.state._url import SCHEMES, StateURL, backend_class
 from asynclock.state.memory import MemoryState
 
 if TYPE_CHECKING:
+    from asynclock.state.postgres import PostgresState
     from asynclock.state.redis import RedisState
 
 __all__ = (
@@ -20,6 +21,7 @@ __all__ = (
     "Grant",
     "LockInfo",
     "MemoryState",
+    "PostgresState",
     "RedisState",
     "Release",
     "State",
@@ -55,4 +57,10 @@ def __getattr__(name: str) -> object:
         from asynclock.state.redis import RedisState
 
         return RedisState
+    if name == "PostgresState":
+        from asynclock.state.postgres import PostgresState
+
+        return PostgresState
+    if name == "MySQLState":
+        return MySQLState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

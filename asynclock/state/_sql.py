@@ -1,0 +1,292 @@
+"""Shared by the SQL states (``postgres/`` and ``mysql/``): named queries, key ids, a lean pool.
+
+Queries live in ``queries.sql`` beside each backend, in procrastinate's named format::
+
+    -- acquire --
+    -- What it does, and why it is atomic.
+    INSERT INTO {prefix}locks ... %(owner)s ...
+
+A block starts at a ``-- name --`` line; the comment lines right after it are its description
+and the rest, up to the next block, is one statement. Placeholders are named (``%(owner)s``) in
+the file; :class:`Query` maps them to ``$1, $2, ...`` for drivers that want positional ones
+(asyncpg), and ``{prefix}`` is replaced by the configured table prefix (validated as a plain
+identifier, because table names cannot be parameters). ``schema.sql`` is a list of idempotent
+statements separated by ``;`` at the end of a line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import re
+from collections import deque
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Coroutine
+
+__all__ = [
+    "ConnectionPool",
+    "Query",
+    "check_table_prefix",
+    "key_id",
+    "load_queries",
+    "load_schema",
+    "mark_of",
+    "shielded",
+]
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+_BLOCK = re.compile(r"^-- ([a-z_][a-z0-9_]*) --[ \t]*$", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One named statement: its text with ``%(name)s`` placeholders and its description."""
+
+    name: str
+    text: str
+    description: str
+
+    def dollar(self) -> tuple[str, tuple[str, ...]]:
+        """The statement with ``$1, $2, ...`` placeholders, and the parameter name of each.
+
+        A name used twice maps to the same ``$n``; ``%%`` becomes ``%``.
+        """
+        order: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name is None:
+                return "%"
+            if name not in order:
+                order.append(name)
+            return f"${order.index(name) + 1}"
+
+        return _PLACEHOLDER.sub(number, self.text), tuple(order)
+
+    def names(self) -> set[str]:
+        """Every parameter name the statement uses."""
+        return {m.group(1) for m in _PLACEHOLDER.finditer(self.text) if m.group(1)}
+
+
+def _read(package: str, filename: str) -> str:
+    return resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+
+
+def load_queries(
+    package: str, table_prefix: str, filename: str = "queries.sql"
+) -> dict[str, Query]:
+    """Parse ``package``'s ``queries.sql`` into ``{name: Query}`` with the table prefix applied."""
+    text = _read(package, filename)
+    blocks = _BLOCK.split(text)
+    queries: dict[str, Query] = {}
+    # split() gives [preamble, name1, body1, name2, body2, ...]
+    for name, body in zip(blocks[1::2], blocks[2::2], strict=True):
+        lines = body.strip("\n").splitlines()
+        described = 0
+        while described < len(lines) and lines[described].startswith("--"):
+            described += 1
+        description = " ".join(line.removeprefix("--").strip() for line in lines[:described])
+        statement = "\n".join(lines[described:]).strip().rstrip(";").strip()
+        if not statement:
+            raise ValueError(f"{package}/{filename}: query {name!r} has no statement")
+        if name in queries:
+            raise ValueError(f"{package}/{filename}: query {name!r} is defined twice")
+        queries[name] = Query(name, statement.replace("{prefix}", table_prefix), description)
+    return queries
+
+
+def load_schema(package: str, table_prefix: str, filename: str = "schema.sql") -> list[str]:
+    """The statements of ``package``'s ``schema.sql``, table prefix applied, comments kept."""
+    text = _read(package, filename).replace("{prefix}", table_prefix)
+    statements = [part.strip() for part in re.split(r";[ \t]*$", text, flags=re.MULTILINE)]
+    return [s for s in statements if any(not line.startswith("--") for line in _code_lines(s))]
+
+
+def _code_lines(statement: str) -> list[str]:
+    return [line.strip() for line in statement.splitlines() if line.strip()]
+
+
+def check_table_prefix(table_prefix: object) -> str:
+    """A table prefix must be a plain identifier: it is pasted into the SQL, never quoted."""
+    if not isinstance(table_prefix, str):
+        raise TypeError(f"table_prefix must be a str, got {type(table_prefix).__name__}")
+    if not _IDENTIFIER.fullmatch(table_prefix):
+        raise ValueError(
+            "table_prefix must be a letter or '_' followed by up to 39 letters, digits or '_', "
+            f"got {table_prefix!r}"
+        )
+    return table_prefix
+
+
+def key_id(full_key: str) -> bytes:
+    """The primary key of a prefixed key: its SHA-256, so keys of any length and characters fit.
+
+    Lone surrogates (possible in a Python ``str``) are kept rather than rejected.
+    """
+    return hashlib.sha256(full_key.encode("utf-8", "surrogatepass")).digest()
+
+
+def mark_of(owner: str) -> str:
+    """An owner as it appears in a lock row's list of abandoned owners (``"\\n<owner>\\n"``).
+
+    Owner ids never contain a newline, so a mark matches whole entries only.
+    """
+    return f"\n{owner}\n"
+
+
+class ConnectionPool(Generic[C]):
+    """Idle connections handed out LIFO, with FIFO waiting when all ``size`` are busy.
+
+    asyncpg's own pool runs a reset query on every release (one more round trip per operation)
+    and aiomysql's pool pings; the states need neither: every operation is one autocommit
+    statement, so a connection between two statements carries no transaction, and a connection
+    whose statement was interrupted (error, cancellation, timeout) is discarded, never reused,
+    because the statement may still be running and its reply would reach the next user.
+    """
+
+    __slots__ = (
+        "_close",
+        "_closed",
+        "_connect",
+        "_count",
+        "_discard",
+        "_idle",
+        "_size",
+        "_waiters",
+    )
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[C]],
+        discard: Callable[[C], None],
+        close: Callable[[C], Awaitable[None]],
+        size: int,
+    ) -> None:
+        self._connect = connect
+        self._discard = discard
+        self._close = close
+        self._size = size
+        self._idle: list[C] = []
+        self._count = 0
+        self._waiters: deque[asyncio.Future[C | None]] = deque()
+        self._closed = False
+
+    @property
+    def opened(self) -> int:
+        """Connections open right now (idle or in use)."""
+        return self._count
+
+    async def checkout(self) -> tuple[C, bool]:
+        """A connection, and whether it was reused (idle) rather than opened for this call."""
+        if self._closed:
+            raise RuntimeError("the state is closed")
+        if self._idle:
+            return self._idle.pop(), True
+        if self._count >= self._size:
+            waiter: asyncio.Future[C | None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                conn = await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self.checkin(waiter.result(), broken=False)
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+                raise
+            if conn is not None:
+                return conn, True
+            # a broken connection was dropped: its slot is ours, open a new one below
+        else:
+            self._count += 1
+        try:
+            conn = await self._connect()
+        except BaseException:
+            self.checkin(None, broken=True)
+            raise
+        return conn, False
+
+    def checkin(self, conn: C | None, *, broken: bool) -> None:
+        """Give ``conn`` back; a ``broken`` one is closed and its slot handed on."""
+        if broken or self._closed:
+            if conn is not None:
+                self._discard(conn)
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+            self._count -= 1
+            return
+        assert conn is not None
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self._idle.append(conn)
+
+    async def aclose(self) -> None:
+        """Close every idle connection; busy ones are closed when they come back."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        self._count -= len(idle)
+        for conn in idle:
+            try:
+                await self._close(conn)
+            except Exception:  # noqa: BLE001, PERF203 - closing anyway; the socket is dropped here
+                self._discard(conn)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.cancel()
+
+
+async def shielded(
+    work: Coroutine[object, object, T],
+    *,
+    settle: Callable[[asyncio.Task[T]], None],
+    kill: Callable[[], None],
+    deadline: float,
+    grace: float,
+) -> T:
+    """Await ``work`` (one statement on a checked-out connection), immune to cancellation.
+
+    The drivers react to a cancelled read by breaking the connection (aiomysql) or by opening a
+    second one to send a cancel request (asyncpg); both cost more than letting the statement,
+    already on the wire, finish. So a cancelled caller gets its ``CancelledError`` at once while
+    the statement finishes in the background; ``settle(task)`` then gives the connection back.
+    Only when the operation's ``deadline`` has passed (the server is stuck), or the statement
+    is still running ``grace`` seconds later, is the connection killed with ``kill()``.
+
+    The caller settles the connection itself when this returns or raises normally.
+    """
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.done():
+            settle(task)
+        else:
+            if loop.time() >= deadline:
+                kill()
+            else:
+
+                def overdue() -> None:
+                    if not task.done():
+                        kill()
+
+                timer = loop.call_later(grace, overdue)
+                task.add_done_callback(lambda _: timer.cancel())
+            task.add_done_callback(settle)
+        raise

@@ -1,0 +1,166 @@
+-- Named statements of PostgresState (loaded by asynclock/state/_sql.py). {prefix} is the table
+-- prefix; %(name)s placeholders become $1, $2, ... for asyncpg. Each runs alone in autocommit
+-- mode, so each is one transaction; now() is its start time on the server's clock. Durations
+-- arrive as whole milliseconds (*_ms). Fencing tokens are max(last token + 1, server clock in
+-- microseconds): strictly increasing per key while its row exists, and still increasing after
+-- purge_expired() deleted a long-free row (the clock has moved on since).
+
+-- acquire --
+-- Take the key for owner when it is free, expired, or reserved for this caller's state (waiter);
+-- repeat the token for the current holder (idempotent); else answer the remaining seconds and,
+-- for a waiting caller, flag the key so the holder's state gives way at release. An owner whose
+-- attempt was abandoned (a mark in the row) never gets it. Atomic: the snapshot read "cur" only
+-- answers the cases that change nothing (a failed try is one read, no row lock, no WAL flush);
+-- every change goes through one INSERT ... ON CONFLICT DO UPDATE, which locks the row and decides
+-- on its latest committed version, never on the snapshot, so two acquirers cannot both win.
+WITH cur AS (
+    SELECT l.token, l.expires_at,
+           l.abandoned_until > now() AND strpos(l.abandoned, %(mark)s) > 0 AS gave_up,
+           coalesce(l.owner = %(owner)s AND l.expires_at > now(), false) AS mine,
+           l.expires_at > now() AND (l.owner IS NOT NULL OR l.flag IS NOT NULL) AS busy,
+           l.flag IS NOT NULL OR %(waiter)s::text IS NULL AS nothing_to_flag,
+           coalesce(l.owner IS NULL AND l.flag = %(waiter)s, false) AS reserved_for_us
+    FROM {prefix}locks AS l
+    WHERE l.id = %(id)s
+), answered AS (
+    SELECT * FROM cur
+    WHERE gave_up OR mine OR (busy AND nothing_to_flag AND NOT reserved_for_us)
+), up AS (
+    INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at)
+    SELECT %(id)s, %(name)s, %(owner)s, (extract(epoch FROM now()) * 1000000)::bigint,
+           now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+    WHERE NOT EXISTS (SELECT 1 FROM answered)
+    ON CONFLICT (id) DO UPDATE SET (owner, flag, token, expires_at) = (
+        SELECT CASE WHEN d.take THEN EXCLUDED.owner ELSE l.owner END,
+               CASE WHEN d.take THEN NULL WHEN d.flag_it THEN %(waiter)s ELSE l.flag END,
+               CASE WHEN d.take THEN greatest(l.token + 1, EXCLUDED.token) ELSE l.token END,
+               CASE WHEN d.take THEN EXCLUDED.expires_at ELSE l.expires_at END
+        FROM (
+            SELECT
+                NOT (l.abandoned_until > now() AND strpos(l.abandoned, %(mark)s) > 0)
+                AND (l.expires_at <= now()
+                     OR (l.owner IS NULL AND (l.flag IS NULL OR coalesce(l.flag = %(waiter)s, false))))
+                AS take,
+                NOT (l.abandoned_until > now() AND strpos(l.abandoned, %(mark)s) > 0)
+                AND %(waiter)s::text IS NOT NULL AND l.flag IS NULL AND l.expires_at > now()
+                AND coalesce(l.owner <> %(owner)s, false)
+                AS flag_it
+        ) AS d
+    )
+    RETURNING CASE WHEN l.owner = %(owner)s AND l.expires_at > now() THEN l.token END AS token,
+              greatest(extract(epoch FROM l.expires_at - now()), 0)::float8 AS retry_after
+)
+SELECT token, CASE WHEN token IS NULL THEN retry_after END AS retry_after FROM up
+UNION ALL
+SELECT CASE WHEN mine AND NOT gave_up THEN token END,
+       CASE WHEN gave_up THEN %(ttl_ms)s::bigint / 1000.0
+            WHEN NOT mine THEN greatest(extract(epoch FROM expires_at - now()), 0) END::float8
+FROM answered
+
+-- release --
+-- Compare-and-release: only when owner holds the key (live). With a successor (not abandoned)
+-- and no flag, hand the lock straight over: successor, token + 1, its TTL. Otherwise free it,
+-- or reserve it for reservation_ms when a waiting state flagged it, and NOTIFY the release
+-- (payload: the key's id in hex) in the same transaction, so listeners hear it after commit.
+-- Atomic: one UPDATE; its row lock and the re-check of the WHERE on the latest row version
+-- serialise it with every other statement on the key.
+WITH r AS (
+    UPDATE {prefix}locks AS l SET (owner, token, expires_at) = (
+        SELECT CASE WHEN d.handoff THEN %(successor)s END,
+               l.token + CASE WHEN d.handoff THEN 1 ELSE 0 END,
+               CASE WHEN d.handoff THEN now() + %(successor_ttl_ms)s::bigint * interval '1 millisecond'
+                    WHEN l.flag IS NULL THEN now()
+                    ELSE now() + %(reservation_ms)s::bigint * interval '1 millisecond' END
+        FROM (
+            SELECT %(successor)s::text IS NOT NULL AND l.flag IS NULL
+                   AND NOT (l.abandoned_until > now()
+                            AND strpos(l.abandoned, %(successor_mark)s) > 0) AS handoff
+        ) AS d
+    )
+    WHERE l.id = %(id)s AND l.owner = %(owner)s AND l.expires_at > now()
+    RETURNING l.owner IS NOT NULL AS handed_over, l.token
+)
+SELECT token, handed_over,
+       (CASE WHEN NOT handed_over THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+FROM r
+
+-- abandon --
+-- Undo an acquire of unknown outcome: release the key if owner holds it (as release does,
+-- without handoff, with NOTIFY); otherwise add owner's mark to the row (creating it if needed),
+-- so that the acquire, should it still arrive, is refused until abandoned_until. Marks are kept
+-- to the last 8 KB (older owners are long gone). Atomic: one INSERT ... ON CONFLICT DO UPDATE on
+-- the key's row, the row acquire itself must lock to win.
+WITH a AS (
+    INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at, abandoned, abandoned_until)
+    VALUES (%(id)s, %(name)s, NULL, 0, now(), %(mark)s,
+            now() + %(mark_ttl_ms)s::bigint * interval '1 millisecond')
+    ON CONFLICT (id) DO UPDATE SET (owner, expires_at, abandoned, abandoned_until) = (
+        SELECT CASE WHEN d.held THEN NULL ELSE l.owner END,
+               CASE WHEN NOT d.held THEN l.expires_at
+                    WHEN l.flag IS NULL THEN now()
+                    ELSE now() + %(reservation_ms)s::bigint * interval '1 millisecond' END,
+               CASE WHEN d.held THEN l.abandoned
+                    WHEN l.abandoned_until > now() THEN right(l.abandoned, 8192) || EXCLUDED.abandoned
+                    ELSE EXCLUDED.abandoned END,
+               CASE WHEN d.held THEN l.abandoned_until ELSE EXCLUDED.abandoned_until END
+        FROM (SELECT coalesce(l.owner = %(owner)s AND l.expires_at > now(), false) AS held) AS d
+    )
+    RETURNING strpos(l.abandoned, %(mark)s) = 0 AS released
+)
+SELECT released,
+       (CASE WHEN released THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+FROM a
+
+-- extend --
+-- Compare-then-reset the TTL: only while owner holds the key (live); a lost lock is never
+-- re-created. Atomic: one UPDATE with the owner and expiry in its WHERE.
+UPDATE {prefix}locks SET expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+WHERE id = %(id)s AND owner = %(owner)s AND expires_at > now()
+RETURNING token
+
+-- inspect --
+-- The live holder of the key: owner, remaining seconds, token. One read.
+SELECT owner, greatest(extract(epoch FROM expires_at - now()), 0)::float8 AS remaining, token
+FROM {prefix}locks
+WHERE id = %(id)s AND owner IS NOT NULL AND expires_at > now()
+
+-- dedupe_add --
+-- Record the key unless a live record exists; a row returned means "claimed". Atomic: the
+-- UPDATE takes over an expired record under its row lock (re-checking expiry on the latest
+-- version), else the INSERT ... ON CONFLICT DO NOTHING creates it; of concurrent callers exactly
+-- one succeeds. A duplicate (live record) is one read: no row lock, no WAL flush.
+WITH upd AS (
+    UPDATE {prefix}dedupe SET expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+    WHERE id = %(id)s AND expires_at <= now()
+    RETURNING 1
+), ins AS (
+    INSERT INTO {prefix}dedupe (id, name, expires_at)
+    SELECT %(id)s, %(name)s, now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+    WHERE NOT EXISTS (SELECT 1 FROM upd)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins
+
+-- dedupe_forget --
+-- Delete the record; the answer says whether it was live. One DELETE.
+DELETE FROM {prefix}dedupe WHERE id = %(id)s RETURNING expires_at > now() AS live
+
+-- purge_locks --
+-- Delete up to "batch" lock rows free (or expired) for longer than retention_ms and without live
+-- abandon marks. The outer WHERE repeats the test, so a row re-taken meanwhile is kept.
+DELETE FROM {prefix}locks
+WHERE id IN (
+    SELECT id FROM {prefix}locks
+    WHERE expires_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+      AND abandoned_until < now()
+    LIMIT %(batch)s
+)
+AND expires_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+AND abandoned_until < now()
+
+-- purge_dedupe --
+-- Delete up to "batch" expired dedupe records (the outer WHERE re-checks expiry).
+DELETE FROM {prefix}dedupe
+WHERE id IN (SELECT id FROM {prefix}dedupe WHERE expires_at <= now() LIMIT %(batch)s)
+AND expires_at <= now()
