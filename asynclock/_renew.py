@@ -23,7 +23,17 @@ class Renewer:
     expiry, and only then reported lost; after ``on_lost`` the task ends.
     """
 
-    __slots__ = ("_key", "_max_lifetime", "_on_lost", "_state", "_task", "_ticket", "_ttl")
+    __slots__ = (
+        "_key",
+        "_max_lifetime",
+        "_on_lost",
+        "_started",
+        "_state",
+        "_task",
+        "_ticket",
+        "_timer",
+        "_ttl",
+    )
 
     def __init__(
         self,
@@ -81,5 +91,6 @@ class Renewer:
 
     async def wait_stopped(self) -> None:
         """Wait until the task has ended (tests use it)."""
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
