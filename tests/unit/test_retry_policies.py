@@ -23,6 +23,7 @@ from asynclock import (
     RetryStatistics,
     retry_on_lock_conflict,
 )
+from asynclock._demo import format_result, run_demo
 from asynclock._owner import granted_reason
 from tests._helpers import finish, loop_steps
 
@@ -591,3 +592,25 @@ class TestLogging:
         assert "execution 3 of 3" in messages[2]
         assert "exhausted" in messages[2]
         assert [getattr(r, "executions", None) for r in caplog.records[:3]] == [1, 2, 3]
+
+
+class TestDemo:
+    async def test_the_demo_retry_section_shows_duplicates_losses_and_neither(self) -> None:
+        result = await run_demo("memory://", tasks=20, contacts=5, gap=0.02)
+        by_variant = {t.variant: t for t in result.storms}
+        assert list(by_variant) == ["no lock", "lock, no retry", "lock + retry"]
+        assert by_variant["no lock"].duplicates == 15
+        assert by_variant["lock, no retry"].lost == 15
+        assert by_variant["lock, no retry"].duplicates == 0
+        retried = by_variant["lock + retry"]
+        assert (retried.duplicates, retried.lost, retried.processed_twice) == (0, 0, 0)
+        assert retried.retry is not None
+        assert retried.retry.processed_without_lock > 0
+        text = format_result(result)
+        assert "lock + retry_on_lock_conflict" in text
+        assert "no message lost (no retry: 15 dropped)" in text
+
+    async def test_the_demo_can_skip_the_retry_section(self) -> None:
+        result = await run_demo("memory://", tasks=4, contacts=2, gap=0.0, retry=False)
+        assert result.storms == ()
+        assert "retry_on_lock_conflict" not in format_result(result)
