@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 from typing import TYPE_CHECKING, cast, final
 
 import anyio
@@ -357,7 +358,7 @@ class AsyncLock:
         self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
     ) -> bool:
         """As the line's member, take the lock from the server (waiting for releases)."""
-        won = False
+        won = flagged = False
         try:
             grant = await self._attempt(line, ticket, waiting=False)
             if grant.token is not None:
@@ -370,6 +371,7 @@ class AsyncLock:
             async with self._state.watch(self._key) as watch:
                 while True:
                     watch.reset()
+                    flagged = True
                     grant = await self._attempt(line, ticket, waiting=True)
                     if grant.token is not None:
                         won = True
@@ -385,6 +387,14 @@ class AsyncLock:
         finally:
             if not won:
                 line.leave(ticket)
+                if flagged and line.member is None:
+                    # nobody of this process waits for the key any more: withdraw our flag or
+                    # reservation, so other processes are not kept waiting for us
+                    withdraw = self._state.abandon(self._key, ticket.owner)
+                    if sys.exc_info()[0] is asyncio.CancelledError:
+                        await finish_despite_cancellation(withdraw)
+                    else:
+                        run_in_background(withdraw)
 
     def _arm_claim(self, claim: str, claim_ttl: float) -> None:
         """Make the next acquire also record dedupe ``claim``, in the same atomic step.

@@ -120,7 +120,9 @@ class State(Protocol):
         """Undo an acquire whose outcome the caller does not know (cancelled, timed out).
 
         Releases ``key`` if ``owner`` holds it, and makes sure that the abandoned acquire, should
-        it still reach the server later, cannot grant ``owner`` the lock any more. Atomic.
+        it still reach the server later, cannot grant ``owner`` the lock any more. Also
+        withdraws this state instance's waiting flag or reservation on ``key`` (see
+        ``acquire(waiting=True)``): the caller calls it when its process stops waiting. Atomic.
         """
         ...
 

@@ -220,9 +220,13 @@ class MemoryState:
         """See :meth:`asynclock.state.State.abandon`.
 
         In memory an acquire acts right after its single yield and never later, so an abandoned
-        acquire cannot land afterwards; releasing is all there is to do.
+        acquire cannot land afterwards: release, and withdraw this loop's waiting flag.
         """
         await self.release(key, owner)
+        with self._mutex:
+            held = self._live(key, self._clock())
+            if held is not None and held.flagged_by == id(asyncio.get_running_loop()):
+                held.flagged_by = 0
 
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.extend`."""

@@ -324,6 +324,7 @@ class RedisState:
             ttl_ms(max(self._op_timeout or 0.0, 1.0) * 2),
             self._retention_ms,
             self._reservation_ms,
+            self._process,
         )
 
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
