@@ -31,9 +31,9 @@ POLICIES: tuple[PolicyName, ...] = ("drop", "force", "queue", "latest", "debounc
 #: a policy name, or a (sync or async) function of (thread_key, event) returning one, per conflict
 ConflictPolicy = PolicyName | Callable[[str, Event], "PolicyName | Awaitable[PolicyName]"]
 LockScope = Literal["thread", "channel"] | Callable[[Event], str]
-Handler = (
-    Callable[[Event], Awaitable[object]] | Callable[[Event, HandlerContext], Awaitable[object]]
-)
+#: ``(event)`` or ``(event, ctx)``; a coroutine function, or a plain function (its result is
+#: awaited when it is awaitable)
+Handler = Callable[[Event], object] | Callable[[Event, HandlerContext], object]
 OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
 H = TypeVar("H")
 
@@ -426,8 +426,14 @@ class EventDispatcher:
         return await future
 
     async def _drain(self, lock_key: str, backlog: _Backlog) -> None:
-        """Serve a backlog: take the lock, handle the newest event with the rest as skipped."""
+        """Serve a backlog: take the lock, handle the newest event with the rest as skipped.
+
+        The backlog stays registered until a check that finds nobody waiting, and nothing is
+        awaited between that check and unregistering it: an event that joins while a round ends
+        (the lock being released) is served by the next round, never stranded.
+        """
         loop = asyncio.get_running_loop()
+        batch: list[tuple[Event, asyncio.Future[Outcome]]] = []
         try:
             while any(not future.done() for _, future in backlog.entries):
                 lock = AsyncLock(self._state, lock_key, self._lock_ttl, auto_renew=True)
@@ -441,30 +447,26 @@ class EventDispatcher:
                     batch = [(e, f) for e, f in backlog.entries if not f.done()]
                     backlog.entries.clear()
                     if not batch:
-                        break
+                        continue  # all of them left meanwhile; the loop's check decides
                     newest, newest_future = batch[-1]
                     older = batch[:-1]
                     ctx = HandlerContext(lock_key, lock.token, tuple(e for e, _ in older))
                     try:
                         await self._call(self._handlers_for(newest.type), newest, ctx)
                     except Exception as error:  # noqa: BLE001 - each event's dispatch re-raises it
-                        for _, future in batch:
-                            if not future.done():
-                                future.set_exception(error)
+                        _settle(batch, error)
+                        batch = []
                         continue
                     for _, future in older:
                         if not future.done():
                             future.set_result(Outcome.SKIPPED)
                     if not newest_future.done():
                         newest_future.set_result(Outcome.QUEUED)
+                    batch = []
         except BaseException as error:
-            # the lock could not be had (state unavailable, lost lock): every waiting event fails
-            for _, future in backlog.entries:
-                if not future.done():
-                    if isinstance(error, Exception):
-                        future.set_exception(error)
-                    else:
-                        future.cancel()
+            # the lock could not be had (state unavailable) or was lost while the batch was being
+            # handled: the batch in hand and every waiting event fail (and are forgotten)
+            _settle([*batch, *backlog.entries], error)
             backlog.entries.clear()
             if not isinstance(error, Exception):
                 raise
@@ -519,6 +521,16 @@ class EventDispatcher:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _settle(entries: list[tuple[Event, asyncio.Future[Outcome]]], error: BaseException) -> None:
+    """Fail the dispatches still waiting on ``entries`` with ``error`` (cancel on a BaseException)."""
+    for _, future in entries:
+        if not future.done():
+            if isinstance(error, Exception):
+                future.set_exception(error)
+            else:
+                future.cancel()
 
 
 def _positional_count(function: Handler) -> int:
