@@ -1,0 +1,1229 @@
+"""``EventDispatcher``, ``Event``, ``Outcome`` and ``HandlerContext`` on every backend (SPEC section 5).
+
+Every outcome and every conflict policy, per-key serialization, renewal and lock loss,
+cancellation, submit/aclose, observability, and the chat SDK's defects P4-P6 plus the queue's lost
+wake-up, which asynclock must not have (``research/sql-and-chatsdk-benchmarks.md`` section 3.4).
+
+Arrival order is never left to a sleep: a conflict policy given as a function is called
+synchronously right before the event joins its key's line or backlog (:class:`Conflicts`), so the
+order of its calls *is* the arrival order, and waiting for ``n`` calls means ``n`` events wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from asynclock import (
+    Event,
+    EventDispatcher,
+    HandlerContext,
+    LockLostError,
+    Outcome,
+)
+from asynclock.state._protocol import ClaimingState
+from tests._helpers import finish
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from asynclock import State
+    from asynclock._dispatch import PolicyName
+
+#: upper bound for anything that should happen "at once" (generous: a loaded CI box)
+SOON = 5.0
+
+KEY = "slack:C1:T1"  # the thread key of ev(...) with the defaults
+
+
+def ev(
+    message_id: str | None,
+    *,
+    thread: str = "T1",
+    channel: str = "C1",
+    type: str = "mention",
+    raw: dict[str, object] | None = None,
+) -> Event:
+    return Event(
+        type=type,
+        adapter="slack",
+        channel_id=channel,
+        thread_id=thread,
+        message_id=message_id,
+        raw=raw if raw is not None else {},
+    )
+
+
+async def until(predicate: Callable[[], bool], what: str, within: float = SOON) -> None:
+    """Wait until ``predicate()`` holds (a signal check, never a race decided by time)."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting after {within} s for: {what}")
+        await asyncio.sleep(0.002)
+
+
+async def soon(awaitable: Awaitable[Any], within: float = SOON) -> Any:
+    return await asyncio.wait_for(awaitable, within)
+
+
+class Conflicts:
+    """An ``on_lock_conflict`` function that answers ``name`` and records every conflict.
+
+    It runs synchronously right before the event joins the key's line (queue) or backlog
+    (latest/debounce), so ``seen`` is the arrival order and ``await conflicts.reach(n)`` returns
+    once ``n`` events are waiting.
+    """
+
+    def __init__(self, name: PolicyName) -> None:
+        self.name = name
+        self.seen: list[Event] = []
+        self.at: list[float] = []
+        self.keys: list[str] = []
+
+    def __call__(self, key: str, event: Event) -> PolicyName:
+        self.seen.append(event)
+        self.keys.append(key)
+        self.at.append(time.monotonic())
+        return self.name
+
+    async def reach(self, n: int) -> None:
+        await until(lambda: len(self.seen) >= n, f"{n} conflicts (have {len(self.seen)})")
+
+
+class Gate:
+    """Handlers that block until ``open()``; records calls, contexts and who is inside."""
+
+    def __init__(self) -> None:
+        self.calls: list[Event] = []
+        self.contexts: list[HandlerContext] = []
+        self.entered = asyncio.Event()
+        self.opened = asyncio.Event()
+        self.inside: Counter[str] = Counter()
+        self.most_inside: Counter[str] = Counter()
+        self.blocking = True
+
+    async def __call__(self, event: Event, ctx: HandlerContext) -> None:
+        self.calls.append(event)
+        self.contexts.append(ctx)
+        self.inside[ctx.lock_key] += 1
+        self.most_inside[ctx.lock_key] = max(
+            self.most_inside[ctx.lock_key], self.inside[ctx.lock_key]
+        )
+        try:
+            self.entered.set()
+            if self.blocking:
+                await self.opened.wait()
+            await asyncio.sleep(0)
+        finally:
+            self.inside[ctx.lock_key] -= 1
+
+    def open(self) -> None:
+        """Let every handler through, now and later."""
+        self.blocking = False
+        self.opened.set()
+
+    def close(self) -> None:
+        """Make later handlers block again (until the next ``open``)."""
+        self.blocking = True
+        self.opened = asyncio.Event()
+        self.entered.clear()
+
+    def let_current_through(self) -> None:
+        """Release the handlers blocked now; later ones block (until the next ``open``)."""
+        current = self.opened
+        self.close()
+        current.set()
+
+    @property
+    def ids(self) -> list[str | None]:
+        return [e.message_id for e in self.calls]
+
+
+def bot_with(
+    state: State, handler: Callable[..., Any] | None = None, **options: Any
+) -> EventDispatcher:
+    bot = EventDispatcher(state, **options)
+    if handler is not None:
+        bot.add_handler("*", handler)
+    return bot
+
+
+async def hold_key(bot: EventDispatcher, gate: Gate, event: Event) -> asyncio.Task[Outcome]:
+    """Dispatch ``event`` in a task and return once its handler runs (the key is held)."""
+    task = asyncio.create_task(bot.dispatch(event))
+    await soon(gate.entered.wait())
+    return task
+
+
+def backlog_size(bot: EventDispatcher, key: str) -> int:
+    """Events waiting in the latest/debounce backlog of ``key`` (a peek at the dispatcher)."""
+    backlog = bot._backlogs.get(key)
+    return 0 if backlog is None else sum(not f.done() for _, f in backlog.entries)
+
+
+def backlog_is(bot: EventDispatcher, n: int, key: str = KEY) -> Callable[[], bool]:
+    return lambda: backlog_size(bot, key) == n
+
+
+def spy_on_state(monkeypatch: pytest.MonkeyPatch, state: State) -> Counter[str]:
+    """Count every State protocol call made on ``state``'s class from now on."""
+    calls: Counter[str] = Counter()
+    cls = type(state)
+    names = (
+        "acquire",
+        "acquire_claimed",
+        "release",
+        "extend",
+        "abandon",
+        "inspect",
+        "dedupe_add",
+        "dedupe_forget",
+        "watch",
+    )
+    for name in names:
+        original = getattr(cls, name, None)
+        if original is None:
+            continue
+
+        def wrapper(
+            self: object, *args: Any, __name: str = name, __original: Any = original, **kw: Any
+        ) -> Any:
+            calls[__name] += 1
+            return __original(self, *args, **kw)
+
+        monkeypatch.setattr(cls, name, wrapper)
+    return calls
+
+
+# -- Event and Outcome ---------------------------------------------------------------------------
+
+
+class TestEvent:
+    def test_keys(self) -> None:
+        e = Event(type="mention", adapter="slack", channel_id="C1", thread_id="T9", message_id="m")
+        assert e.thread_key == "slack:C1:T9"
+        assert e.channel_key == "slack:C1"
+        assert e.dedupe_key == "m"
+
+    def test_dedupe_key_falls_back_to_raw_event_id_then_none(self) -> None:
+        assert ev("m1", raw={"event_id": "Ev1"}).dedupe_key == "m1"
+        assert ev(None, raw={"event_id": "Ev1"}).dedupe_key == "Ev1"
+        assert ev(None, raw={"event_id": 42}).dedupe_key == "42"
+        assert ev(None, raw={"other": "x"}).dedupe_key is None
+        assert ev(None).dedupe_key is None
+        assert ev(None, raw={"event_id": ""}).dedupe_key is None
+        assert ev(None, raw={"event_id": None}).dedupe_key is None
+
+    def test_frozen(self) -> None:
+        e = ev("m1")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            e.thread_id = "T2"  # type: ignore[misc]
+        assert e == ev("m1", raw={"ignored": "in equality"})
+        assert hash(e) == hash(ev("m1"))
+
+    @pytest.mark.parametrize(
+        "field",
+        [
+            {"type": 1},
+            {"adapter": None},
+            {"channel_id": b"C1"},
+            {"thread_id": 7},
+            {"message_id": 5},
+            {"raw": ["not", "a", "mapping"]},
+        ],
+    )
+    def test_bad_types_raise_type_error(self, field: dict[str, object]) -> None:
+        fields: dict[str, Any] = {
+            "type": "mention",
+            "adapter": "slack",
+            "channel_id": "C1",
+            "thread_id": "T1",
+            "message_id": "m1",
+            "raw": {},
+        }
+        fields.update(field)
+        with pytest.raises(TypeError, match=next(iter(field))):
+            Event(**fields)
+
+
+class TestOutcomeType:
+    def test_is_a_str_enum(self) -> None:
+        assert isinstance(Outcome.HANDLED, str)
+        handled: str = Outcome.HANDLED
+        assert handled == "handled"
+        assert str(Outcome.DROPPED) == "dropped"
+        assert Outcome("queued") is Outcome.QUEUED
+        assert {o.value for o in Outcome} == {
+            "handled",
+            "duplicate",
+            "dropped",
+            "forced",
+            "queued",
+            "skipped",
+            "failed",
+        }
+
+
+class TestConstruction:
+    def test_bad_arguments(self) -> None:
+        with pytest.raises(ValueError, match="on_lock_conflict"):
+            EventDispatcher(on_lock_conflict="wait")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="lock_scope"):
+            EventDispatcher(lock_scope="user")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="on_outcome"):
+            EventDispatcher(on_outcome=3)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            EventDispatcher(lock_ttl=0)
+        with pytest.raises(ValueError):
+            EventDispatcher(debounce=-1)
+
+    async def test_dispatch_takes_an_event(self, state: State) -> None:
+        bot = bot_with(state)
+        with pytest.raises(TypeError, match="Event"):
+            await bot.dispatch({"type": "mention"})  # type: ignore[arg-type]
+
+
+# -- outcomes ------------------------------------------------------------------------------------
+
+
+class TestHandledAndDuplicate:
+    async def test_handled_then_duplicate(self, state: State) -> None:
+        gate = Gate()
+        gate.open()
+        bot = bot_with(state, gate)
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE
+        assert await bot.dispatch(ev(None, raw={"event_id": "m1"})) is Outcome.DUPLICATE
+        assert gate.ids == ["m1"]
+        assert bot.stats[Outcome.HANDLED] == 1
+        assert bot.stats[Outcome.DUPLICATE] == 2
+        assert await state.inspect(KEY) is None
+
+    async def test_no_dedupe_key_no_dedupe(self, state: State) -> None:
+        gate = Gate()
+        gate.open()
+        bot = bot_with(state, gate)
+        assert await bot.dispatch(ev(None)) is Outcome.HANDLED
+        assert await bot.dispatch(ev(None)) is Outcome.HANDLED
+        assert len(gate.calls) == 2
+
+    async def test_dedupe_is_per_adapter(self, state: State) -> None:
+        bot = bot_with(state, lambda e: None)
+        a = ev("m1")
+        b = dataclasses.replace(a, adapter="teams")
+        assert await bot.dispatch(a) is Outcome.HANDLED
+        assert await bot.dispatch(b) is Outcome.HANDLED
+
+    @pytest.mark.parametrize("policy", ["queue", "drop", "latest", "debounce", "force"])
+    async def test_duplicate_is_detected_before_locking(
+        self, state: State, policy: PolicyName
+    ) -> None:
+        # While the original holds the key, its redelivery neither waits nor is dropped/queued:
+        # it is a DUPLICATE at once, and the holder's lock is untouched.
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict=policy)
+        holder = await hold_key(bot, gate, ev("m1"))
+        before = await state.inspect(KEY)
+        assert await soon(bot.dispatch(ev("m1")), 2.0) is Outcome.DUPLICATE
+        after = await state.inspect(KEY)
+        assert before is not None
+        assert after is not None
+        assert (after.owner, after.token) == (before.owner, before.token)
+        gate.open()
+        assert await soon(holder) is Outcome.HANDLED
+        assert gate.ids == ["m1"]
+        assert bot.stats[Outcome.DUPLICATE] == 1
+
+    async def test_a_duplicate_makes_no_lock_call(
+        self, state: State, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        bot = bot_with(state, lambda e: None)
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        calls = spy_on_state(monkeypatch, state)
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE
+        lock_calls = {"acquire", "release", "extend", "abandon", "watch", "dedupe_forget"}
+        assert not (set(calls) & lock_calls), calls
+        # one state call in all: the claim (alone, or with the lock attempt when the state can
+        # claim and acquire in one step, which changes nothing on a duplicate)
+        assert sum(calls.values()) == 1, calls
+
+
+class TestDropped:
+    async def test_busy_key_drops_logs_counts_and_forgets_the_dedupe_record(
+        self, state: State, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="asynclock")
+        gate = Gate()
+        bot = bot_with(state, gate)  # default policy: drop
+        holder = await hold_key(bot, gate, ev("m1"))
+        assert await soon(bot.dispatch(ev("m2"))) is Outcome.DROPPED
+        assert bot.stats[Outcome.DROPPED] == 1
+
+        dropped = [
+            r for r in caplog.records if r.name == "asynclock" and getattr(r, "outcome", None)
+        ]
+        assert [r.__dict__["outcome"] for r in dropped] == ["dropped"]
+        record = dropped[0]
+        assert record.levelno == logging.WARNING
+        assert record.__dict__["message_id"] == "m2"
+        assert record.__dict__["dedupe_key"] == "m2"
+        assert record.__dict__["lock_key"] == KEY
+        assert record.__dict__["adapter"] == "slack"
+        assert record.__dict__["channel_id"] == "C1"
+        assert record.__dict__["thread_id"] == "T1"
+        assert record.__dict__["event_type"] == "mention"
+        assert "m2" in record.getMessage()
+
+        gate.open()
+        assert await soon(holder) is Outcome.HANDLED
+        # chat SDK P5: the dropped event was marked seen for good. Here its redelivery is handled.
+        assert await bot.dispatch(ev("m2")) is Outcome.HANDLED
+        assert gate.ids == ["m1", "m2"]
+
+    async def test_queue_timeout_drops_and_forgets(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict="queue", queue_timeout=0.2)
+        holder = await hold_key(bot, gate, ev("m1"))
+        started = time.monotonic()
+        assert await soon(bot.dispatch(ev("m2"))) is Outcome.DROPPED
+        assert time.monotonic() - started >= 0.19
+        gate.open()
+        await soon(holder)
+        assert await bot.dispatch(ev("m2")) is Outcome.HANDLED
+
+
+class TestForced:
+    async def test_force_runs_without_the_lock(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict="force")
+        holder = await hold_key(bot, gate, ev("m1"))
+        holder_ctx = gate.contexts[0]
+        forced = asyncio.create_task(bot.dispatch(ev("m2")))
+        await until(lambda: len(gate.calls) == 2, "the forced handler inside with the holder")
+        assert gate.most_inside[KEY] == 2  # ran while the holder was inside: by request
+        gate.open()
+        assert await soon(forced) is Outcome.FORCED
+        ctx = gate.contexts[1]
+        assert ctx.forced is True
+        assert ctx.token is None
+        assert ctx.lock_key == KEY
+        assert holder_ctx.forced is False
+        assert holder_ctx.token is not None
+        assert await soon(holder) is Outcome.HANDLED
+        assert bot.stats[Outcome.FORCED] == 1
+
+
+class TestQueued:
+    async def test_waits_then_is_handled_in_arrival_order(self, state: State) -> None:
+        gate = Gate()
+        conflicts = Conflicts("queue")
+        bot = bot_with(state, gate, on_lock_conflict=conflicts)
+        holder = await hold_key(bot, gate, ev("h"))
+        # 20 events at once; the order in which they hit the conflict is their arrival order
+        waiters = [asyncio.create_task(bot.dispatch(ev(f"w{n}"))) for n in range(20)]
+        await conflicts.reach(20)
+        assert not any(w.done() for w in waiters)
+        gate.open()
+        assert await soon(holder) is Outcome.HANDLED
+        outcomes = await soon(asyncio.gather(*waiters))
+        assert outcomes == [Outcome.QUEUED] * 20
+        assert gate.ids == ["h", *(e.message_id for e in conflicts.seen)]
+        assert gate.most_inside[KEY] == 1
+        tokens = [c.token for c in gate.contexts]
+        assert all(t is not None for t in tokens)
+        assert all(a < b for a, b in itertools.pairwise(tokens)), tokens  # type: ignore[operator]
+        assert bot.stats[Outcome.QUEUED] == 20
+        assert await state.inspect(KEY) is None
+
+    async def test_a_newcomer_at_the_handoff_does_not_overtake(self, state: State) -> None:
+        # A new event arriving just as the holder finishes (while it releases) must queue behind
+        # the waiters, not grab the key in the gap between release and hand-over.
+        conflicts = Conflicts("queue")
+        order: list[str | None] = []
+        newcomer: list[asyncio.Task[Outcome]] = []
+        entered = asyncio.Event()
+        opened = asyncio.Event()
+        bot = EventDispatcher(state, on_lock_conflict=conflicts)
+
+        @bot.on("mention")
+        async def handle(event: Event) -> None:
+            order.append(event.message_id)
+            if event.message_id == "h":
+                entered.set()
+                await opened.wait()
+                newcomer.append(asyncio.create_task(bot.dispatch(ev("new"))))
+            elif event.message_id == "w1":
+                await conflicts.reach(4)  # the newcomer has joined the line
+
+        holder = asyncio.create_task(bot.dispatch(ev("h")))
+        await soon(entered.wait())
+        waiters = []
+        for n in (1, 2, 3):
+            waiters.append(asyncio.create_task(bot.dispatch(ev(f"w{n}"))))
+            await conflicts.reach(n)
+        opened.set()
+        await soon(asyncio.gather(holder, *waiters))
+        assert await soon(newcomer[0]) is Outcome.QUEUED
+        assert order == ["h", "w1", "w2", "w3", "new"]
+
+    async def test_a_newcomer_does_not_overtake_a_waiter_of_a_foreign_holder(
+        self, state: State, peer_state: State
+    ) -> None:
+        # The key is held by another process (a direct state acquire). The first waiter of
+        # this process contends for it; when the foreign holder releases, an event arriving
+        # at that very moment must not take the key before that waiter.
+        conflicts = Conflicts("queue")
+        gate = Gate()
+        gate.open()
+        bot = bot_with(state, gate, on_lock_conflict=conflicts)
+        grant = await peer_state.acquire(KEY, "another-process", 30.0)
+        assert grant.token is not None
+        first = asyncio.create_task(bot.dispatch(ev("w1")))
+        await conflicts.reach(1)
+        second = asyncio.create_task(bot.dispatch(ev("w2")))
+        await conflicts.reach(2)
+        await asyncio.sleep(0.05)  # let w1 reach its server wait (it only makes w1 earlier)
+        assert (await peer_state.release(KEY, "another-process")).owned
+        newcomer = asyncio.create_task(bot.dispatch(ev("new")))
+        outcomes = await soon(asyncio.gather(first, second, newcomer))
+        assert gate.ids == ["w1", "w2", "new"], (gate.ids, outcomes)
+
+    async def test_nothing_is_stranded_under_a_burst(self, state: State) -> None:
+        # The chat SDK's queue lost wake-up: events enqueued between the holder's last empty
+        # dequeue and its release were never handled. Here every one of a burst is handled.
+        handled: Counter[str | None] = Counter()
+        inside = Counter[str]()
+        worst = 0
+
+        async def handler(event: Event, ctx: HandlerContext) -> None:
+            nonlocal worst
+            inside[ctx.lock_key] += 1
+            worst = max(worst, inside[ctx.lock_key])
+            await asyncio.sleep(0)
+            handled[event.message_id] += 1
+            inside[ctx.lock_key] -= 1
+
+        bot = bot_with(state, handler, on_lock_conflict="queue")
+        events = [ev(f"m{n}", thread=f"T{n % 5}") for n in range(200)]
+        outcomes = await soon(asyncio.gather(*(bot.dispatch(e) for e in events)), 60.0)
+        assert set(outcomes) <= {Outcome.HANDLED, Outcome.QUEUED}
+        assert handled == Counter(e.message_id for e in events)
+        assert worst == 1
+        for n in range(5):
+            assert await state.inspect(f"slack:C1:T{n}") is None
+
+
+class TestLatestAndDebounce:
+    async def test_latest_handles_only_the_newest_with_the_others_skipped(
+        self, state: State
+    ) -> None:
+        gate = Gate()
+        conflicts = Conflicts("latest")
+        bot = bot_with(state, gate, on_lock_conflict=conflicts)
+        holder = await hold_key(bot, gate, ev("h"))
+        waiting = []
+        for n in range(1, 5):
+            waiting.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
+            await conflicts.reach(n)
+        gate.open()
+        assert await soon(holder) is Outcome.HANDLED
+        outcomes = await soon(asyncio.gather(*waiting))
+        assert outcomes == [Outcome.SKIPPED] * 3 + [Outcome.QUEUED]
+        assert gate.ids == ["h", "e4"]
+        ctx = gate.contexts[1]
+        assert [e.message_id for e in ctx.skipped] == ["e1", "e2", "e3"]  # oldest first
+        assert ctx.token is not None
+        assert ctx.token > (gate.contexts[0].token or 0)
+        assert bot.stats[Outcome.SKIPPED] == 3
+        # skipped events were covered by a handled call: their redeliveries are duplicates
+        assert await bot.dispatch(ev("e1")) is Outcome.DUPLICATE
+        assert await state.inspect(KEY) is None
+
+    async def test_latest_by_name_and_a_second_round(self, state: State) -> None:
+        # Events arriving while the newest is being handled form the next batch.
+        calls: list[tuple[str | None, list[str | None]]] = []
+        second_round = asyncio.Event()
+        entered = asyncio.Event()
+        opened = asyncio.Event()
+        bot = EventDispatcher(state, on_lock_conflict="latest")
+
+        @bot.on("*")
+        async def handle(event: Event, ctx: HandlerContext) -> None:
+            calls.append((event.message_id, [e.message_id for e in ctx.skipped]))
+            if event.message_id in ("h", "e2"):
+                entered.set()
+                await opened.wait() if event.message_id == "h" else await second_round.wait()
+
+        holder = asyncio.create_task(bot.dispatch(ev("h")))
+        await soon(entered.wait())
+        first = []
+        for n in (1, 2):  # one after the other: arrival order is backlog order
+            first.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
+            await until(backlog_is(bot, n), f"e{n} in the backlog")
+        entered.clear()
+        opened.set()
+        await soon(entered.wait())  # e2 is being handled
+        later = []
+        for n in (3, 4, 5):
+            later.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
+            await until(backlog_is(bot, n - 2), f"e{n} in the backlog")
+        second_round.set()
+        results = await soon(asyncio.gather(holder, *first, *later))
+        assert results == [
+            Outcome.HANDLED,
+            Outcome.SKIPPED,
+            Outcome.QUEUED,
+            Outcome.SKIPPED,
+            Outcome.SKIPPED,
+            Outcome.QUEUED,
+        ]
+        assert calls == [("h", []), ("e2", ["e1"]), ("e5", ["e3", "e4"])]
+        assert await state.inspect(KEY) is None
+
+    async def test_debounce_waits_for_quiet(self, state: State) -> None:
+        debounce = 0.5
+        gate = Gate()
+        conflicts = Conflicts("debounce")
+        bot = bot_with(state, gate, on_lock_conflict=conflicts, debounce=debounce)
+        started: list[float] = []
+        bot.add_handler("*", lambda e: started.append(time.monotonic()))
+        holder = await hold_key(bot, gate, ev("h"))
+        tasks = [asyncio.create_task(bot.dispatch(ev("e1")))]
+        await conflicts.reach(1)
+        gate.open()
+        await soon(holder)
+        for n in (2, 3):  # two more arrivals, well inside the debounce window
+            await asyncio.sleep(debounce / 5)
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
+            await conflicts.reach(n)
+        outcomes = await soon(asyncio.gather(*tasks))
+        assert outcomes == [Outcome.SKIPPED, Outcome.SKIPPED, Outcome.QUEUED]
+        assert gate.ids == ["h", "e3"]
+        assert [e.message_id for e in gate.contexts[1].skipped] == ["e1", "e2"]
+        quiet = started[1] - conflicts.at[-1]
+        assert quiet >= debounce, f"handled {quiet:.3f} s after the last arrival"
+        assert quiet < debounce + 3.0
+
+    async def test_debounce_does_not_delay_an_uncontended_event(self, state: State) -> None:
+        bot = bot_with(state, lambda e: None, on_lock_conflict="debounce", debounce=5.0)
+        assert await soon(bot.dispatch(ev("m1")), 2.0) is Outcome.HANDLED
+
+    async def test_a_failing_newest_fails_the_whole_batch_and_forgets_it(
+        self, state: State
+    ) -> None:
+        gate = Gate()
+        conflicts = Conflicts("latest")
+        bot = EventDispatcher(state, on_lock_conflict=conflicts, raise_errors=False)
+        bot.add_handler("*", gate)
+
+        @bot.on("*")
+        async def explode(event: Event) -> None:
+            if event.message_id == "e3":
+                raise RuntimeError("boom")
+
+        holder = await hold_key(bot, gate, ev("h"))
+        tasks = []
+        for n in (1, 2, 3):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
+            await conflicts.reach(n)
+        gate.open()
+        await soon(holder)
+        assert await soon(asyncio.gather(*tasks)) == [Outcome.FAILED] * 3
+        assert await state.inspect(KEY) is None
+        for n in (1, 2):  # none was handled: each redelivery is
+            assert await bot.dispatch(ev(f"e{n}")) is Outcome.HANDLED
+
+
+class TestFailed:
+    async def test_raise_errors_reraises_releases_and_forgets(self, state: State) -> None:
+        outcomes: list[tuple[Outcome, BaseException | None]] = []
+        bot = EventDispatcher(state, on_outcome=lambda e, o, err: outcomes.append((o, err)))
+        attempts = 0
+
+        @bot.on("mention")
+        async def flaky(event: Event) -> None:
+            nonlocal attempts
+            attempts += 1
+            if attempts == 1:
+                raise ValueError("first delivery fails")
+
+        with pytest.raises(ValueError, match="first delivery fails"):
+            await bot.dispatch(ev("m1"))
+        assert await state.inspect(KEY) is None
+        assert bot.stats[Outcome.FAILED] == 1
+        assert outcomes[0][0] is Outcome.FAILED
+        assert isinstance(outcomes[0][1], ValueError)
+        # the redelivery is handled (its dedupe record was forgotten)
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE
+
+    async def test_raise_errors_false_returns_failed_and_logs_error(
+        self, state: State, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="asynclock")
+        bot = EventDispatcher(state, raise_errors=False)
+
+        @bot.on("*")
+        async def broken(event: Event) -> None:
+            raise KeyError("nope")
+
+        assert await bot.dispatch(ev("m1")) is Outcome.FAILED
+        failed = [r for r in caplog.records if r.__dict__.get("outcome") == "failed"]
+        assert len(failed) == 1
+        assert failed[0].levelno == logging.ERROR
+        assert failed[0].exc_info is not None
+        assert failed[0].__dict__["message_id"] == "m1"
+        assert await state.inspect(KEY) is None
+        assert await bot.dispatch(ev("m1")) is Outcome.FAILED  # redelivered: handled (fails again)
+
+    async def test_a_failing_queued_event_frees_the_key_for_the_next(self, state: State) -> None:
+        gate = Gate()
+        conflicts = Conflicts("queue")
+        bot = EventDispatcher(state, on_lock_conflict=conflicts, raise_errors=False)
+        bot.add_handler("*", gate)
+
+        @bot.on("*")
+        async def explode(event: Event) -> None:
+            if event.message_id == "w1":
+                raise RuntimeError("boom")
+
+        holder = await hold_key(bot, gate, ev("h"))
+        tasks = []
+        for n in (1, 2):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"w{n}"))))
+            await conflicts.reach(n)
+        gate.open()
+        assert await soon(asyncio.gather(holder, *tasks)) == [
+            Outcome.HANDLED,
+            Outcome.FAILED,
+            Outcome.QUEUED,
+        ]
+        assert await bot.dispatch(ev("w1")) is Outcome.FAILED  # redelivered, handled again
+        assert await bot.dispatch(ev("w2")) is Outcome.DUPLICATE
+
+
+# -- serialization, scopes -----------------------------------------------------------------------
+
+
+class TestSerialization:
+    async def test_one_handler_per_key_and_keys_overlap(self, state: State) -> None:
+        keys = [f"T{n}" for n in range(3)]
+        inside: Counter[str] = Counter()
+        most: Counter[str] = Counter()
+        arrived: list[str] = []
+        all_inside = asyncio.Event()
+        met: list[bool] = []
+        handled: list[str | None] = []
+
+        async def handler(event: Event, ctx: HandlerContext) -> None:
+            inside[ctx.lock_key] += 1
+            most[ctx.lock_key] = max(most[ctx.lock_key], inside[ctx.lock_key])
+            try:
+                if event.raw.get("first"):
+                    # one handler of each key inside at the same time: keys run concurrently
+                    arrived.append(ctx.lock_key)
+                    if len(arrived) == len(keys):
+                        all_inside.set()
+                    await asyncio.wait_for(all_inside.wait(), SOON)
+                    met.append(True)
+                await asyncio.sleep(0.001)
+                handled.append(event.message_id)
+            finally:
+                inside[ctx.lock_key] -= 1
+
+        bot = bot_with(state, handler, on_lock_conflict="queue")
+        firsts = [ev(f"{t}-0", thread=t, raw={"first": True}) for t in keys]
+        rest = [ev(f"{t}-{n}", thread=t) for n in range(1, 8) for t in keys]
+        outcomes = await soon(asyncio.gather(*(bot.dispatch(e) for e in [*firsts, *rest])), 30)
+        assert met == [True] * len(keys)
+        assert set(outcomes) <= {Outcome.HANDLED, Outcome.QUEUED}
+        assert len(handled) == len(firsts) + len(rest)
+        assert dict(most) == {f"slack:C1:{t}": 1 for t in keys}
+
+    async def test_channel_scope(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, lock_scope="channel")
+        holder = await hold_key(bot, gate, ev("m1", thread="T1"))
+        assert gate.contexts[0].lock_key == "slack:C1"
+        assert bot.lock_key(ev("x", thread="T2")) == "slack:C1"
+        # another thread of the same channel conflicts; another channel does not
+        assert await soon(bot.dispatch(ev("m2", thread="T2"))) is Outcome.DROPPED
+        other = asyncio.create_task(bot.dispatch(ev("m3", channel="C2")))
+        await until(lambda: len(gate.calls) == 2, "the other channel's handler")
+        gate.open()
+        assert await soon(asyncio.gather(holder, other)) == [Outcome.HANDLED] * 2
+
+    async def test_thread_scope_is_the_default(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate)
+        holder = await hold_key(bot, gate, ev("m1", thread="T1"))
+        other = asyncio.create_task(bot.dispatch(ev("m2", thread="T2")))
+        await until(lambda: len(gate.calls) == 2, "the other thread's handler")
+        assert {c.lock_key for c in gate.contexts} == {"slack:C1:T1", "slack:C1:T2"}
+        gate.open()
+        assert await soon(asyncio.gather(holder, other)) == [Outcome.HANDLED] * 2
+
+    async def test_callable_scope(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, lock_scope=lambda e: f"user:{e.raw['user']}")
+        holder = await hold_key(bot, gate, ev("m1", thread="T1", raw={"user": "U1"}))
+        assert gate.contexts[0].lock_key == "user:U1"
+        dropped = await soon(bot.dispatch(ev("m2", channel="C9", raw={"user": "U1"})))
+        assert dropped is Outcome.DROPPED
+        gate.open()
+        assert await soon(bot.dispatch(ev("m3", raw={"user": "U2"}))) is Outcome.HANDLED
+        await soon(holder)
+
+    async def test_callable_scope_must_return_a_key(self, state: State) -> None:
+        bot = bot_with(state, lambda e: None, lock_scope=lambda e: "")
+        with pytest.raises(ValueError):
+            await bot.dispatch(ev("m1"))
+        bot = bot_with(state, lambda e: None, lock_scope=lambda e: 7)
+        with pytest.raises(TypeError):
+            await bot.dispatch(ev("m1"))
+
+
+# -- renewal and lock loss -----------------------------------------------------------------------
+
+
+class TestRenewal:
+    async def test_a_slow_handler_keeps_its_lock(self, state: State) -> None:
+        entered = asyncio.Event()
+        bot = EventDispatcher(state, lock_ttl=0.3)
+
+        @bot.on("*")
+        async def slow(event: Event) -> None:
+            if event.message_id == "slow":
+                entered.set()
+                await asyncio.sleep(1.0)  # more than three TTLs
+
+        holder = asyncio.create_task(bot.dispatch(ev("slow")))
+        await soon(entered.wait())
+        await asyncio.sleep(0.8)  # the lock's TTL ran out twice over; renewals kept it
+        # chat SDK P4: a second handler ran here. The key is still held: DROPPED.
+        assert await bot.dispatch(ev("second")) is Outcome.DROPPED
+        info = await state.inspect(KEY)
+        assert info is not None
+        assert await soon(holder) is Outcome.HANDLED
+
+    async def test_a_lost_lock_cancels_the_handler_and_fails(self, state: State) -> None:
+        entered = asyncio.Event()
+        cancelled = asyncio.Event()
+        errors: list[BaseException | None] = []
+        bot = EventDispatcher(
+            state,
+            lock_ttl=0.3,
+            raise_errors=False,
+            on_outcome=lambda e, o, err: errors.append(err),
+        )
+
+        @bot.on("*")
+        async def slow(event: Event) -> None:
+            if entered.is_set():  # the redelivery returns at once
+                return
+            entered.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        task = asyncio.create_task(bot.dispatch(ev("m1")))
+        await soon(entered.wait())
+        info = await state.inspect(KEY)
+        assert info is not None
+        assert (await state.release(KEY, info.owner)).owned  # forced away, as an expiry would
+        assert await soon(task, 3.0) is Outcome.FAILED
+        assert cancelled.is_set()
+        assert isinstance(errors[-1], LockLostError)
+        assert bot.stats[Outcome.FAILED] == 1
+        # not handled to the end: the redelivery is
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+
+    async def test_a_lost_lock_raises_lock_lost_error(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, lock_ttl=0.3)
+        task = await hold_key(bot, gate, ev("m1"))
+        info = await state.inspect(KEY)
+        assert info is not None
+        await state.release(KEY, info.owner)
+        assert isinstance(await soon(finish(task), 3.0), LockLostError)
+
+    async def test_a_lost_lock_under_latest_fails_the_batch(self, state: State) -> None:
+        gate = Gate()
+        conflicts = Conflicts("latest")
+        bot = bot_with(state, gate, on_lock_conflict=conflicts, lock_ttl=0.3, raise_errors=False)
+        holder = await hold_key(bot, gate, ev("h"))
+        tasks = []
+        for n in (1, 2):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
+            await conflicts.reach(n)
+        # let the holder finish; the drainer takes the key and blocks in e2's handler
+        gate.let_current_through()
+        await soon(holder)
+        await soon(gate.entered.wait())
+        assert gate.ids == ["h", "e2"]
+        info = await state.inspect(KEY)
+        assert info is not None
+        await state.release(KEY, info.owner)
+        assert await soon(asyncio.gather(*tasks), 3.0) == [Outcome.FAILED] * 2
+        assert await state.inspect(KEY) is None
+        gate.open()
+        assert await bot.dispatch(ev("e1")) is Outcome.HANDLED  # redelivery handled
+
+
+# -- callable policy -----------------------------------------------------------------------------
+
+
+class TestCallablePolicy:
+    @pytest.mark.parametrize("flavour", ["sync", "async"])
+    async def test_asked_per_conflict_with_thread_key_and_event(
+        self, state: State, flavour: str
+    ) -> None:
+        asked: list[tuple[str, str | None]] = []
+
+        def decide(key: str, event: Event) -> PolicyName:
+            asked.append((key, event.message_id))
+            return "force" if event.type == "action" else "drop"
+
+        async def decide_async(key: str, event: Event) -> PolicyName:
+            await asyncio.sleep(0)
+            return decide(key, event)
+
+        gate = Gate()
+        gate.open()
+        bot = bot_with(state, gate, on_lock_conflict=decide if flavour == "sync" else decide_async)
+        assert await bot.dispatch(ev("free", thread="T9")) is Outcome.HANDLED
+        assert asked == []  # no conflict, not asked
+        gate.close()
+        holder = await hold_key(bot, gate, ev("h"))
+        assert await soon(bot.dispatch(ev("m2"))) is Outcome.DROPPED
+        forced = asyncio.create_task(bot.dispatch(ev("b1", type="action")))
+        await until(lambda: len(gate.calls) == 3, "the forced action's handler")
+        assert asked == [(KEY, "m2"), (KEY, "b1")]
+        gate.open()
+        assert await soon(asyncio.gather(holder, forced)) == [Outcome.HANDLED, Outcome.FORCED]
+
+    async def test_invalid_answer_is_an_error(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict=lambda k, e: "later")
+        holder = await hold_key(bot, gate, ev("h"))
+        with pytest.raises(ValueError, match="later"):
+            await soon(bot.dispatch(ev("m2")))
+        assert bot.stats[Outcome.FAILED] == 1
+        gate.open()
+        await soon(holder)
+        assert await bot.dispatch(ev("m2")) is Outcome.HANDLED  # its record was forgotten
+
+    @pytest.mark.parametrize("name", ["queue", "latest", "debounce"])
+    async def test_static_names_wait_like_the_function(
+        self, state: State, name: PolicyName
+    ) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict=name, debounce=0.05)
+        holder = await hold_key(bot, gate, ev("h"))
+        waiter = asyncio.create_task(bot.dispatch(ev("w")))
+        await asyncio.sleep(0.1)  # only to show it waits; the outcome does not depend on it
+        assert not waiter.done()
+        gate.open()
+        assert await soon(asyncio.gather(holder, waiter)) == [Outcome.HANDLED, Outcome.QUEUED]
+        assert gate.ids == ["h", "w"]
+
+    async def test_concurrent_policy_uses_no_lock(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict="concurrent")
+        first = await hold_key(bot, gate, ev("m1"))
+        assert await state.inspect(KEY) is None  # no lock at all
+        second = asyncio.create_task(bot.dispatch(ev("m2")))
+        await until(lambda: len(gate.calls) == 2, "both handlers inside")
+        assert gate.most_inside[KEY] == 2
+        assert all(c.token is None for c in gate.contexts)
+        gate.open()
+        assert await soon(asyncio.gather(first, second)) == [Outcome.HANDLED] * 2
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE  # dedupe still applies
+
+
+# -- cancellation ----------------------------------------------------------------------------------
+
+
+class TestCancellation:
+    async def test_cancelled_mid_handler(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate)
+        task = await hold_key(bot, gate, ev("m1"))
+        task.cancel()
+        assert isinstance(await soon(finish(task)), asyncio.CancelledError)
+        assert await state.inspect(KEY) is None
+        gate.open()
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED  # record forgotten
+
+    async def test_cancelled_while_queued(self, state: State) -> None:
+        gate = Gate()
+        conflicts = Conflicts("queue")
+        bot = bot_with(state, gate, on_lock_conflict=conflicts)
+        holder = await hold_key(bot, gate, ev("h"))
+        waiters = []
+        for n in (1, 2):
+            waiters.append(asyncio.create_task(bot.dispatch(ev(f"w{n}"))))
+            await conflicts.reach(n)
+        waiters[0].cancel()
+        assert isinstance(await soon(finish(waiters[0])), asyncio.CancelledError)
+        gate.open()
+        assert await soon(asyncio.gather(holder, waiters[1])) == [Outcome.HANDLED, Outcome.QUEUED]
+        assert gate.ids == ["h", "w2"]
+        assert await state.inspect(KEY) is None
+        assert await bot.dispatch(ev("w1")) is Outcome.HANDLED
+
+    async def test_cancelled_in_a_latest_backlog(self, state: State) -> None:
+        gate = Gate()
+        conflicts = Conflicts("latest")
+        bot = bot_with(state, gate, on_lock_conflict=conflicts)
+        holder = await hold_key(bot, gate, ev("h"))
+        tasks = []
+        for n in (1, 2):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
+            await conflicts.reach(n)
+        tasks[0].cancel()
+        assert isinstance(await soon(finish(tasks[0])), asyncio.CancelledError)
+        gate.open()
+        assert await soon(asyncio.gather(holder, tasks[1])) == [Outcome.HANDLED, Outcome.QUEUED]
+        assert gate.contexts[1].skipped == ()
+        assert await bot.dispatch(ev("e1")) is Outcome.HANDLED
+
+    async def test_every_waiter_of_a_backlog_cancelled_leaves_nothing_behind(
+        self, state: State
+    ) -> None:
+        # The backlog's drainer finds nobody left to serve; a later conflict must still be
+        # served (no stranded backlog).
+        gate = Gate()
+        conflicts = Conflicts("latest")
+        bot = bot_with(state, gate, on_lock_conflict=conflicts)
+        holder = await hold_key(bot, gate, ev("h"))
+        task = asyncio.create_task(bot.dispatch(ev("e1")))
+        await conflicts.reach(1)
+        task.cancel()
+        await soon(finish(task))
+        gate.open()
+        await soon(holder)
+        gate.close()
+        holder = await hold_key(bot, gate, ev("h2"))
+        task = asyncio.create_task(bot.dispatch(ev("e2")))
+        await conflicts.reach(2)
+        gate.open()
+        assert await soon(asyncio.gather(holder, task)) == [Outcome.HANDLED, Outcome.QUEUED]
+        assert await state.inspect(KEY) is None
+
+
+# -- submit / aclose -------------------------------------------------------------------------------
+
+
+class TestSubmitAndClose:
+    async def test_submit_returns_at_once_and_aclose_drains(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict="queue")
+        events = [ev(f"m{n}", thread=f"T{n % 3}") for n in range(30)]
+        tasks = [bot.submit(e) for e in events]
+        assert not any(t.done() for t in tasks)
+        await soon(gate.entered.wait())
+        closing = asyncio.create_task(bot.aclose())
+        await asyncio.sleep(0.05)
+        assert not closing.done()  # still draining: the handlers are blocked
+        with pytest.raises(RuntimeError, match="closed"):
+            bot.submit(ev("late"))
+        gate.open()
+        await soon(closing, 30)
+        assert all(t.done() for t in tasks)
+        assert sorted(gate.ids, key=str) == sorted((e.message_id for e in events), key=str)
+        stats = dict(bot.stats)
+        assert stats[Outcome.HANDLED] + stats[Outcome.QUEUED] == 30
+        assert sum(stats.values()) == 30
+
+    async def test_async_with_drains_on_exit(self, state: State) -> None:
+        handled: list[str | None] = []
+
+        async with EventDispatcher(state, on_lock_conflict="latest") as bot:
+
+            @bot.on("*")
+            async def handle(event: Event, ctx: HandlerContext) -> None:
+                await asyncio.sleep(0.01)
+                handled.append(event.message_id)
+                handled.extend(e.message_id for e in ctx.skipped)
+
+            for n in range(10):
+                bot.submit(ev(f"m{n}"))
+        assert sorted(handled, key=str) == sorted((f"m{n}" for n in range(10)), key=str)
+        with pytest.raises(RuntimeError):
+            bot.submit(ev("after"))
+
+    async def test_submit_records_failures_without_raising(self, state: State) -> None:
+        bot = EventDispatcher(state)  # raise_errors=True: submit still never raises
+
+        @bot.on("*")
+        async def broken(event: Event) -> None:
+            raise RuntimeError("boom")
+
+        task = bot.submit(ev("m1"))
+        await bot.aclose()
+        assert task.result() is Outcome.FAILED
+        assert bot.stats[Outcome.FAILED] == 1
+
+
+# -- observability, handlers, tokens ---------------------------------------------------------------
+
+
+class TestObservability:
+    @pytest.mark.parametrize("flavour", ["sync", "async"])
+    async def test_on_outcome_once_per_dispatch(self, state: State, flavour: str) -> None:
+        seen: list[tuple[str | None, Outcome, BaseException | None]] = []
+
+        def hook(event: Event, outcome: Outcome, error: BaseException | None) -> None:
+            seen.append((event.message_id, outcome, error))
+
+        async def hook_async(event: Event, outcome: Outcome, error: BaseException | None) -> None:
+            await asyncio.sleep(0)
+            hook(event, outcome, error)
+
+        bot = EventDispatcher(
+            state, raise_errors=False, on_outcome=hook if flavour == "sync" else hook_async
+        )
+
+        @bot.on("*")
+        async def handle(event: Event) -> None:
+            if event.message_id == "bad":
+                raise RuntimeError("bad")
+
+        await bot.dispatch(ev("ok"))
+        await bot.dispatch(ev("ok"))
+        await bot.dispatch(ev("bad"))
+        assert [(m, o) for m, o, _ in seen] == [
+            ("ok", Outcome.HANDLED),
+            ("ok", Outcome.DUPLICATE),
+            ("bad", Outcome.FAILED),
+        ]
+        assert seen[0][2] is None
+        assert isinstance(seen[2][2], RuntimeError)
+        assert sum(bot.stats.values()) == 3
+
+    async def test_a_failing_hook_is_logged_not_raised(
+        self, state: State, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        def hook(event: Event, outcome: Outcome, error: BaseException | None) -> None:
+            raise RuntimeError("exporter down")
+
+        bot = bot_with(state, lambda e: None, on_outcome=hook)
+        with caplog.at_level(logging.ERROR, logger="asynclock"):
+            assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        assert any("on_outcome" in r.getMessage() and r.exc_info for r in caplog.records)
+
+    async def test_every_outcome_is_logged_with_the_keys(
+        self, state: State, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="asynclock")
+        bot = bot_with(state, lambda e: None)
+        await bot.dispatch(ev("m1"))
+        await bot.dispatch(ev("m1"))
+        records = [r for r in caplog.records if "outcome" in r.__dict__]
+        assert [(r.__dict__["outcome"], r.levelno) for r in records] == [
+            ("handled", logging.INFO),
+            ("duplicate", logging.INFO),
+        ]
+        for r in records:
+            assert r.__dict__["lock_key"] == KEY
+            assert r.__dict__["dedupe_key"] == "m1"
+
+    async def test_stats_is_a_read_only_view(self, state: State) -> None:
+        bot = bot_with(state, lambda e: None)
+        stats = bot.stats
+        assert set(stats) == set(Outcome)
+        await bot.dispatch(ev("m1"))
+        assert stats[Outcome.HANDLED] == 1
+        with pytest.raises(TypeError):
+            stats[Outcome.HANDLED] = 0  # type: ignore[index]
+
+
+class TestHandlers:
+    async def test_one_and_two_argument_handlers_sync_and_async(self, state: State) -> None:
+        calls: list[str] = []
+        bot = EventDispatcher(state)
+
+        @bot.on("mention")
+        async def one(event: Event) -> None:
+            calls.append("one")
+
+        @bot.on("mention")
+        async def two(event: Event, ctx: HandlerContext) -> None:
+            calls.append(f"two:{ctx.lock_key}")
+
+        @bot.on("*")
+        def every(event: Event) -> None:
+            calls.append(f"star:{event.type}")
+
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        assert calls == ["one", f"two:{KEY}", "star:mention"]
+        calls.clear()
+        assert await bot.dispatch(ev("m2", type="reaction")) is Outcome.HANDLED
+        assert calls == ["star:reaction"]
+
+    async def test_tokens_strictly_increase_per_key(self, state: State) -> None:
+        tokens: dict[str, list[int]] = {}
+
+        async def record(event: Event, ctx: HandlerContext) -> None:
+            assert ctx.token is not None
+            tokens.setdefault(ctx.lock_key, []).append(ctx.token)
+
+        bot = bot_with(state, record, on_lock_conflict="queue")
+        for n in range(5):
+            await bot.dispatch(ev(f"a{n}", thread="A"))
+            await bot.dispatch(ev(f"b{n}", thread="B"))
+        await asyncio.gather(*(bot.dispatch(ev(f"c{n}", thread="A")) for n in range(10)))
+        for seq in tokens.values():
+            assert all(a < b for a, b in itertools.pairwise(seq)), seq
+        assert len(tokens["slack:C1:A"]) == 15
+
+    async def test_add_handler_validates(self, state: State) -> None:
+        bot = EventDispatcher(state)
+        with pytest.raises(TypeError):
+            bot.add_handler("mention", "not callable")  # type: ignore[arg-type]
+        with pytest.raises((TypeError, ValueError)):
+            bot.on("")
+
+
+class TestRoundTrips:
+    async def test_a_fresh_uncontended_event(
+        self, state: State, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        bot = bot_with(state, lambda e: None)
+        assert await bot.dispatch(ev("warm-up", thread="W")) is Outcome.HANDLED  # scripts loaded
+        calls = spy_on_state(monkeypatch, state)
+        commands = _count_redis_commands(monkeypatch, state)
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        if isinstance(state, ClaimingState):
+            assert calls == Counter({"acquire_claimed": 1, "release": 1})
+        else:
+            assert calls == Counter({"dedupe_add": 1, "acquire": 1, "release": 1})
+        if commands is not None:
+            assert commands == [b"EVALSHA", b"EVALSHA"]  # claim+lock, release: 2 round trips
+
+
+def _count_redis_commands(monkeypatch: pytest.MonkeyPatch, state: State) -> list[bytes] | None:
+    """Record every command RedisState sends (``None`` for other states)."""
+    pool = getattr(state, "_pool", None)
+    if pool is None or not hasattr(pool, "call"):
+        return None
+    sent: list[bytes] = []
+    original = type(pool).call
+
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(args[0] if isinstance(args[0], bytes) else str(args[0]).encode())
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(pool), "call", call)
+    return sent
