@@ -9,18 +9,21 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import AsyncLock, Deduper, RedisState
+from tests._matrix import REDIS, purge_namespace, require
+from tests.conftest import Target, new_namespace
 
 if TYPE_CHECKING:
-    from tests.conftest import Target
+    from collections.abc import AsyncIterator
 
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def redis_target(server_target: Target) -> Target:
-    if server_target.backend.name != "redis":
-        pytest.skip("the pool under test is RedisState's")
-    return server_target
+async def redis_target() -> AsyncIterator[Target]:
+    require(REDIS)  # RedisState's own pool is under test, not a matrix property
+    made = Target(REDIS, new_namespace())
+    yield made
+    await purge_namespace(REDIS, made.namespace)
 
 
 async def test_500_concurrent_operations_queue_on_a_small_pool(redis_target: Target) -> None:
