@@ -29,6 +29,7 @@ from asynclock.state._protocol import State as State
 from asynclock.state.memory import MemoryState as MemoryState
 
 if TYPE_CHECKING:
+    from asynclock.state.mysql import MySQLState as MySQLState
     from asynclock.state.postgres import PostgresState as PostgresState
     from asynclock.state.redis import RedisState as RedisState
 
@@ -47,6 +48,7 @@ __all__ = (
     "LockLostError",
     "LockNotOwnedError",
     "MemoryState",
+    "MySQLState",
     "Outcome",
     "PostgresState",
     "RedisState",
@@ -67,6 +69,7 @@ del _name
 _LAZY = {
     "RedisState": ("asynclock.state.redis", "redis"),
     "PostgresState": ("asynclock.state.postgres", "postgres"),
+    "MySQLState": ("asynclock.state.mysql", "mysql"),
 }
 
 

@@ -63,7 +63,7 @@ POSTGRES = _server(
 )
 MYSQL = _server("mysql", "ASYNCLOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
-BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, POSTGRES)
+BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, POSTGRES, MYSQL)
 SERVER_BACKENDS: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.server)
 
 

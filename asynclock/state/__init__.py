@@ -13,6 +13,7 @@ from asynclock.state._url import SCHEMES, StateURL, backend_class
 from asynclock.state.memory import MemoryState
 
 if TYPE_CHECKING:
+    from asynclock.state.mysql import MySQLState
     from asynclock.state.postgres import PostgresState
     from asynclock.state.redis import RedisState
 
@@ -21,6 +22,7 @@ __all__ = (
     "Grant",
     "LockInfo",
     "MemoryState",
+    "MySQLState",
     "PostgresState",
     "RedisState",
     "Release",
@@ -62,5 +64,7 @@ def __getattr__(name: str) -> object:
 
         return PostgresState
     if name == "MySQLState":
+        from asynclock.state.mysql import MySQLState
+
         return MySQLState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

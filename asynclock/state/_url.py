@@ -25,6 +25,7 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "redis+cluster": ("asynclock.state.redis:RedisState", "redis"),
     "postgresql": ("asynclock.state.postgres:PostgresState", "postgres"),
     "postgres": ("asynclock.state.postgres:PostgresState", "postgres"),
+    "mysql": ("asynclock.state.mysql:MySQLState", "mysql"),
 }
 
 

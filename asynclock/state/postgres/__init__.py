@@ -211,6 +211,8 @@ class PostgresState:
         )
         self._release_listener: Callable[[_Connection], Awaitable[None]] = self._give_back(pool)
         self._listener: _Listener | None = None
+        #: ids (hex) of keys this state may have flagged with a failed waiting acquire
+        self._flagged: set[str] = set()
         self._next_purge = 0.0
         self._purge_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -474,7 +476,10 @@ class PostgresState:
         self._maybe_purge()
         token, retry_after = rows[0][0], rows[0][1]
         if isinstance(token, int):
+            self._flagged.discard(ident.hex())
             return Grant(token)
+        if waiting:
+            self._flagged.add(ident.hex())
         return Grant(None, float(retry_after) if isinstance(retry_after, float) else 0.0)
 
     async def release(
@@ -593,7 +598,18 @@ class PostgresState:
         try:
             yield watch
         finally:
-            listener.discard(payload, watch)
+            if listener.discard(payload, watch) and payload in self._flagged:
+                # the last local waiter left without the lock: give the turn back
+                self._flagged.discard(payload)
+                await _quietly(self._fetch("unflag", self._unflag_params(ident), idempotent=True))
+
+    def _unflag_params(self, ident: bytes) -> dict[str, object]:
+        return {
+            "id": ident,
+            "waiter": self._process,
+            "channel": self._channel,
+            "payload": ident.hex(),
+        }
 
     async def purge_expired(self) -> int:
         """Delete expired dedupe records and lock rows free for over ``token_retention`` seconds.
@@ -645,12 +661,15 @@ class _Listener:
     def add(self, payload: str, watch: EventWatch) -> None:
         self._watches.setdefault(payload, set()).add(watch)
 
-    def discard(self, payload: str, watch: EventWatch) -> None:
+    def discard(self, payload: str, watch: EventWatch) -> bool:
+        """Forget ``watch``; ``True`` when it was the key's last one."""
         watches = self._watches.get(payload)
         if watches is not None:
             watches.discard(watch)
-            if not watches:
-                del self._watches[payload]
+            if watches:
+                return False
+            del self._watches[payload]
+        return True
 
     def _on_notify(self, conn: object, pid: object, channel: object, payload: object) -> None:
         for watch in tuple(self._watches.get(str(payload), ())):
@@ -700,6 +719,25 @@ class _Listener:
                     await self._state._release_listener(conn)
             except Exception:  # noqa: BLE001 - closing anyway
                 conn.terminate()
+
+
+async def _quietly(work: Awaitable[object]) -> None:
+    """Run best-effort clean-up ``work`` to its end; failures are logged, never raised.
+
+    A cancellation meanwhile is held back until the clean-up is done (it is one bounded
+    statement), then raised.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError:  # noqa: PERF203 - rare: a second cancellation
+            cancelled = True
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("asynclock: clean-up failed: %r", task.exception())
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _executor(

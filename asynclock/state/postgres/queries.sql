@@ -164,3 +164,18 @@ AND abandoned_until < now()
 DELETE FROM {prefix}dedupe
 WHERE id IN (SELECT id FROM {prefix}dedupe WHERE expires_at <= now() LIMIT %(batch)s)
 AND expires_at <= now()
+
+-- unflag --
+-- A waiting state gives up its turn (its last waiter left without the lock): clear its flag,
+-- and if the key was reserved for it, free the key at once and NOTIFY, so nobody waits for a
+-- reservation nobody will take. Atomic: one UPDATE that matches only this state's flag.
+WITH u AS (
+    UPDATE {prefix}locks AS l
+    SET flag = NULL,
+        expires_at = CASE WHEN l.owner IS NULL THEN least(l.expires_at, now())
+                          ELSE l.expires_at END
+    WHERE l.id = %(id)s AND l.flag = %(waiter)s
+    RETURNING l.owner IS NULL AS freed
+)
+SELECT freed, (CASE WHEN freed THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+FROM u

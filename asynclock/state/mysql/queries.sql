@@ -1,0 +1,150 @@
+-- Named statements of MySQLState (loaded by asynclock/state/_sql.py), for MySQL 8 and MariaDB
+-- 10.6+. {prefix} is the table prefix; %(name)s placeholders are filled by PyMySQL. Each runs
+-- alone in autocommit mode, so each is one transaction; UTC_TIMESTAMP(3) is constant within a
+-- statement and comes from the server's clock. Durations arrive as whole milliseconds (*_ms).
+--
+-- How an answer comes back in the same round trip: MySQL has no RETURNING (MariaDB has), so the
+-- statements leave it in LAST_INSERT_ID(expr), which the server reports in the OK packet
+-- (cursor.lastrowid) whatever the client flags. Within INSERT ... ON DUPLICATE KEY UPDATE and
+-- UPDATE, assignments run left to right and later ones see earlier results: so the first
+-- assignment decides, on the row's old values, and stores the decision with LAST_INSERT_ID(x);
+-- the later assignments read it back with LAST_INSERT_ID() instead of re-deciding on columns
+-- that were already changed. Fencing tokens are max(last token + 1, server clock in µs), so a
+-- token is at least 10^15 (any date after 2001) and any smaller answer is not a token.
+
+-- acquire --
+-- Take the key for owner when it is free, expired, or reserved for this caller's state (waiter);
+-- repeat the token for the current holder (idempotent); else answer the remaining milliseconds
+-- and, for a waiting caller, flag the key so the holder's state gives way at release. An owner
+-- whose attempt was abandoned (a mark in the row) never gets it. lastrowid >= 10^15 is the token;
+-- below that it is the holder's remaining milliseconds. Atomic: INSERT ... ON DUPLICATE KEY
+-- UPDATE locks the row (or inserts it) and decides on its latest committed version; an attempt
+-- that changes nothing (a failed try) writes no redo log.
+INSERT INTO {prefix}locks (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
+VALUES (UNHEX(%(id)s), %(name)s, %(owner)s, NULL,
+        LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))),
+        UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND, '', '1970-01-01 00:00:00')
+ON DUPLICATE KEY UPDATE
+    token = CASE
+        WHEN abandoned_until > UTC_TIMESTAMP(3) AND LOCATE(%(mark)s, abandoned) > 0
+            THEN token + 0 * LAST_INSERT_ID(LEAST(%(ttl_ms)s, 999999999999999))
+        WHEN owner <=> %(owner)s AND expires_at > UTC_TIMESTAMP(3)
+            THEN LAST_INSERT_ID(token)
+        WHEN expires_at <= UTC_TIMESTAMP(3)
+             OR (owner IS NULL AND (flag IS NULL OR flag <=> %(waiter)s))
+            THEN LAST_INSERT_ID(GREATEST(token + 1,
+                 TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))))
+        ELSE token + 0 * LAST_INSERT_ID(LEAST(GREATEST(
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), expires_at) DIV 1000, 0),
+                 999999999999999))
+    END,
+    flag = CASE
+        WHEN LAST_INSERT_ID() >= 1000000000000000
+            THEN IF(owner <=> %(owner)s AND expires_at > UTC_TIMESTAMP(3), flag, NULL)
+        WHEN %(waiter)s IS NOT NULL AND flag IS NULL AND owner IS NOT NULL
+             AND expires_at > UTC_TIMESTAMP(3)
+             AND NOT (abandoned_until > UTC_TIMESTAMP(3) AND LOCATE(%(mark)s, abandoned) > 0)
+            THEN %(waiter)s
+        ELSE flag
+    END,
+    expires_at = IF(LAST_INSERT_ID() >= 1000000000000000
+                    AND NOT (owner <=> %(owner)s AND expires_at > UTC_TIMESTAMP(3)),
+                    UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND, expires_at),
+    owner = IF(LAST_INSERT_ID() >= 1000000000000000, %(owner)s, owner)
+
+-- release --
+-- Compare-and-release: only when owner holds the key (live); rowcount 0 means it did not (the
+-- connection sets CLIENT_FOUND_ROWS, so rowcount counts matched rows). With a successor (not
+-- abandoned) and no flag, hand the lock straight over: successor, token + 1 (lastrowid), its
+-- TTL. Otherwise free it (lastrowid 0), or reserve it for reservation_ms when a waiting state
+-- flagged it. Atomic: one UPDATE under the row's lock, with the owner and expiry in its WHERE.
+UPDATE {prefix}locks SET
+    token = IF(%(successor)s IS NOT NULL AND flag IS NULL
+               AND NOT (abandoned_until > UTC_TIMESTAMP(3)
+                        AND LOCATE(%(successor_mark)s, abandoned) > 0),
+               LAST_INSERT_ID(token + 1), token + 0 * LAST_INSERT_ID(0)),
+    owner = IF(LAST_INSERT_ID() > 0, %(successor)s, NULL),
+    expires_at = CASE
+        WHEN LAST_INSERT_ID() > 0
+            THEN UTC_TIMESTAMP(3) + INTERVAL %(successor_ttl_ms)s * 1000 MICROSECOND
+        WHEN flag IS NULL THEN UTC_TIMESTAMP(3)
+        ELSE UTC_TIMESTAMP(3) + INTERVAL %(reservation_ms)s * 1000 MICROSECOND
+    END
+WHERE id = UNHEX(%(id)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(3)
+
+-- abandon --
+-- Undo an acquire of unknown outcome: release the key if owner holds it (lastrowid 1, as release
+-- does without handoff); otherwise add owner's mark to the row (creating it if needed), so that
+-- the acquire, should it still arrive, is refused until abandoned_until. Marks are kept to the
+-- last 8 KB (older owners are long gone). Atomic: one INSERT ... ON DUPLICATE KEY UPDATE on the
+-- key's row, the row acquire itself must lock to win.
+INSERT INTO {prefix}locks (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
+VALUES (UNHEX(%(id)s), %(name)s, NULL, NULL, 0 * LAST_INSERT_ID(0), UTC_TIMESTAMP(3), %(mark)s,
+        UTC_TIMESTAMP(3) + INTERVAL %(mark_ttl_ms)s * 1000 MICROSECOND)
+ON DUPLICATE KEY UPDATE
+    token = token + 0 * LAST_INSERT_ID(
+        IF(owner <=> %(owner)s AND expires_at > UTC_TIMESTAMP(3), 1, 0)),
+    expires_at = CASE
+        WHEN LAST_INSERT_ID() = 0 THEN expires_at
+        WHEN flag IS NULL THEN UTC_TIMESTAMP(3)
+        ELSE UTC_TIMESTAMP(3) + INTERVAL %(reservation_ms)s * 1000 MICROSECOND
+    END,
+    owner = IF(LAST_INSERT_ID() = 1, NULL, owner),
+    abandoned = CASE
+        WHEN LAST_INSERT_ID() = 1 THEN abandoned
+        WHEN abandoned_until > UTC_TIMESTAMP(3) THEN CONCAT(RIGHT(abandoned, 8192), %(mark)s)
+        ELSE %(mark)s
+    END,
+    abandoned_until = IF(LAST_INSERT_ID() = 1, abandoned_until,
+                         UTC_TIMESTAMP(3) + INTERVAL %(mark_ttl_ms)s * 1000 MICROSECOND)
+
+-- extend --
+-- Compare-then-reset the TTL: only while owner holds the key (live); a lost lock is never
+-- re-created. rowcount (matched rows, CLIENT_FOUND_ROWS) 1 means done. One UPDATE.
+UPDATE {prefix}locks SET expires_at = UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND
+WHERE id = UNHEX(%(id)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(3)
+
+-- inspect --
+-- The live holder of the key: owner, remaining microseconds, token. One read.
+SELECT owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), expires_at), token
+FROM {prefix}locks
+WHERE id = UNHEX(%(id)s) AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)
+
+-- dedupe_add --
+-- Record the key unless a live record exists; lastrowid > 0 means "claimed". Atomic: INSERT ...
+-- ON DUPLICATE KEY UPDATE under the row's lock; an expired record is taken over (claims + 1),
+-- a live one is left as it is (no change, no redo log write).
+INSERT INTO {prefix}dedupe (id, name, expires_at, claims)
+VALUES (UNHEX(%(id)s), %(name)s, UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND,
+        LAST_INSERT_ID(1))
+ON DUPLICATE KEY UPDATE
+    claims = IF(expires_at <= UTC_TIMESTAMP(3), LAST_INSERT_ID(claims + 1),
+                claims + 0 * LAST_INSERT_ID(0)),
+    expires_at = IF(LAST_INSERT_ID() > 0,
+                    UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND, expires_at)
+
+-- dedupe_forget --
+-- Delete the record if it is live (rowcount 1); an expired one is left to the purge. One DELETE.
+DELETE FROM {prefix}dedupe WHERE id = UNHEX(%(id)s) AND expires_at > UTC_TIMESTAMP(3)
+
+-- purge_locks --
+-- Delete up to "batch" lock rows free (or expired) for longer than retention_ms and without live
+-- abandon marks.
+DELETE FROM {prefix}locks
+WHERE expires_at < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
+  AND abandoned_until < UTC_TIMESTAMP(3)
+LIMIT %(batch)s
+
+-- purge_dedupe --
+-- Delete up to "batch" expired dedupe records.
+DELETE FROM {prefix}dedupe WHERE expires_at <= UTC_TIMESTAMP(3) LIMIT %(batch)s
+
+-- unflag --
+-- A waiting state gives up its turn (its last waiter left without the lock): clear its flag,
+-- and if the key was reserved for it, free the key at once, so nobody waits for a reservation
+-- nobody will take. Atomic: one UPDATE that matches only this state's flag (expires_at is
+-- assigned first, while owner and flag still hold their old values).
+UPDATE {prefix}locks
+SET expires_at = IF(owner IS NULL, LEAST(expires_at, UTC_TIMESTAMP(3)), expires_at),
+    flag = NULL
+WHERE id = UNHEX(%(id)s) AND flag = %(waiter)s
