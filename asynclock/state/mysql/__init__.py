@@ -451,6 +451,9 @@ class MySQLState:
         """
         check_key(key)
         ident, full = self._ids(key)
+        if waiting:
+            # before the statement: if it is cancelled it may still land and flag the key
+            self._flagged.add(ident)
         _, answer, _ = await self._run(
             "acquire",
             {
@@ -467,8 +470,6 @@ class MySQLState:
         if answer >= _TOKEN_FLOOR:
             self._flagged.discard(ident)
             return Grant(answer)
-        if waiting:
-            self._flagged.add(ident)
         return Grant(None, answer / 1000.0)
 
     async def release(

@@ -461,6 +461,9 @@ class PostgresState:
         """
         check_key(key)
         ident, full = self._ids(key)
+        if waiting:
+            # before the statement: if it is cancelled it may still land and flag the key
+            self._flagged.add(ident.hex())
         rows = await self._fetch(
             "acquire",
             {
@@ -478,8 +481,6 @@ class PostgresState:
         if isinstance(token, int):
             self._flagged.discard(ident.hex())
             return Grant(token)
-        if waiting:
-            self._flagged.add(ident.hex())
         return Grant(None, float(retry_after) if isinstance(retry_after, float) else 0.0)
 
     async def release(

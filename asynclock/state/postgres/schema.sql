@@ -3,7 +3,8 @@
 -- inside one transaction that holds a transaction-level advisory lock, so processes starting
 -- together do not race on the catalog. With create_schema=False, run this file in a migration.
 
--- One row per lock key ever taken. The row stays after release so the next fencing token
+-- One row per lock key ever taken (fillfactor 70 leaves room for HOT updates: rows change on
+-- every acquire and release). The row stays after release so the next fencing token
 -- continues from it; purge_expired() deletes rows free for longer than token_retention.
 --   held:     owner set, expires_at in the future (the lock's expiry)
 --   reserved: owner NULL, flag set, expires_at = end of the reservation for flag's state
@@ -17,7 +18,7 @@ CREATE TABLE IF NOT EXISTS {prefix}locks (
     expires_at      timestamptz NOT NULL,
     abandoned       text NOT NULL DEFAULT '',        -- "\n<owner>\n..." acquires given up
     abandoned_until timestamptz NOT NULL DEFAULT '-infinity'  -- the marks expire then
-) WITH (fillfactor = 70);                            -- room for HOT updates: rows change often
+) WITH (fillfactor = 70);
 
 -- One row per dedupe record; a record whose expires_at passed counts as absent.
 CREATE TABLE IF NOT EXISTS {prefix}dedupe (
