@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asynclock import AsyncLock, state_from_url
+from asynclock._demo_dispatch import DispatchTally, format_dispatch, run_dispatch_demo
 from asynclock._storm import (
     VARIANTS,
     MemoryConversations,
@@ -93,6 +94,7 @@ class DemoResult:
     scenarios: tuple[ScenarioResult, ...]
     storms: tuple[StormTally, ...] = ()
     storm_ttl: float = 0.0
+    dispatch: tuple[DispatchTally, ...] = ()
 
 
 @dataclass(slots=True)
@@ -223,6 +225,7 @@ async def run_demo(
     gap: float = 0.02,
     *,
     retry: bool = True,
+    dispatcher: bool = True,
 ) -> DemoResult:
     """Run the webhook storm twice: without a lock, then with one ``AsyncLock`` per contact;
     then (``retry=True``) the retry section: no lock, a non-blocking lock without retry, and
@@ -241,6 +244,8 @@ async def run_demo(
         gap: the simulated database round trip in seconds, ``>= 0``.
         retry: also run the retry section (lock TTL :func:`storm_ttl_for` ``(gap)``, 0.3 s by
             default, so it adds about that much time).
+        dispatcher: also run the EventDispatcher section (a chat burst through each
+            ``on_lock_conflict`` policy).
 
     Returns:
         Both runs' results, no-lock first, and the retry section's tallies.
@@ -259,6 +264,7 @@ async def run_demo(
     async with state_from_url(state_url) as state:
         locked = await _storm("AsyncLock per contact", tasks, contacts, seconds, state)
         storms = await _retry_storms(state, tasks, contacts, seconds) if retry else ()
+        dispatch = await run_dispatch_demo(state) if dispatcher else ()
     return DemoResult(
         state_url=state_url,
         contacts=contacts,
@@ -266,6 +272,7 @@ async def run_demo(
         scenarios=(unlocked, locked),
         storms=storms,
         storm_ttl=storm_ttl_for(seconds) if retry else 0.0,
+        dispatch=dispatch,
     )
 
 
@@ -412,4 +419,6 @@ def format_result(result: DemoResult) -> str:
         out.append("UNEXPECTED: the locked run still created duplicates.")
     if result.storms:
         out += _format_storms(result)
+    if result.dispatch:
+        out += format_dispatch(result.dispatch)
     return "\n".join(out) + "\n"
