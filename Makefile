@@ -22,8 +22,8 @@ test: install services
 	$(PY) -m pytest
 
 lint: install
-	$(PY) -m ruff check asynclock tests benchmarks
-	$(PY) -m ruff format --check asynclock tests benchmarks
+	$(PY) -m ruff check asynclock tests benchmarks examples
+	$(PY) -m ruff format --check asynclock tests benchmarks examples
 
 typecheck: install
 	$(PY) -m mypy

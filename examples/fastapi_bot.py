@@ -1,0 +1,146 @@
+"""A Slack Events API webhook on FastAPI, one handler per thread at a time across every worker.
+
+Run it (Redis on 127.0.0.1:6379, or ``ASYNCLOCK_STATE_URL=memory://`` for a single process)::
+
+    uvicorn examples.fastapi_bot:app --port 8000 --workers 4
+
+* ``POST /slack/events`` dispatches the event and answers with what happened: 200 when it was
+  handled (or was a duplicate), **503 with ``Retry-After``** when its thread was busy and the
+  policy dropped it (the platform redelivers it later: nothing is lost), 500 when the handler
+  failed (a redelivery is handled again).
+* ``POST /slack/events/background`` submits the event and answers 202 at once, as Slack wants
+  (within 3 seconds); pair it with ``on_lock_conflict="queue"``, since a dropped event can no
+  longer be answered 503. Shutdown drains every submitted event.
+* ``GET /stats``: the dispatcher's outcome counts and what the handler did.
+
+The lifespan builds the state and the :class:`~asynclock.EventDispatcher` and closes both on
+shutdown; ``async with EventDispatcher(...)`` drains what was submitted before the state closes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, TypedDict
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+import asynclock
+from asynclock import Event, EventDispatcher, HandlerContext
+from examples._slack import (
+    DEFAULT_PREFIX,
+    DEFAULT_STATE_URL,
+    BadPayload,
+    Challenge,
+    Journal,
+    answer_for,
+    parse_payload,
+    state_options,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from asynclock._dispatch import ConflictPolicy
+
+log = logging.getLogger("examples.fastapi_bot")
+
+
+class BotState(TypedDict):
+    """What the lifespan hands to every request (``request.state``)."""
+
+    bot: EventDispatcher
+
+
+def create_app(
+    state_url: str = DEFAULT_STATE_URL,
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    on_lock_conflict: ConflictPolicy = "drop",
+    lock_ttl: float = 30.0,
+    delay: float = 0.5,
+    journal: Journal | None = None,
+) -> FastAPI:
+    """The webhook app.
+
+    Args:
+        state_url: where locks and dedupe records live (``asynclock.state_from_url``).
+        prefix: the key prefix of this bot's records on a server state.
+        on_lock_conflict: what happens to an event whose thread is busy (``"drop"``: answered
+            503 so the platform redelivers; ``"queue"``: waits its turn).
+        lock_ttl: seconds of each per-thread lock between renewals.
+        delay: seconds the example handler pretends to work.
+        journal: the handler and its record (tests pass their own to look at it).
+    """
+    work = journal if journal is not None else Journal(delay)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[BotState]:
+        state = asynclock.state_from_url(state_url, **state_options(state_url, prefix))
+        try:
+            # raise_errors=False: a failing handler is an outcome (FAILED -> 500), not a crash
+            async with EventDispatcher(
+                state, on_lock_conflict=on_lock_conflict, lock_ttl=lock_ttl, raise_errors=False
+            ) as bot:
+
+                @bot.on("*")
+                async def reply(event: Event, ctx: HandlerContext) -> None:
+                    # ctx.token: the fencing token of the thread's lock; a store that remembers
+                    # the highest token it saw can refuse a write from a holder that lost it
+                    log.info(
+                        "handling %s (%s, token %s)", event.message_id, ctx.lock_key, ctx.token
+                    )
+                    await work.work(event, ctx)
+
+                yield {"bot": bot}
+                work.closing.set()
+            # leaving `async with` awaited bot.aclose(): every submitted event is done
+        finally:
+            await state.aclose()
+
+    app = FastAPI(title="asynclock Slack bot", lifespan=lifespan)
+
+    async def read_event(request: Request) -> Event | JSONResponse:
+        work.delivered()
+        try:
+            parsed = parse_payload(await request.json())
+        except (json.JSONDecodeError, UnicodeDecodeError, BadPayload) as error:
+            return JSONResponse({"error": str(error)}, status_code=400)
+        if isinstance(parsed, Challenge):
+            return JSONResponse({"challenge": parsed.value})
+        return parsed
+
+    @app.post("/slack/events")
+    async def slack_events(request: Request) -> JSONResponse:
+        event = await read_event(request)
+        if isinstance(event, JSONResponse):
+            return event
+        bot: EventDispatcher = request.state.bot
+        outcome = await bot.dispatch(event)
+        answer = await answer_for(bot, event, outcome)
+        return JSONResponse(dict(answer.body), answer.status, headers=dict(answer.headers))
+
+    @app.post("/slack/events/background")
+    async def slack_events_background(request: Request) -> JSONResponse:
+        event = await read_event(request)
+        if isinstance(event, JSONResponse):
+            return event
+        bot: EventDispatcher = request.state.bot
+        try:
+            bot.submit(event)
+        except RuntimeError:  # shutting down: the platform will redeliver
+            return JSONResponse({"error": "shutting down"}, 503, headers={"Retry-After": "1"})
+        return JSONResponse({"accepted": event.message_id}, 202)
+
+    @app.get("/stats")
+    async def stats(request: Request) -> dict[str, object]:
+        bot: EventDispatcher = request.state.bot
+        return work.snapshot(bot)
+
+    return app
+
+
+#: ``uvicorn examples.fastapi_bot:app``: nothing connects before the lifespan starts
+app = create_app()
