@@ -448,21 +448,24 @@ class EventDispatcher:
                     backlog.entries.clear()
                     if not batch:
                         continue  # all of them left meanwhile; the loop's check decides
-                    newest, newest_future = batch[-1]
-                    older = batch[:-1]
-                    ctx = HandlerContext(lock_key, lock.token, tuple(e for e, _ in older))
+                    newest = batch[-1][0]
+                    older = tuple(e for e, _ in batch[:-1])
+                    ctx = HandlerContext(lock_key, lock.token, older)
+                    failure: Exception | None = None
                     try:
                         await self._call(self._handlers_for(newest.type), newest, ctx)
                     except Exception as error:  # noqa: BLE001 - each event's dispatch re-raises it
-                        _settle(batch, error)
-                        batch = []
-                        continue
-                    for _, future in older:
+                        failure = error
+                # the lock is released before the batch's dispatches return, as for HANDLED
+                if failure is not None:
+                    _settle(batch, failure)
+                else:
+                    for _, future in batch[:-1]:
                         if not future.done():
                             future.set_result(Outcome.SKIPPED)
-                    if not newest_future.done():
-                        newest_future.set_result(Outcome.QUEUED)
-                    batch = []
+                    if not batch[-1][1].done():
+                        batch[-1][1].set_result(Outcome.QUEUED)
+                batch = []
         except BaseException as error:
             # the lock could not be had (state unavailable) or was lost while the batch was being
             # handled: the batch in hand and every waiting event fail (and are forgotten)

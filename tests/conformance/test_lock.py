@@ -30,6 +30,8 @@ from asynclock import (
 from tests._helpers import SETTLE, LoopTicker, eventually, finish, loop_steps, owned, token_of
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from asynclock import State
     from tests.conftest import Target
 
@@ -37,6 +39,20 @@ if TYPE_CHECKING:
 async def is_free(state: State, key: str) -> bool:
     """True when nobody holds ``key``: checked with a fresh lock, as a user would."""
     return not await AsyncLock(state, key).locked()
+
+
+def cancel_points() -> Iterator[int]:
+    """Loop-step counts to cancel after: every count up to 200, then 10% further each time.
+
+    Dense where a fast backend's acquire, body and release happen; then geometric, so that on a
+    backend whose round trips take thousands of loop steps (a MariaDB commit flush takes ~3 ms)
+    the cancellation point still walks through the whole operation and past its end.
+    """
+    yield from range(200)
+    steps = 200.0
+    while steps < 1_000_000:
+        steps *= 1.1
+        yield int(steps)
 
 
 async def assert_free_now(state: State, key: str) -> None:
@@ -539,7 +555,7 @@ class TestCancellation:
         # Cancel after 0, 1, 2, ... loop steps until the task completes before the cancel: this
         # walks the cancellation point through acquire, the body and release.
         completed_early = 0
-        for steps in range(200):
+        for steps in cancel_points():
             lock = AsyncLock(state, key, ttl=30.0)
 
             async def use(lock: AsyncLock = lock) -> None:
@@ -556,11 +572,11 @@ class TestCancellation:
                 completed_early += 1
                 if completed_early >= 3:
                     break
-        assert completed_early >= 3, "the task never completed within 200 loop steps"
+        assert completed_early >= 3, "the task never completed before its cancellation"
 
     async def test_cancel_at_every_point_of_release(self, state: State, key: str) -> None:
         completed_early = 0
-        for steps in range(200):
+        for steps in cancel_points():
             lock = AsyncLock(state, key, ttl=30.0)
             acquired = asyncio.Event()
             go = asyncio.Event()
