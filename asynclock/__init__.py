@@ -9,7 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from asynclock._dedupe import Deduper as Deduper
+from asynclock._dispatch import ConflictPolicy as ConflictPolicy
 from asynclock._dispatch import EventDispatcher as EventDispatcher
+from asynclock._dispatch import LockScope as LockScope
+from asynclock._dispatch import PolicyName as PolicyName
 from asynclock._errors import AsynclockError as AsynclockError
 from asynclock._errors import LockAcquisitionError as LockAcquisitionError
 from asynclock._errors import LockError as LockError
@@ -38,6 +41,7 @@ __version__ = "0.1.0.dev0"
 __all__ = (
     "AsyncLock",
     "AsynclockError",
+    "ConflictPolicy",
     "Deduper",
     "Event",
     "EventDispatcher",
@@ -47,9 +51,11 @@ __all__ = (
     "LockInfo",
     "LockLostError",
     "LockNotOwnedError",
+    "LockScope",
     "MemoryState",
     "MySQLState",
     "Outcome",
+    "PolicyName",
     "PostgresState",
     "RedisState",
     "RetryStatistics",
@@ -60,9 +66,14 @@ __all__ = (
     "state_from_url",
 )
 
-# Public objects report the package as their home (error messages, docs, pickling).
+# Public objects report the package as their home (error messages, docs, pickling); type
+# aliases and the lazily imported states are left as they are.
 for _name in __all__:
-    if _name not in ("RedisState", "PostgresState", "MySQLState"):
+    if _name not in ("RedisState", "PostgresState", "MySQLState") and _name not in (
+        "ConflictPolicy",
+        "LockScope",
+        "PolicyName",
+    ):
         globals()[_name].__module__ = __name__
 del _name
 

@@ -13,6 +13,7 @@ from asynclock._errors import LockAcquisitionError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._line import finish_despite_cancellation
 from asynclock._lock import AsyncLock
+from asynclock._owner import granted_reason
 from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock.state._protocol import ClaimingState
 from asynclock.state.memory import MemoryState
@@ -258,6 +259,16 @@ class EventDispatcher:
         return types.MappingProxyType(self._stats)
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called (``submit`` then raises ``RuntimeError``)."""
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        """Dispatches submitted or backlog drainers still running (for health checks)."""
+        return len(self._tasks)
+
+    @property
     def state(self) -> State:
         """The state the dispatcher's locks and dedupe records live in."""
         return self._state
@@ -319,7 +330,13 @@ class EventDispatcher:
         """
         if not isinstance(event, Event):
             raise TypeError(f"dispatch() takes an Event, got {type(event).__name__}")
-        lock_key = self.lock_key(event)
+        try:
+            lock_key = self.lock_key(event)
+        except Exception as error:  # a lock_scope function failed: still logged and counted
+            await self._record(event, Outcome.FAILED, "<lock_scope failed>", error)
+            if self._raise_errors:
+                raise
+            return Outcome.FAILED
         claim = _Claim.of(event, lock_key)
         try:
             outcome = await self._route(event, lock_key, claim)
@@ -340,7 +357,14 @@ class EventDispatcher:
 
     async def _route(self, event: Event, lock_key: str, claim: _Claim | None) -> Outcome:
         handlers = self._handlers_for(event.type)
-        combined = claim is not None and self._claiming and self._policy != "concurrent"
+        # inside process_without_lock every AsyncLock is granted without touching the state,
+        # so the claim cannot ride on the acquire: record it on its own
+        combined = (
+            claim is not None
+            and self._claiming
+            and self._policy != "concurrent"
+            and granted_reason() is None
+        )
         if claim is not None and not combined:
             if not await self._state.dedupe_add(claim.key, self._dedupe_ttl):
                 return Outcome.DUPLICATE
