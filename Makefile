@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install services test check lint typecheck demo bench clean
+.PHONY: install services test check lint typecheck docs demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,10 @@ lint: install
 typecheck: install
 	$(PY) -m mypy
 
-check: lint typecheck
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir build/site
+
+check: lint typecheck docs
 
 ## The webhook storm, without and with asynclock (memory:// unless STATE=redis://... is given).
 demo: install

@@ -152,8 +152,8 @@ class EventDispatcher:
         ...           message_id="m1")
         >>> async def main():
         ...     return [await bot.dispatch(e), await bot.dispatch(e)]
-        >>> [str(o) for o in asyncio.run(main())]
-        ['handled', 'duplicate']
+        >>> print(*asyncio.run(main()))
+        handled duplicate
     """
 
     __slots__ = (
