@@ -161,43 +161,46 @@ def _describe(wait: object) -> str:
 # -- on_exhaustion: policy objects ------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Exhausted:
+    """A call whose every execution hit a lock conflict, handed to the exhaustion policy."""
+
+    function: Callable[..., Awaitable[object]]
+    args: tuple[object, ...]
+    kwargs: dict[str, object]
+    error: LockAcquisitionError
+    counters: _Counters
+
+    def warn(self, what: str) -> None:
+        name = _name(self.function)
+        logger.warning(
+            "asynclock: %s: lock %r still busy after every attempt; %s",
+            name,
+            self.error.key,
+            what,
+            extra={"lock_key": self.error.key, "function": name},
+        )
+
+
 class _Exhaustion:
-    """What happens after the last failed attempt."""
+    """What happens after the last failed execution: re-raise (the default)."""
 
     name = "raise"
 
-    async def __call__(
-        self,
-        function: Callable[..., Awaitable[object]],
-        args: tuple[object, ...],
-        kwargs: dict[str, object],
-        error: LockAcquisitionError,
-        counters: _Counters,
-    ) -> object:
-        raise error
+    async def __call__(self, call: _Exhausted) -> object:
+        raise call.error
 
 
 class _ProcessWithoutLock(_Exhaustion):
     name = "process_without_lock"
 
-    async def __call__(
-        self,
-        function: Callable[..., Awaitable[object]],
-        args: tuple[object, ...],
-        kwargs: dict[str, object],
-        error: LockAcquisitionError,
-        counters: _Counters,
-    ) -> object:
-        counters.processed_without_lock += 1
-        logger.warning(
-            "asynclock: %s: lock %r still busy after every attempt; processing without the lock",
-            _name(function),
-            error.key,
-            extra={"lock_key": error.key, "function": _name(function)},
-        )
-        token = grant_all(f"{_name(function)}: process_without_lock after lock {error.key!r}")
+    async def __call__(self, call: _Exhausted) -> object:
+        call.counters.processed_without_lock += 1
+        call.warn("processing without the lock")
+        reason = f"{_name(call.function)}: process_without_lock after lock {call.error.key!r}"
+        token = grant_all(reason)
         try:
-            return await function(*args, **kwargs)
+            return await call.function(*call.args, **call.kwargs)
         finally:
             reset_grant(token)
 
@@ -205,21 +208,9 @@ class _ProcessWithoutLock(_Exhaustion):
 class _Drop(_Exhaustion):
     name = "drop"
 
-    async def __call__(
-        self,
-        function: Callable[..., Awaitable[object]],
-        args: tuple[object, ...],
-        kwargs: dict[str, object],
-        error: LockAcquisitionError,
-        counters: _Counters,
-    ) -> object:
-        counters.dropped += 1
-        logger.warning(
-            "asynclock: %s: lock %r still busy after every attempt; dropping the call",
-            _name(function),
-            error.key,
-            extra={"lock_key": error.key, "function": _name(function)},
-        )
+    async def __call__(self, call: _Exhausted) -> object:
+        call.counters.dropped += 1
+        call.warn("dropping the call")
         return None
 
 
@@ -229,22 +220,9 @@ class _Fallback(_Exhaustion):
     def __init__(self, fallback: Callable[..., object]) -> None:
         self._fallback = fallback
 
-    async def __call__(
-        self,
-        function: Callable[..., Awaitable[object]],
-        args: tuple[object, ...],
-        kwargs: dict[str, object],
-        error: LockAcquisitionError,
-        counters: _Counters,
-    ) -> object:
-        logger.warning(
-            "asynclock: %s: lock %r still busy after every attempt; calling %s",
-            _name(function),
-            error.key,
-            _name(self._fallback),
-            extra={"lock_key": error.key, "function": _name(function)},
-        )
-        result = self._fallback(*args, **kwargs)
+    async def __call__(self, call: _Exhausted) -> object:
+        call.warn(f"calling {_name(self._fallback)}")
+        result = self._fallback(*call.args, **call.kwargs)
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -316,7 +294,9 @@ class _Retrying(Generic[R]):
                         self.exhaustion.name,
                         extra={"lock_key": error.key, "executions": executions},
                     )
-                    result = await self.exhaustion(function, args, kwargs, error, counters)
+                    result = await self.exhaustion(
+                        _Exhausted(function, args, kwargs, error, counters)
+                    )
                     return cast("R | None", result)
                 delay = self.wait(executions, error)
                 counters.retries += 1

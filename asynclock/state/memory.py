@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from asynclock._validate import check_key, check_ttl
+from asynclock.state._base import ClosesOnExit
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._watch import EventWatch
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
-    from types import TracebackType
 
-    from typing_extensions import Self
 
 #: expired entries removed per operation by the amortised sweep
 _SWEEP_BUDGET = 32
@@ -40,7 +39,7 @@ class _Held:
     flagged_by: int = 0
 
 
-class MemoryState:
+class MemoryState(ClosesOnExit):
     """Locks and dedupe records in this process's memory (the embedded default).
 
     Invariants:
@@ -89,17 +88,6 @@ class MemoryState:
 
     def __repr__(self) -> str:
         return f"<MemoryState locks={len(self._locks)} dedupe={len(self._dedupe)}>"
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Mark the state closed; entries stay readable (nothing to disconnect)."""

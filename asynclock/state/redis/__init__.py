@@ -27,6 +27,7 @@ from redis.retry import Retry
 from asynclock._compat import deadline_after
 from asynclock._owner import new_process_id
 from asynclock._validate import check_seconds, check_ttl, ttl_ms
+from asynclock.state._base import ClosesOnExit
 from asynclock.state._errors import map_driver_errors, unavailable_error
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
@@ -36,10 +37,8 @@ from asynclock.state.redis._subscriber import Subscriber
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-    from types import TracebackType
 
     from redis.asyncio.connection import AbstractConnection
-    from typing_extensions import Self
 
     from asynclock._errors import StateUnavailableError
 
@@ -80,7 +79,7 @@ def _scripts() -> dict[str, _Script]:
     return scripts
 
 
-class RedisState:
+class RedisState(ClosesOnExit):
     """Locks and dedupe records in Redis, shared by every process that uses the same server.
 
     Invariants:
@@ -189,17 +188,6 @@ class RedisState:
 
     def __repr__(self) -> str:
         return f"RedisState({self._where.removeprefix('Redis at ')}, prefix={self._prefix!r})"
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the subscriber, and the client when this state built it."""

@@ -1,0 +1,31 @@
+"""Optional helpers for state classes (never part of the contract, STYLE 9.4)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+
+class ClosesOnExit:
+    """Mixin: ``async with state:`` returns the state and awaits its ``aclose()`` on exit."""
+
+    __slots__ = ()
+
+    async def aclose(self) -> None:
+        """Release the state's resources (each state defines it)."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
