@@ -4,7 +4,8 @@ Subcommands:
 
 * ``demo``: the webhook storm, without and with asynclock (see :mod:`asynclock._demo`).
 * ``bench``: runs the benchmark harness of a source checkout (``python -m benchmarks``).
-* ``locks``, ``unlock``: reserved; they print "not yet implemented" and exit 2.
+* ``locks``: the locks held now (key, owner host and pid, seconds left, token), as a table or
+  JSON; ``unlock``: force-release one key after a confirmation (``--yes`` skips it), logged.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asynclock._admin import format_locks, held_locks, open_state, unlock
 from asynclock._demo import format_result, run_demo
 from asynclock._errors import StateUnavailableError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ("main",)
+    from asynclock.state._protocol import LockInfo
 
-_NOT_YET = "not yet implemented (see issue #6/#8)"
+__all__ = ("main",)
 
 
 def _positive_int(text: str) -> int:
@@ -90,11 +92,23 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    locks = commands.add_parser("locks", help=f"list the locks held now: {_NOT_YET}")
-    locks.add_argument("--state", metavar="URL")
-    unlock = commands.add_parser("unlock", help=f"force-release a lock: {_NOT_YET}")
-    unlock.add_argument("--state", metavar="URL")
-    unlock.add_argument("key", nargs="?", metavar="KEY")
+    for name, text in (
+        ("locks", "list the locks held now (SCAN on Redis, never KEYS)"),
+        ("unlock", "force-release one lock, whoever holds it (asks first)"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument(
+            "--state", metavar="URL", required=True, help="e.g. redis://127.0.0.1:6379/0"
+        )
+        sub.add_argument(
+            "--prefix", metavar="PREFIX", default=None, help="the state's key prefix (asynclock:)"
+        )
+        if name == "locks":
+            sub.add_argument("--match", metavar="GLOB", default="*", help="keys to show (*)")
+            sub.add_argument("--json", action="store_true", help="JSON instead of a table")
+        else:
+            sub.add_argument("key", metavar="KEY")
+            sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     return parser
 
 
@@ -106,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The process exit code: 0 on success, 1 when the state server cannot be reached,
-        2 for a usage error or a subcommand that is not implemented yet.
+        2 for a usage error (and a declined ``unlock`` returns 1).
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["bench"]:  # everything after it belongs to the harness's own parser
@@ -117,9 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         parser.print_help(sys.stderr)
         return 2
-    if command != "demo":
-        print(f"asynclock {command}: {_NOT_YET}", file=sys.stderr)
-        return 2
+    if command in ("locks", "unlock"):
+        return _admin_command(args)
     try:
         result = asyncio.run(
             run_demo(args.state, tasks=args.tasks, contacts=args.contacts, gap=args.gap)
@@ -148,3 +161,51 @@ def _bench(bench_args: list[str]) -> int:
     bench_cli = importlib.import_module("benchmarks._cli")
     code: int = bench_cli.main(bench_args or ["all"])
     return code
+
+
+def _admin_command(args: argparse.Namespace) -> int:
+    """``locks`` and ``unlock`` (the confirmation is asked outside the event loop)."""
+
+    async def listing() -> int:
+        async with open_state(args.state, args.prefix) as state:
+            print(format_locks(await held_locks(state, args.match), as_json=args.json), end="")
+        return 0
+
+    async def holder() -> LockInfo | None:
+        async with open_state(args.state, args.prefix) as state:
+            return await state.inspect(args.key)
+
+    async def release() -> int:
+        async with open_state(args.state, args.prefix) as state:
+            released = await unlock(state, args.key)
+        if released is None:
+            print(f"{args.key!r} is not held")
+        else:
+            print(f"released {args.key!r} (was {released.owner}, token {released.token})")
+        return 0
+
+    try:
+        if args.command == "locks":
+            return asyncio.run(listing())
+        if not args.yes:
+            held = asyncio.run(holder())
+            if held is None:
+                print(f"{args.key!r} is not held")
+                return 0
+            answer = input(
+                f"force-release {args.key!r} held by {held.owner} "
+                f"({held.remaining:.1f} s left)? [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                print("left as it is")
+                return 1
+        return asyncio.run(release())
+    except (ValueError, ImportError, NotImplementedError) as exc:
+        print(f"asynclock {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except StateUnavailableError as exc:
+        print(f"asynclock {args.command}: the state is unavailable: {exc}", file=sys.stderr)
+        return 1
+    except EOFError:
+        print("no answer: left as it is", file=sys.stderr)
+        return 1

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
@@ -192,5 +193,30 @@ class ClaimingState(Protocol):
         and nothing changes); otherwise exactly what :meth:`State.acquire` would return for a
         non-waiting caller, with the claim recorded whether or not the lock was free. Atomic.
         On a cluster, ``claim`` must share ``key``'s hash tag (``"...{key}..."``).
+        """
+        ...
+
+
+@runtime_checkable
+class LockAdmin(Protocol):
+    """Optional capability for operators: list the locks held now, and force one free.
+
+    Used by ``asynclock locks`` and ``asynclock unlock``; never by the primitives.
+    """
+
+    def held_locks(self, match: str = "*") -> AsyncIterator[LockInfo]:
+        """Yield every lock held now whose key matches the glob ``match`` (``*``, ``?``, ``[]``).
+
+        Walks the keyspace incrementally (Redis ``SCAN``, never ``KEYS``), so a large state is
+        listed without blocking the server; a lock taken or released meanwhile may or may not
+        appear.
+        """
+        ...
+
+    async def force_release(self, key: str) -> LockInfo | None:
+        """Release ``key`` whoever holds it; returns the holder it had, or ``None``.
+
+        The holder is not told: its next ``extend`` or ``release`` raises
+        ``LockNotOwnedError``, and its fencing token is already lower than the next one.
         """
         ...

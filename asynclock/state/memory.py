@@ -9,6 +9,7 @@ processes: use a server state for that.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import heapq
 import itertools
 import threading
@@ -276,6 +277,31 @@ class MemoryState(ClosesOnExit):
                     watchers.discard(watch)
                     if not watchers:
                         del self._watchers[key]
+
+    async def held_locks(self, match: str = "*") -> AsyncIterator[LockInfo]:
+        """See :meth:`asynclock.state.LockAdmin.held_locks`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            found = [
+                LockInfo(key, held.owner, held.expires_at - now, held.token)
+                for key, held in self._locks.items()
+                if held.expires_at > now and fnmatch.fnmatchcase(key, match)
+            ]
+        for info in found:
+            yield info
+
+    async def force_release(self, key: str) -> LockInfo | None:
+        """See :meth:`asynclock.state.LockAdmin.force_release`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            held = self._live(key, now)
+            if held is None:
+                return None
+            del self._locks[key]
+            self._notify(key)
+            return LockInfo(key, held.owner, held.expires_at - now, held.token)
 
     def size(self) -> tuple[int, int]:
         """``(locks, dedupe records)`` currently stored, expired ones included until swept."""

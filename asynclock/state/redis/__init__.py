@@ -76,6 +76,7 @@ def _scripts() -> dict[str, _Script]:
         name: _Script(name) for name in ("acquire", "release", "extend", "inspect", "abandon")
     }
     scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire")
+    scripts["force_release"] = _Script("force_release")
     return scripts
 
 
@@ -331,6 +332,41 @@ class RedisState(ClosesOnExit):
         owner_text = owner.decode() if isinstance(owner, bytes) else str(owner)
         return LockInfo(key, owner_text, max(_as_int(pttl), 0) / 1000.0, _as_int(token))
 
+    async def held_locks(self, match: str = "*") -> AsyncIterator[LockInfo]:
+        """See :meth:`asynclock.state.LockAdmin.held_locks` (``SCAN``, then one read per key)."""
+        start = len(self._prefix) + 1
+        pattern = f"{_glob_escape(self._prefix)}{{{match}}}"
+        cursor: bytes | int = 0
+        while True:
+            reply = await self._command("SCAN", cursor, "MATCH", pattern, "COUNT", 500)
+            assert isinstance(reply, list)
+            cursor, keys = reply
+            for raw in keys:
+                lock_key = raw.decode() if isinstance(raw, bytes) else str(raw)
+                info = await self._eval("inspect", (lock_key,), idempotent=True)
+                if isinstance(info, list) and len(info) == 3:
+                    owner, pttl, token = info
+                    yield LockInfo(
+                        lock_key[start:-1],
+                        owner.decode() if isinstance(owner, bytes) else str(owner),
+                        max(_as_int(pttl), 0) / 1000.0,
+                        _as_int(token),
+                    )
+            if _as_int(cursor) == 0:
+                return
+
+    async def force_release(self, key: str) -> LockInfo | None:
+        """See :meth:`asynclock.state.LockAdmin.force_release` (``force_release.lua``)."""
+        lock_key = self.lock_key(key)
+        reply = await self._eval(
+            "force_release", (lock_key, f"{lock_key}:released"), self._retention_ms
+        )
+        if not isinstance(reply, list) or len(reply) != 2:
+            return None
+        owner, token = reply
+        owner_text = owner.decode() if isinstance(owner, bytes) else str(owner)
+        return LockInfo(key, owner_text, 0.0, _as_int(token))
+
     async def dedupe_add(self, key: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.dedupe_add`."""
         reply = await self._command("SET", self._prefix + key, b"1", "NX", "PX", ttl_ms(ttl))
@@ -354,6 +390,11 @@ class RedisState(ClosesOnExit):
             yield watch
         finally:
             subscriber.discard(channel, watch)
+
+
+def _glob_escape(text: str) -> str:
+    """Escape Redis glob characters so ``text`` matches only itself."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def _as_int(value: object) -> int:

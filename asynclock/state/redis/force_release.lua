@@ -1,0 +1,14 @@
+-- KEYS[1] lock key, KEYS[2] release channel | ARGV[1] token retention ms
+-- Operator's force-release: free the key whoever holds it, keeping its last fencing token.
+-- returns {owner, token} of the holder it had, or {} when nobody held it
+local value = redis.call('GET', KEYS[1])
+if not value then
+  return {}
+end
+local token, holder = parse(value)
+if holder == '' then
+  return {}
+end
+redis.call('SET', KEYS[1], fmt(token), 'PX', tonumber(ARGV[1]))
+redis.call('PUBLISH', KEYS[2], '')
+return {holder, token}
