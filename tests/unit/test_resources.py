@@ -19,6 +19,7 @@ SCRIPTS = {
     "extend.lua",
     "inspect.lua",
     "abandon.lua",
+    "force_release.lua",
 }
 
 
