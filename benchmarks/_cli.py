@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio
 
-from benchmarks import _contended, _dispatcher, _memory, _uncontended
+from benchmarks import _contended, _dispatcher, _memory, _sql, _uncontended
 from benchmarks._env import (
     DEFAULT_URL,
     REPO,
@@ -35,8 +35,9 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "contended": _contended.run,
     "memory": _memory.run,
     "dispatcher": _dispatcher.run,
+    "sql": _sql.run,
 }
-NEEDS_REDIS = {"uncontended", "contended", "dispatcher"}
+NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql"}
 
 PREAMBLE = """# Benchmarks
 
@@ -53,6 +54,8 @@ python -m benchmarks all --private-server --write   # as below: ~4 min, own redi
 python -m benchmarks all --quick                    # ~1 min, stdout only, shared server
 python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
 python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
+python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
+python -m benchmarks sql --quick     # ~20 s, stdout only
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -142,7 +145,12 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        write_doc(path, preamble=PREAMBLE, environment=environment, sections=sections)
+        # the sql block carries its own environment (database servers, drivers): a run of
+        # that scenario alone keeps the environment block of the Redis scenarios above it
+        kept = names == ["sql"]
+        write_doc(
+            path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
+        )
         log(f"wrote {path}")
     return 0
 

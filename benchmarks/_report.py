@@ -89,7 +89,7 @@ class Section:
     headlines: list[tuple[str, str]] = field(default_factory=list)
 
 
-_ORDER = ("uncontended", "contended", "memory", "dispatcher")
+_ORDER: tuple[str, ...] = ("uncontended", "contended", "memory", "dispatcher", "sql")
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
 )
@@ -105,7 +105,9 @@ def _extract(text: str, name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def write_doc(path: Path, *, preamble: str, environment: str, sections: list[Section]) -> None:
+def write_doc(
+    path: Path, *, preamble: str, environment: str | None, sections: list[Section]
+) -> None:
     """Write ``docs/benchmarks.md``, block by block.
 
     Every block sits between ``<!-- name:start -->`` and ``<!-- name:end -->`` markers. Blocks of
@@ -113,7 +115,9 @@ def write_doc(path: Path, *, preamble: str, environment: str, sections: list[Sec
     ``notes`` block is never overwritten.
     """
     old = path.read_text(encoding="utf-8") if path.exists() else ""
-    fresh: dict[str, str] = {"environment": environment.rstrip() + "\n"}
+    fresh: dict[str, str] = {}
+    if environment is not None:  # None: keep the previous environment block
+        fresh["environment"] = environment.rstrip() + "\n"
     for section in sections:
         fresh[section.scenario] = section.body.rstrip() + "\n"
         if section.headlines:
@@ -136,6 +140,7 @@ def write_doc(path: Path, *, preamble: str, environment: str, sections: list[Sec
     parts = [preamble.rstrip() + "\n", block("environment"), "## Headline ratios\n"]
     parts += [b for n in _ORDER if (b := block(f"headlines-{n}"))]
     parts.append(f"## Reading the numbers\n\n{start}\n{notes}{end}\n")
-    parts += [b for n in _ORDER if (b := block(n))]
+    # a scenario's hand-written "notes-<scenario>" block (if the doc has one) is kept below it
+    parts += [b for n in _ORDER for b in (block(n), block(f"notes-{n}")) if b]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts), encoding="utf-8")
