@@ -6,11 +6,23 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
-from benchmarks import _contended, _dispatcher, _memory, _sql, _uncontended
+from benchmarks import (
+    _contended,
+    _dedupe,
+    _dispatcher,
+    _growth,
+    _memory,
+    _plots,
+    _progress,
+    _results,
+    _sql,
+    _targets,
+    _uncontended,
+)
 from benchmarks._env import (
     DEFAULT_URL,
     REPO,
@@ -22,8 +34,9 @@ from benchmarks._env import (
     is_loopback_url,
     load_asynclock,
     log,
+    now_utc,
 )
-from benchmarks._report import Section, kv_table, write_doc
+from benchmarks._report import Section, kv_table, take_recorded, write_doc
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -35,9 +48,11 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "contended": _contended.run,
     "memory": _memory.run,
     "dispatcher": _dispatcher.run,
+    "memory-growth": _growth.run,
+    "dedupe": _dedupe.run,
     "sql": _sql.run,
 }
-NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql"}
+NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe"}
 
 PREAMBLE = """# Benchmarks
 
@@ -47,10 +62,19 @@ rounds. The machine is small and shared (the Redis server and the client run on 
 vCPUs), so single runs vary by ±30%: **compare the ratios taken within one run, not absolute
 numbers**, and do not carry the absolute numbers to other hardware.
 
-Regenerate with:
+Regenerate everything (every table, `benchmarks/results/last-run.json`, the targets table and
+the PNG plots in `docs/img/`) with one command:
 
 ```
-python -m benchmarks all --private-server --write   # as below: ~4 min, own redis-server
+python -m benchmarks all --private-server --write --plots   # as below, own redis-server
+```
+
+Parts of it:
+
+```
+python -m benchmarks plots --write                  # plots + targets from the stored results
+python -m benchmarks memory-growth --write          # ~1 min: 1,000,000 keys, child processes
+python -m benchmarks dedupe --private-server        # ~30 s: Deduper checks/s
 python -m benchmarks all --quick                    # ~1 min, stdout only, shared server
 python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
 python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
@@ -59,7 +83,10 @@ python -m benchmarks sql --quick     # ~20 s, stdout only
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
-hand-written and kept. `--private-server` starts a throwaway `redis-server` on a free loopback
+hand-written and kept. `--write` also stores the run's raw per-round numbers, per scenario, in
+`benchmarks/results/last-run.json` (scenarios that did not run keep their entry); the targets
+table and the plots are drawn from that file. Long runs show a progress bar on stderr when it
+is a terminal (rich), plain lines otherwise. `--private-server` starts a throwaway `redis-server` on a free loopback
 port, so the command counts are this run's own (a shared server also counts its other clients). The peer numbers these are compared with come from the same kind of
 machine (`shared/research/peer-lock-benchmarks.md`).
 """
@@ -71,13 +98,23 @@ def _parser() -> argparse.ArgumentParser:
         description="asynclock benchmarks against redis-py's Lock, python-redis-lock, the raw "
         "redis.asyncio floor, asyncio.Lock and (dispatcher) chat-sdk. Markdown report on stdout.",
     )
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    parser.add_argument(
+        "scenario",
+        choices=[*SCENARIOS, "all", "plots"],
+        help="a scenario, all of them, or plots: only redraw docs/img/*.png (and with --write "
+        "the targets and plots blocks) from benchmarks/results/last-run.json",
+    )
     parser.add_argument("--state", default=DEFAULT_URL, help=f"Redis URL (default {DEFAULT_URL})")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and pairs (< 1 min)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per scenario")
     parser.add_argument("--write", action="store_true", help="also write docs/benchmarks.md")
     parser.add_argument(
         "--doc", default=str(REPO / "docs" / "benchmarks.md"), help="where --write writes"
+    )
+    parser.add_argument(
+        "--plots",
+        action="store_true",
+        help="after the run, draw docs/img/*.png from the stored results merged with this run's",
     )
     parser.add_argument(
         "--private-server",
@@ -93,7 +130,43 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _finish(
+    args: argparse.Namespace,
+    snapshots: dict[str, dict[str, Any]],
+    facts: list[tuple[str, str]],
+) -> list[Section]:
+    """Store this run's raw numbers (with --write), draw plots (--plots); the extra blocks."""
+    results = _results.merge(_results.load(), snapshots, facts)
+    if args.write:
+        _results.save(results)
+        log(f"wrote {_results.RESULTS}")
+    view = _results.View(results)
+    extra = [Section("targets", _targets.markdown(view))]
+    if args.plots or args.scenario == "plots":
+        written = _plots.render(view)
+        extra.append(Section("plots", _plots.markdown(written)))
+    return extra
+
+
+def _plots_only(args: argparse.Namespace) -> int:
+    stored = _results.load()
+    if not stored.get("scenarios"):
+        log(f"no stored results in {_results.RESULTS}: run a scenario with --write first")
+        return 2
+    extra = _finish(args, {}, [])
+    print("\n".join(s.body + "\n" for s in extra))
+    if args.write:
+        path = Path(args.doc)
+        facts = [(str(k), str(v)) for k, v in stored.get("environment", [])]
+        environment = "## Environment\n\n" + kv_table(facts) + "\n"
+        write_doc(path, preamble=PREAMBLE, environment=environment, sections=extra)
+        log(f"wrote {path}")
+    return 0
+
+
 async def _amain(args: argparse.Namespace) -> int:
+    if args.scenario == "plots":
+        return _plots_only(args)
     cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     if cfg.rounds is not None and cfg.rounds < 1:
@@ -119,13 +192,22 @@ async def _amain(args: argparse.Namespace) -> int:
         where += ' (a private throwaway redis-server: --save "" --appendonly no)'
     facts = await environment_facts(client, where, api)
     sections: list[Section] = []
+    snapshots: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
     try:
-        for name in names:
-            log(f"--- {name}")
-            started = time.monotonic()
-            sections.append(await SCENARIOS[name](cfg, api))
-            log(f"--- {name} took {time.monotonic() - started:.1f} s")
+        with _progress.run_display(len(names)):
+            for index, name in enumerate(names):
+                _progress.scenario(name, index)
+                log(f"--- {name}")
+                started, started_at = time.monotonic(), now_utc()
+                take_recorded()
+                sections.append(await SCENARIOS[name](cfg, api))
+                rounds, data = take_recorded()
+                snapshots[name] = _results.snapshot(
+                    rounds, data, run=cfg.run_id, started=started_at, quick=cfg.quick
+                )
+                log(f"--- {name} took {time.monotonic() - started:.1f} s")
+            _progress.finished(len(names))
     finally:
         if client is not None:
             deleted = await delete_run_keys(client, cfg.run_id)
@@ -138,10 +220,12 @@ async def _amain(args: argparse.Namespace) -> int:
     facts.append(("run", f"{cfg.run_id}, {kind}, {time.monotonic() - t0:.0f} s"))
     environment = "## Environment\n\n" + kv_table(facts) + "\n"
     headlines = [h for s in sections for h in s.headlines]
+    extra = _finish(args, snapshots, facts)
     report = [PREAMBLE.split("\nRegenerate")[0], environment]
     if headlines:
         report.append("## Headline ratios\n\n" + kv_table(headlines) + "\n")
-    report += [s.body + "\n" for s in sections]
+    report += [s.body + "\n" for s in [*extra, *sections]]
+    sections = [*extra, *sections]
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
     import redis.asyncio
     from typing_extensions import Self
@@ -64,8 +64,19 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
+_LOG_SINK: list[Callable[[str], None]] = []
+
+
+def set_log_sink(sink: Callable[[str], None] | None) -> None:
+    """Route :func:`log` through ``sink`` (the rich display of ``_progress``); None: plain."""
+    _LOG_SINK[:] = [sink] if sink is not None else []
+
+
 def log(message: str) -> None:
     """Progress goes to stderr so that stdout stays a clean markdown report."""
+    if _LOG_SINK:
+        _LOG_SINK[0](message)
+        return
     print(message, file=sys.stderr, flush=True)
 
 

@@ -18,6 +18,11 @@ MEMORY = "**asynclock** AsyncLock (MemoryState, new object per pair)"
 MEMORY_CM = "**asynclock** `async with AsyncLock(...)` (MemoryState)"
 C_IDEAL = "asyncio.Lock, 16 tasks x 100 cycles"
 C_MEMORY = "**asynclock** MemoryState, 16 tasks x 100 cycles"
+S_AS_SHIPPED = "**asynclock** AsyncLock acquire + release (MemoryState), as shipped"
+S_NO_YIELD = "the same, `asyncio.sleep(0)` patched to return without yielding (measurement only)"
+S_YIELD = "`await asyncio.sleep(0)` alone: one pass of the event loop, nothing else ready"
+S_IDEAL = "asyncio.Lock acquire + release (never yields on a free lock)"
+S_STATE = "`state.acquire` + `state.release` directly (no AsyncLock), without yielding"
 
 
 async def _ideal(n: int) -> None:
@@ -59,6 +64,76 @@ def _memory_cm(api: Asynclock, state: StateLike, key: str) -> Any:
                 pass
 
     return loop
+
+
+async def _yields(n: int) -> None:
+    sleep = asyncio.sleep
+    for _ in range(n):
+        await sleep(0)
+
+
+def _state_pairs(state: Any, key: str) -> Any:
+    async def loop(n: int) -> None:
+        for _ in range(n):
+            await state.acquire(key, "owner", 30.0)
+            await state.release(key, "owner")
+
+    return loop
+
+
+async def _split_round(loop: Any, state_loop: Any, n: int) -> dict[str, dict[str, float]]:
+    """Where an uncontended MemoryState pair's time goes: the yields against everything else.
+
+    Every asynclock operation yields to the event loop once by design (STYLE.md 9.7, the trio
+    checkpoint rule), so a pair is at least two loop passes. Here the pair is timed as shipped,
+    then with ``asyncio.sleep`` replaced by a coroutine that returns at once (only inside this
+    measurement, with nothing else running on the loop), and the yields are counted with a
+    wrapper around the real ``asyncio.sleep``.
+    """
+    real_sleep = asyncio.sleep
+    calls = [0]
+
+    async def counting(delay: float, result: Any = None) -> Any:
+        calls[0] += 1
+        return await real_sleep(delay, result)
+
+    async def no_yield(delay: float, result: Any = None) -> Any:
+        if delay:
+            return await real_sleep(delay, result)
+        return result
+
+    out: dict[str, dict[str, float]] = {}
+    timed: list[tuple[str, Any, Any]] = [(S_IDEAL, _ideal, None), (S_YIELD, _yields, None)]
+    timed += [(S_AS_SHIPPED, loop, None), (S_NO_YIELD, loop, no_yield)]
+    timed.append((S_STATE, state_loop, no_yield))
+    for name, body, patch in timed:
+        gc.collect()
+        if patch is not None:
+            asyncio.sleep = patch
+        try:
+            t0 = time.perf_counter()
+            await body(n)
+            wall = time.perf_counter() - t0
+        finally:
+            asyncio.sleep = real_sleep
+        out[name] = {"us": wall / n * 1e6}
+    wrapper: Any = counting
+    asyncio.sleep = wrapper
+    try:
+        await loop(1000)
+    finally:
+        asyncio.sleep = real_sleep
+    out[S_AS_SHIPPED]["yields"] = calls[0] / 1000
+    out[S_NO_YIELD]["yields"] = 0.0
+    out[S_YIELD]["yields"] = 1.0
+    out[S_IDEAL]["yields"] = 0.0
+    out[S_STATE]["yields"] = 0.0
+    for metrics in out.values():
+        metrics["x_ideal"] = metrics["us"] / out[S_IDEAL]["us"]
+    shipped, bare = out[S_AS_SHIPPED]["us"], out[S_NO_YIELD]["us"]
+    out[S_AS_SHIPPED]["share_yields"] = (shipped - bare) / shipped * 100
+    out[S_AS_SHIPPED]["yield_us"] = shipped - bare
+    return out
 
 
 class _IdealContender:
@@ -160,6 +235,20 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         for name, metrics in crowd_round.items():
             crowd.add(name, metrics)
         log(f"memory round {r + 1}/{rounds_n} done")
+    split = Rounds()
+    for name in (S_IDEAL, S_YIELD, S_AS_SHIPPED, S_NO_YIELD, S_STATE):
+        split.declare(name)
+    split_n = 5000 if cfg.quick else 20000
+    if MEMORY in loops:
+        try:
+            for _ in range(rounds_n):
+                state_loop = _state_pairs(state, cfg.key("memory", "state"))
+                measured = await _split_round(loops[MEMORY], state_loop, split_n)
+                for name, metrics in measured.items():
+                    split.add(name, metrics)
+        except Exception as exc:  # noqa: BLE001 (reported, never fatal)
+            split.skip(S_AS_SHIPPED, f"{type(exc).__name__}: {exc}")
+            log(f"memory: yield split failed: {exc!r}")
     if state is not None:
         try:
             await state.aclose()
@@ -196,6 +285,30 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             table(solo, cols),
             "",
             table(crowd, crowd_cols),
+            "",
+            "### Where the uncontended pair's time goes",
+            "",
+            (
+                f"{split_n:,} pairs per row and round, {rounds_n} rounds. Every asynclock "
+                "operation yields to the event loop once before it acts (the yield rule, "
+                "STYLE.md 9.7, after trio's checkpoints: a tight `async with lock:` loop cannot "
+                "starve other tasks, and a cancellation lands before the operation or not at "
+                "all); `asyncio.Lock` does not yield on a free lock. The second row replaces "
+                "`asyncio.sleep` for the duration of the measurement with a coroutine that "
+                "returns at once; yields per pair are counted with a wrapper around it. The last "
+                "row calls the State protocol itself, also without yields: the rest of the "
+                "second row is AsyncLock's own layer (owner id, the per-key FIFO line, checks)."
+            ),
+            "",
+            table(
+                split,
+                [
+                    Column("µs per pair (or per yield)", "us", 2),
+                    Column("x asyncio.Lock", "x_ideal", 1),
+                    Column("event-loop yields per pair", "yields", 1, median_only=True),
+                    Column("yields' share of the pair %", "share_yields", 0),
+                ],
+            ),
         ]
     )
     headlines: list[tuple[str, str]] = []
@@ -209,6 +322,14 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     else:
         headlines.append(
             ("MemoryState AsyncLock cost ÷ asyncio.Lock", "n/a (skipped: see the table)")
+        )
+    shipped, bare = split.spread(S_AS_SHIPPED, "us"), split.spread(S_NO_YIELD, "us")
+    if shipped.count and bare.count:
+        headlines.append(
+            (
+                "MemoryState pair µs: as shipped / without its yields / asyncio.Lock",
+                " / ".join(fmt_spread(s, 2) for s in (shipped, bare, split.spread(S_IDEAL, "us"))),
+            )
         )
     spread = crowd.spread(C_MEMORY, "x_ideal")
     if spread.count:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from benchmarks._stats import Spread, fmt, fmt_spread
 
@@ -50,8 +50,28 @@ class Column:
     median_only: bool = False
 
 
+# what the running scenario tabulated, for benchmarks/results/ and the plots (``_results``)
+_RECORDED: list[Rounds] = []
+_RECORDED_DATA: dict[str, Any] = {}
+
+
+def record_data(name: str, value: Any) -> None:
+    """Keep raw numbers of the running scenario that are not in a table (e.g. a curve)."""
+    _RECORDED_DATA[name] = value
+
+
+def take_recorded() -> tuple[list[Rounds], dict[str, Any]]:
+    """The Rounds tabulated and the data recorded since the last call; clears both."""
+    rounds, data = list(_RECORDED), dict(_RECORDED_DATA)
+    _RECORDED.clear()
+    _RECORDED_DATA.clear()
+    return rounds, data
+
+
 def table(rounds: Rounds, columns: list[Column], *, label: str = "variant") -> str:
     """A markdown table: one row per variant, each cell ``median (min-max)`` over the rounds."""
+    if not any(r is rounds for r in _RECORDED):
+        _RECORDED.append(rounds)
     head = "| " + " | ".join([label, *(c.header for c in columns)]) + " |"
     sep = "|" + "---|" * (len(columns) + 1)
     lines = [head, sep]
@@ -90,6 +110,9 @@ class Section:
 
 
 _ORDER: tuple[str, ...] = ("uncontended", "contended", "memory", "dispatcher", "sql")
+# the targets table and the plots (built by _cli from benchmarks/results/) come first, then
+# the scenarios of the growth/dedupe work; kept apart from the line above on purpose
+_ORDER = ("targets", "plots", *_ORDER, "memory-growth", "dedupe")
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
 )
