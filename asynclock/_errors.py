@@ -10,7 +10,14 @@ from __future__ import annotations
 
 
 class AsynclockError(Exception):
-    """Root of every error asynclock raises on purpose."""
+    """Root of every error asynclock raises on purpose.
+
+    Example:
+        >>> import asynclock
+        >>> [issubclass(error, asynclock.AsynclockError) for error in (
+        ...     asynclock.LockAcquisitionError, asynclock.StateUnavailableError, ValueError)]
+        [True, True, False]
+    """
 
 
 class LockError(AsynclockError):
@@ -27,6 +34,20 @@ class LockAcquisitionError(LockError):
         ttl: the TTL (seconds) the acquirer asked for.
         retry_after: seconds until the current holder's lock expires, as the server reported at
             the last attempt, or ``None`` when unknown. The holder may release earlier, or extend.
+
+    Example:
+        >>> import asyncio
+        >>> from asynclock import AsyncLock, LockAcquisitionError, MemoryState
+        >>> async def main():
+        ...     state = MemoryState()
+        ...     async with AsyncLock(state, "report:daily", ttl=60.0):
+        ...         try:
+        ...             async with AsyncLock(state, "report:daily", blocking=False):
+        ...                 pass
+        ...         except LockAcquisitionError as exc:
+        ...             return exc.key, 59.0 < exc.retry_after <= 60.0
+        >>> asyncio.run(main())
+        ('report:daily', True)
     """
 
     def __init__(
@@ -57,6 +78,23 @@ class LockNotOwnedError(LockError):
     Attributes:
         key: the lock's key.
         owner: the owner id of the acquisition that lost the lock.
+
+    Example:
+        >>> import asyncio
+        >>> from asynclock import AsyncLock, LockNotOwnedError, MemoryState
+        >>> now = 0.0
+        >>> state = MemoryState(clock=lambda: now)
+        >>> async def main():
+        ...     global now
+        ...     lock = AsyncLock(state, "invoice:7", ttl=10.0)
+        ...     await lock.acquire()
+        ...     now += 11.0                        # the holder stalled past its TTL
+        ...     try:
+        ...         await lock.extend()
+        ...     except LockNotOwnedError as exc:
+        ...         return exc.key, exc.owner == lock.owner
+        >>> asyncio.run(main())
+        ('invoice:7', True)
     """
 
     def __init__(self, key: str, owner: str, message: str | None = None) -> None:
@@ -83,6 +121,22 @@ class LockLostError(LockError):
     Attributes:
         key: the lock's key.
         owner: the owner id of the acquisition that was lost.
+
+    Example:
+        ``max_lifetime`` caps how long ``auto_renew`` keeps a lock; then the body is cancelled:
+
+        >>> import asyncio
+        >>> from asynclock import AsyncLock, LockLostError, MemoryState
+        >>> async def main():
+        ...     lock = AsyncLock(MemoryState(), "report:daily", ttl=0.3, auto_renew=True,
+        ...                      max_lifetime=0.1)
+        ...     try:
+        ...         async with lock:
+        ...             await asyncio.sleep(5)         # cancelled after 0.1 s
+        ...     except LockLostError as exc:
+        ...         return exc.key, lock.lost
+        >>> asyncio.run(main())
+        ('report:daily', True)
     """
 
     def __init__(self, key: str, owner: str, message: str | None = None) -> None:
@@ -104,4 +158,12 @@ class StateUnavailableError(StateError, ConnectionError):
     """The state backend could not be reached, or did not answer within its timeout.
 
     The driver's own exception is chained as ``__cause__``. Messages never contain passwords.
+
+    Example:
+        It is also a ``ConnectionError``, so code that handles those keeps working:
+
+        >>> from asynclock import StateError, StateUnavailableError
+        >>> issubclass(StateUnavailableError, StateError), issubclass(
+        ...     StateUnavailableError, ConnectionError)
+        (True, True)
     """

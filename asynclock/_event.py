@@ -69,7 +69,15 @@ class Event:
 
 
 class Outcome(str, enum.Enum):
-    """What :meth:`EventDispatcher.dispatch` did with an event."""
+    """What :meth:`EventDispatcher.dispatch` did with an event.
+
+    Example:
+        A ``str`` enum: members equal their values, ``str()`` gives the value.
+
+        >>> from asynclock import Outcome
+        >>> Outcome.DROPPED == "dropped", str(Outcome.QUEUED), Outcome("handled").name
+        (True, 'queued', 'HANDLED')
+    """
 
     #: a handler ran under the lock and returned
     HANDLED = "handled"
@@ -101,6 +109,16 @@ class HandlerContext:
         skipped: older events folded into this call (policies ``latest`` and ``debounce``),
             oldest first.
         forced: the handler runs without the lock because of ``force``.
+
+    Example:
+        >>> import asyncio
+        >>> from asynclock import Event, EventDispatcher, HandlerContext, MemoryState
+        >>> bot = EventDispatcher(MemoryState())
+        >>> @bot.on("mention")
+        ... async def reply(event: Event, ctx: HandlerContext) -> None:
+        ...     print(ctx.lock_key, ctx.token is not None, ctx.skipped, ctx.forced)
+        >>> _ = asyncio.run(bot.dispatch(Event("mention", "slack", "C1", "T1", "m1")))
+        slack:C1:T1 True () False
     """
 
     lock_key: str

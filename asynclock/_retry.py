@@ -49,6 +49,22 @@ class RetryStatistics:
         exhausted: calls whose every attempt hit a conflict.
         processed_without_lock: exhausted calls run once more with their locks granted.
         dropped: exhausted calls dropped (``on_exhaustion="drop"``), each logged.
+
+    Example:
+        >>> import asyncio, asynclock
+        >>> state = asynclock.MemoryState()
+        >>> @asynclock.retry_on_lock_conflict(wait=0.01, attempts=2, on_exhaustion="drop")
+        ... async def handle() -> None:
+        ...     async with asynclock.AsyncLock(state, "contact:7", blocking=False):
+        ...         pass
+        >>> async def main():
+        ...     async with asynclock.AsyncLock(state, "contact:7"):  # someone holds it
+        ...         await handle()                                  # 2 conflicts, dropped
+        ...     await handle()                                      # free: runs once
+        >>> asyncio.run(main())
+        >>> stats = handle.statistics()
+        >>> stats.calls, stats.conflicts, stats.retries, stats.exhausted, stats.dropped
+        (2, 2, 1, 1, 1)
     """
 
     calls: int = 0

@@ -58,7 +58,19 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class LockInfo:
-    """What :meth:`State.inspect` reports about a held lock."""
+    """What :meth:`State.inspect` reports about a held lock.
+
+    Example:
+        >>> import asyncio
+        >>> from asynclock import AsyncLock, MemoryState
+        >>> async def main():
+        ...     state = MemoryState()
+        ...     async with AsyncLock(state, "contact:42", ttl=30.0) as lock:
+        ...         info = await state.inspect("contact:42")
+        ...         return info.owner == lock.owner, info.token == lock.token, info.remaining > 29
+        >>> asyncio.run(main())
+        (True, True, True)
+    """
 
     key: str
     owner: str
@@ -90,6 +102,14 @@ class State(Protocol):
     Every method is a coroutine and every call yields to the event loop at least once.
     Backends raise :class:`asynclock.StateUnavailableError` (with the driver's error as
     ``__cause__``) when the server cannot be reached within their configured timeouts.
+
+    Example:
+        A backend implements the methods and inherits from nothing (see the docs' "Custom
+        backends" page):
+
+        >>> from asynclock import MemoryState, State
+        >>> isinstance(MemoryState(), State), isinstance(object(), State)
+        (True, False)
     """
 
     async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:

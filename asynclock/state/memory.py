@@ -56,6 +56,23 @@ class MemoryState(ClosesOnExit):
 
     Args:
         clock: a monotonic clock in seconds; tests may inject a fake one.
+
+    Example:
+        A fake clock lets a test expire a lock without waiting for it:
+
+        >>> import asyncio
+        >>> from asynclock import AsyncLock, MemoryState
+        >>> now = 0.0
+        >>> state = MemoryState(clock=lambda: now)
+        >>> async def main():
+        ...     global now
+        ...     first = AsyncLock(state, "contact:42", ttl=30.0)
+        ...     await first.acquire()
+        ...     now += 31.0                                   # past its TTL
+        ...     second = AsyncLock(state, "contact:42", ttl=30.0)
+        ...     return await second.acquire(blocking=False), second.token > first.token
+        >>> asyncio.run(main())
+        (True, True)
     """
 
     __slots__ = (
