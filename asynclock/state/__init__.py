@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from asynclock.state._protocol import Grant, LockInfo, Release, State, Watch
-from asynclock.state._url import SCHEMES, StateURL, backend_class
+from asynclock.state._protocol import (
+    ClaimingState,
+    Grant,
+    LockAdmin,
+    LockInfo,
+    Release,
+    State,
+    Watch,
+)
+from asynclock.state._url import SCHEMES, StateURL, backend_class, register_scheme
 from asynclock.state.memory import MemoryState
 
 if TYPE_CHECKING:
@@ -19,7 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = (
     "SCHEMES",
+    "ClaimingState",
     "Grant",
+    "LockAdmin",
     "LockInfo",
     "MemoryState",
     "MySQLState",
@@ -29,6 +39,7 @@ __all__ = (
     "State",
     "StateURL",
     "Watch",
+    "register_scheme",
     "state_from_url",
 )
 

@@ -29,6 +29,29 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
 }
 
 
+def register_scheme(scheme: str, target: str, extra: str | None = None) -> None:
+    """Let :func:`state_from_url` build your own state class for ``scheme://`` URLs.
+
+    Args:
+        scheme: the URL scheme, e.g. ``"etcd"``; an existing one is replaced.
+        target: ``"package.module:ClassName"``, imported on first use; the class needs a
+            ``from_url(url, **options)`` class method.
+        extra: the pip extra (or package) that installs its driver, named in import errors.
+
+    Example:
+        >>> from asynclock.state import register_scheme, state_from_url
+        >>> register_scheme("mem2", "asynclock.state.memory:MemoryState")
+        >>> state_from_url("mem2://")
+        <MemoryState locks=0 dedupe=0>
+    """
+    if not isinstance(scheme, str) or not scheme or "://" in scheme:
+        raise ValueError(f"scheme must be a bare URL scheme like 'etcd', got {scheme!r}")
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise ValueError(f"target must read 'package.module:ClassName', got {target!r}")
+    SCHEMES[scheme.lower()] = (target, extra)
+
+
 @dataclass(frozen=True, slots=True)
 class StateURL:
     """A parsed state URL whose ``repr``/``str`` never shows the password."""
