@@ -1,5 +1,7 @@
 """Shared by the SQL states (``postgres/`` and ``mysql/``): named queries, key ids, a lean pool.
 
+The states themselves share :class:`asynclock.state._sqlbase.SQLState`.
+
 Queries live in ``queries.sql`` beside each backend, in procrastinate's named format::
 
     -- acquire --
@@ -26,7 +28,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine
+    from collections.abc import Awaitable, Callable
 
 __all__ = [
     "ConnectionPool",
@@ -36,11 +38,9 @@ __all__ = [
     "load_queries",
     "load_schema",
     "mark_of",
-    "shielded",
 ]
 
 C = TypeVar("C")
-T = TypeVar("T")
 
 _BLOCK = re.compile(r"^-- ([a-z_][a-z0-9_]*) --[ \t]*$", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
@@ -249,44 +249,3 @@ class ConnectionPool(Generic[C]):
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.cancel()
-
-
-async def shielded(
-    work: Coroutine[object, object, T],
-    *,
-    settle: Callable[[asyncio.Task[T]], None],
-    kill: Callable[[], None],
-    deadline: float,
-    grace: float,
-) -> T:
-    """Await ``work`` (one statement on a checked-out connection), immune to cancellation.
-
-    The drivers react to a cancelled read by breaking the connection (aiomysql) or by opening a
-    second one to send a cancel request (asyncpg); both cost more than letting the statement,
-    already on the wire, finish. So a cancelled caller gets its ``CancelledError`` at once while
-    the statement finishes in the background; ``settle(task)`` then gives the connection back.
-    Only when the operation's ``deadline`` has passed (the server is stuck), or the statement
-    is still running ``grace`` seconds later, is the connection killed with ``kill()``.
-
-    The caller settles the connection itself when this returns or raises normally.
-    """
-    loop = asyncio.get_running_loop()
-    task = loop.create_task(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if task.done():
-            settle(task)
-        else:
-            if loop.time() >= deadline:
-                kill()
-            else:
-
-                def overdue() -> None:
-                    if not task.done():
-                        kill()
-
-                timer = loop.call_later(grace, overdue)
-                task.add_done_callback(lambda _: timer.cancel())
-            task.add_done_callback(settle)
-        raise

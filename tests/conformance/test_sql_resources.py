@@ -19,7 +19,6 @@ QUERIES = {
     "dedupe_forget",
     "purge_locks",
     "purge_dedupe",
-    "unflag",
 }
 
 

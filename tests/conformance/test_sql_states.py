@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import AsyncLock, Deduper, StateUnavailableError, state_from_url
+from asynclock.state import Release
 from tests._helpers import token_of
 from tests._matrix import MYSQL, POSTGRES, require
 
@@ -126,3 +128,140 @@ async def test_schema_and_table_prefix_options(sql_backend: Backend) -> None:
             await state.inspect("k")
     finally:
         await state.aclose()
+
+
+@pytest.fixture
+async def three_states(sql_backend: Backend) -> AsyncIterator[tuple[State, State, State]]:
+    """Three states (three "processes") on one namespace; a release reserves for 5 s."""
+    from tests._matrix import purge_namespace
+
+    namespace = uuid.uuid4().hex
+    options = {**sql_backend.options(namespace), "reservation": 5.0}
+    states = tuple(state_from_url(sql_backend.url, **options) for _ in range(3))
+    try:
+        yield states[0], states[1], states[2]
+    finally:
+        for state in states:
+            await state.aclose()
+        await purge_namespace(sql_backend, namespace)
+
+
+async def test_abandon_withdraws_the_waiting_flag(
+    three_states: tuple[State, State, State],
+) -> None:
+    holder, waiter, other = three_states
+    assert (await holder.acquire("k", "h", 10.0)).token is not None
+    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None  # flags the key
+    await waiter.abandon("k", "w")  # its process stops waiting
+    assert (await holder.release("k", "h")).owned
+    # no reservation was left for the waiter: anyone takes the key at once
+    assert (await other.acquire("k", "o", 10.0)).token is not None
+
+
+async def test_abandon_frees_a_reservation_at_once_and_wakes_watchers(
+    three_states: tuple[State, State, State],
+) -> None:
+    holder, waiter, other = three_states
+    assert (await holder.acquire("k", "h", 10.0)).token is not None
+    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None
+    assert (await holder.release("k", "h")).owned  # reserved for the waiter's state
+    blocked = await other.acquire("k", "o", 10.0)
+    assert blocked.token is None
+    assert blocked.retry_after is not None
+    assert blocked.retry_after > 1.0
+    async with other.watch("k") as watch:
+        watch.reset()
+        await waiter.abandon("k", "w")
+        if sql_backend_notifies(other):
+            assert await watch.wait(2.0), "the freed reservation was not announced"
+    assert (await other.acquire("k", "o", 10.0)).token is not None
+    # the abandoned owner's late acquire can no longer win
+    assert await other.release("k", "o") == Release(owned=True)
+    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None
+
+
+async def test_abandon_by_the_holder_keeps_another_states_reservation(
+    three_states: tuple[State, State, State],
+) -> None:
+    holder, waiter, other = three_states
+    assert (await holder.acquire("k", "h", 10.0)).token is not None
+    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None
+    await holder.abandon("k", "h")  # releases; the waiter's flag is not the holder's to withdraw
+    assert (await other.acquire("k", "o", 10.0)).token is None  # reserved for the waiter
+    assert (await waiter.acquire("k", "w2", 10.0, waiting=True)).token is not None
+
+
+def sql_backend_notifies(state: State) -> bool:
+    """PostgreSQL pushes releases to other states; MySQL's watchers poll instead."""
+    return type(state).__name__ == "PostgresState"
+
+
+async def test_a_cancelled_statement_never_hands_its_connection_on(sql_backend: Backend) -> None:
+    # The acquire waits for a row lock that another session holds; it is cancelled there, with
+    # its statement still running on the server. The connection must not go back to the pool
+    # (its reply would reach the next statement): the next operations run on a fresh one.
+    namespace = uuid.uuid4().hex
+    options = sql_backend.options(namespace)
+    state = state_from_url(sql_backend.url, **options, max_connections=1)
+    try:
+        async with AsyncLock(state, "k", ttl=10.0):
+            pass
+        async with _row_locked(sql_backend, str(options["prefix"]) + "k"):
+            task = asyncio.create_task(state.acquire("k", "cancelled", 10.0))
+            await asyncio.sleep(0.2)  # on the server, waiting for the row lock
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await state.abandon("k", "cancelled")
+        async with AsyncLock(state, "k", ttl=10.0) as lock:
+            info = await state.inspect("k")
+            assert info is not None
+            assert info.owner == lock.owner
+        assert await state.inspect("k") is None
+    finally:
+        await state.aclose()
+        from tests._matrix import purge_namespace
+
+        await purge_namespace(sql_backend, namespace)
+
+
+@contextlib.asynccontextmanager
+async def _row_locked(backend: Backend, full_key: str) -> AsyncIterator[None]:
+    """Hold the row lock of ``full_key``'s lock row in a transaction of a separate session."""
+    from urllib.parse import unquote, urlsplit
+
+    from asynclock.state._sql import key_id
+
+    ident = key_id(full_key)
+    if backend is POSTGRES:
+        import asyncpg  # type: ignore[import-untyped]
+
+        conn = await asyncpg.connect(backend.url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM asynclock_locks WHERE id = $1 FOR UPDATE", ident)
+                yield
+        finally:
+            await conn.close()
+        return
+    import aiomysql  # type: ignore[import-untyped]
+
+    parts = urlsplit(backend.url)
+    mysql = await aiomysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        db=parts.path.lstrip("/"),
+        autocommit=False,
+    )
+    try:
+        async with mysql.cursor() as cursor:
+            await cursor.execute(
+                "SELECT 1 FROM asynclock_locks WHERE id = UNHEX(%s) FOR UPDATE", (ident.hex(),)
+            )
+            yield
+        await mysql.rollback()
+    finally:
+        mysql.close()

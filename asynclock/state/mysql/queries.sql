@@ -73,29 +73,39 @@ UPDATE {prefix}locks SET
 WHERE id = UNHEX(%(id)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(3)
 
 -- abandon --
--- Undo an acquire of unknown outcome: release the key if owner holds it (lastrowid 1, as release
--- does without handoff); otherwise add owner's mark to the row (creating it if needed), so that
--- the acquire, should it still arrive, is refused until abandoned_until. Marks are kept to the
--- last 8 KB (older owners are long gone). Atomic: one INSERT ... ON DUPLICATE KEY UPDATE on the
--- key's row, the row acquire itself must lock to win.
+-- Undo an acquire of unknown outcome, and stop waiting: release the key if owner holds it (as
+-- release does, without handoff); otherwise add owner's mark to the row (creating it if needed),
+-- so that the acquire, should it still arrive, is refused until abandoned_until. Either way,
+-- withdraw this state's waiting flag (waiter): a key reserved for it is freed at once, and one
+-- it holds is released without a reservation for itself. Marks are kept to the last 8 KB (older
+-- owners are long gone). lastrowid is the decision, taken on the row's old values: bit 1 owner
+-- held the key, bit 2 the flag was ours, bit 4 the key was freed (released, or our reservation
+-- withdrawn). Atomic: one INSERT ... ON DUPLICATE KEY UPDATE on the key's row, the row acquire
+-- itself must lock to win; expires_at is assigned before owner and flag change.
 INSERT INTO {prefix}locks (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
 VALUES (UNHEX(%(id)s), %(name)s, NULL, NULL, 0 * LAST_INSERT_ID(0), UTC_TIMESTAMP(3), %(mark)s,
         UTC_TIMESTAMP(3) + INTERVAL %(mark_ttl_ms)s * 1000 MICROSECOND)
 ON DUPLICATE KEY UPDATE
     token = token + 0 * LAST_INSERT_ID(
-        IF(owner <=> %(owner)s AND expires_at > UTC_TIMESTAMP(3), 1, 0)),
+        IF(owner <=> %(owner)s AND expires_at > UTC_TIMESTAMP(3), 1 + 4, 0)
+        + IF(flag <=> %(waiter)s, 2, 0)
+        + IF(flag <=> %(waiter)s AND owner IS NULL AND expires_at > UTC_TIMESTAMP(3), 4, 0)),
     expires_at = CASE
-        WHEN LAST_INSERT_ID() = 0 THEN expires_at
-        WHEN flag IS NULL THEN UTC_TIMESTAMP(3)
-        ELSE UTC_TIMESTAMP(3) + INTERVAL %(reservation_ms)s * 1000 MICROSECOND
+        WHEN (LAST_INSERT_ID() & 3) = 1 AND flag IS NOT NULL
+            THEN UTC_TIMESTAMP(3) + INTERVAL %(reservation_ms)s * 1000 MICROSECOND
+        WHEN (LAST_INSERT_ID() & 1) = 1 THEN UTC_TIMESTAMP(3)
+        WHEN (LAST_INSERT_ID() & 2) = 2 AND owner IS NULL
+            THEN LEAST(expires_at, UTC_TIMESTAMP(3))
+        ELSE expires_at
     END,
-    owner = IF(LAST_INSERT_ID() = 1, NULL, owner),
+    owner = IF((LAST_INSERT_ID() & 1) = 1, NULL, owner),
+    flag = IF((LAST_INSERT_ID() & 2) = 2, NULL, flag),
     abandoned = CASE
-        WHEN LAST_INSERT_ID() = 1 THEN abandoned
+        WHEN (LAST_INSERT_ID() & 1) = 1 THEN abandoned
         WHEN abandoned_until > UTC_TIMESTAMP(3) THEN CONCAT(RIGHT(abandoned, 8192), %(mark)s)
         ELSE %(mark)s
     END,
-    abandoned_until = IF(LAST_INSERT_ID() = 1, abandoned_until,
+    abandoned_until = IF((LAST_INSERT_ID() & 1) = 1, abandoned_until,
                          UTC_TIMESTAMP(3) + INTERVAL %(mark_ttl_ms)s * 1000 MICROSECOND)
 
 -- extend --
@@ -138,13 +148,3 @@ LIMIT %(batch)s
 -- purge_dedupe --
 -- Delete up to "batch" expired dedupe records.
 DELETE FROM {prefix}dedupe WHERE expires_at <= UTC_TIMESTAMP(3) LIMIT %(batch)s
-
--- unflag --
--- A waiting state gives up its turn (its last waiter left without the lock): clear its flag,
--- and if the key was reserved for it, free the key at once, so nobody waits for a reservation
--- nobody will take. Atomic: one UPDATE that matches only this state's flag (expires_at is
--- assigned first, while owner and flag still hold their old values).
-UPDATE {prefix}locks
-SET expires_at = IF(owner IS NULL, LEAST(expires_at, UTC_TIMESTAMP(3)), expires_at),
-    flag = NULL
-WHERE id = UNHEX(%(id)s) AND flag = %(waiter)s

@@ -85,31 +85,46 @@ SELECT token, handed_over,
 FROM r
 
 -- abandon --
--- Undo an acquire of unknown outcome: release the key if owner holds it (as release does,
--- without handoff, with NOTIFY); otherwise add owner's mark to the row (creating it if needed),
--- so that the acquire, should it still arrive, is refused until abandoned_until. Marks are kept
--- to the last 8 KB (older owners are long gone). Atomic: one INSERT ... ON CONFLICT DO UPDATE on
--- the key's row, the row acquire itself must lock to win.
-WITH a AS (
+-- Undo an acquire of unknown outcome, and stop waiting: release the key if owner holds it (as
+-- release does, without handoff); otherwise add owner's mark to the row (creating it if needed),
+-- so that the acquire, should it still arrive, is refused until abandoned_until. Either way,
+-- withdraw this state's waiting flag (waiter): a key reserved for it is freed at once, and one
+-- it holds is released without a reservation for itself. NOTIFY when the key was freed (payload:
+-- the key's id in hex). Marks are kept to the last 8 KB (older owners are long gone). Atomic: one
+-- INSERT ... ON CONFLICT DO UPDATE decides on the latest version of the key's row, the row
+-- acquire itself must lock to win. The snapshot read "cur" only tells a withdrawn reservation
+-- (which leaves the row free) from a row that was free already, for the NOTIFY.
+WITH cur AS (
+    SELECT l.owner IS NULL AND l.flag = %(waiter)s AND l.expires_at > now() AS reserved_for_us
+    FROM {prefix}locks AS l
+    WHERE l.id = %(id)s
+), a AS (
     INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at, abandoned, abandoned_until)
     VALUES (%(id)s, %(name)s, NULL, 0, now(), %(mark)s,
             now() + %(mark_ttl_ms)s::bigint * interval '1 millisecond')
-    ON CONFLICT (id) DO UPDATE SET (owner, expires_at, abandoned, abandoned_until) = (
+    ON CONFLICT (id) DO UPDATE SET (owner, flag, expires_at, abandoned, abandoned_until) = (
         SELECT CASE WHEN d.held THEN NULL ELSE l.owner END,
-               CASE WHEN NOT d.held THEN l.expires_at
-                    WHEN l.flag IS NULL THEN now()
-                    ELSE now() + %(reservation_ms)s::bigint * interval '1 millisecond' END,
+               CASE WHEN d.ours THEN NULL ELSE l.flag END,
+               CASE WHEN d.held AND l.flag IS NOT NULL AND NOT d.ours
+                        THEN now() + %(reservation_ms)s::bigint * interval '1 millisecond'
+                    WHEN d.held THEN now()
+                    WHEN d.ours AND l.owner IS NULL THEN least(l.expires_at, now())
+                    ELSE l.expires_at END,
                CASE WHEN d.held THEN l.abandoned
                     WHEN l.abandoned_until > now() THEN right(l.abandoned, 8192) || EXCLUDED.abandoned
                     ELSE EXCLUDED.abandoned END,
                CASE WHEN d.held THEN l.abandoned_until ELSE EXCLUDED.abandoned_until END
-        FROM (SELECT coalesce(l.owner = %(owner)s AND l.expires_at > now(), false) AS held) AS d
+        FROM (SELECT coalesce(l.owner = %(owner)s AND l.expires_at > now(), false) AS held,
+                     coalesce(l.flag = %(waiter)s, false) AS ours) AS d
     )
-    RETURNING strpos(l.abandoned, %(mark)s) = 0 AS released
+    RETURNING strpos(l.abandoned, %(mark)s) = 0 AS released,
+              l.owner IS NULL AND l.flag IS NULL AS free
+), f AS (
+    SELECT a.released OR (a.free AND coalesce((SELECT reserved_for_us FROM cur), false)) AS freed
+    FROM a
 )
-SELECT released,
-       (CASE WHEN released THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
-FROM a
+SELECT freed, (CASE WHEN freed THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+FROM f
 
 -- extend --
 -- Compare-then-reset the TTL: only while owner holds the key (live); a lost lock is never
@@ -143,39 +158,36 @@ WITH upd AS (
 SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins
 
 -- dedupe_forget --
--- Delete the record; the answer says whether it was live. One DELETE.
-DELETE FROM {prefix}dedupe WHERE id = %(id)s RETURNING expires_at > now() AS live
+-- Delete the record; a row returned means it was live (an expired one counts as absent). One
+-- DELETE.
+WITH d AS (DELETE FROM {prefix}dedupe WHERE id = %(id)s RETURNING expires_at > now() AS live)
+SELECT 1 FROM d WHERE live
 
 -- purge_locks --
 -- Delete up to "batch" lock rows free (or expired) for longer than retention_ms and without live
--- abandon marks. The outer WHERE repeats the test, so a row re-taken meanwhile is kept.
-DELETE FROM {prefix}locks
-WHERE id IN (
-    SELECT id FROM {prefix}locks
-    WHERE expires_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
-      AND abandoned_until < now()
-    LIMIT %(batch)s
+-- abandon marks; answer how many. The outer WHERE repeats the test, so a row re-taken meanwhile
+-- is kept.
+WITH d AS (
+    DELETE FROM {prefix}locks
+    WHERE id IN (
+        SELECT id FROM {prefix}locks
+        WHERE expires_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+          AND abandoned_until < now()
+        LIMIT %(batch)s
+    )
+    AND expires_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+    AND abandoned_until < now()
+    RETURNING 1
 )
-AND expires_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
-AND abandoned_until < now()
+SELECT count(*)::int FROM d
 
 -- purge_dedupe --
--- Delete up to "batch" expired dedupe records (the outer WHERE re-checks expiry).
-DELETE FROM {prefix}dedupe
-WHERE id IN (SELECT id FROM {prefix}dedupe WHERE expires_at <= now() LIMIT %(batch)s)
-AND expires_at <= now()
-
--- unflag --
--- A waiting state gives up its turn (its last waiter left without the lock): clear its flag,
--- and if the key was reserved for it, free the key at once and NOTIFY, so nobody waits for a
--- reservation nobody will take. Atomic: one UPDATE that matches only this state's flag.
-WITH u AS (
-    UPDATE {prefix}locks AS l
-    SET flag = NULL,
-        expires_at = CASE WHEN l.owner IS NULL THEN least(l.expires_at, now())
-                          ELSE l.expires_at END
-    WHERE l.id = %(id)s AND l.flag = %(waiter)s
-    RETURNING l.owner IS NULL AS freed
+-- Delete up to "batch" expired dedupe records (the outer WHERE re-checks expiry); answer how
+-- many.
+WITH d AS (
+    DELETE FROM {prefix}dedupe
+    WHERE id IN (SELECT id FROM {prefix}dedupe WHERE expires_at <= now() LIMIT %(batch)s)
+    AND expires_at <= now()
+    RETURNING 1
 )
-SELECT freed, (CASE WHEN freed THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
-FROM u
+SELECT count(*)::int FROM d

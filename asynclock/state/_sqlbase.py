@@ -1,0 +1,545 @@
+"""What PostgresState and MySQLState share: everything but the driver (an internal base class).
+
+The base class owns the options, the operations of the State protocol (parameters in, answers
+out), the operation deadline and the error mapping, connection reuse and discarding, the
+schema bootstrap, the purge loop, the watch registry and the lifecycle. A backend supplies the
+driver-specific parts as small hooks: how a named query is prepared and executed on one of its
+connections, which driver errors mean "unavailable" or "the statement failed", how its answers
+read (``RETURNING`` rows for PostgreSQL, ``rowcount``/``LAST_INSERT_ID`` for MySQL), and how a
+watch hears releases (a LISTEN connection, or bounded polling).
+
+This is an implementation detail shared by two backends, not part of the contract: a
+third-party state needs only the :class:`asynclock.state.State` protocol.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypedDict, TypeVar
+
+from asynclock._compat import deadline_after
+from asynclock._owner import new_process_id
+from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
+from asynclock.state._base import ClosesOnExit
+from asynclock.state._errors import unavailable_error
+from asynclock.state._protocol import Watch
+from asynclock.state._sql import check_table_prefix, key_id, load_queries, load_schema, mark_of
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping
+
+    from asynclock._errors import StateUnavailableError
+    from asynclock.state._protocol import Grant, LockInfo, Release
+    from asynclock.state._sql import Query
+
+__all__ = [
+    "DEFAULT_OP_TIMEOUT",
+    "SQLOptions",
+    "SQLState",
+    "Source",
+    "WakeableWatch",
+    "check_connect_options",
+    "check_max_connections",
+]
+
+logger = logging.getLogger("asynclock")
+
+C = TypeVar("C")
+S = TypeVar("S")
+R = TypeVar("R")
+
+#: seconds one operation may take unless ``op_timeout`` says otherwise
+DEFAULT_OP_TIMEOUT = 5.0
+#: rows one purge statement deletes at most
+PURGE_BATCH = 500
+#: how often a statement the server rolled back whole (deadlock victim, ...) runs again
+_ROLLED_BACK_RETRIES = 5
+
+
+class SQLOptions(TypedDict, total=False):
+    """The options every SQL state takes (see :class:`SQLState` for their meaning)."""
+
+    prefix: str
+    table_prefix: str
+    op_timeout: float
+    create_schema: bool
+    token_retention: float
+    reservation: float
+    purge_interval: float | None
+
+
+class Source(Protocol[C]):
+    """Where operations get a connection: a state's own pool, or a pool the user owns."""
+
+    async def checkout(self) -> tuple[C, bool]:
+        """A connection, and whether it was used before (an idle one rather than a new one)."""
+        ...
+
+    def checkin(self, conn: C | None, *, broken: bool) -> None:
+        """Give ``conn`` back; a ``broken`` one is closed, never handed out again."""
+
+    async def aclose(self) -> None:
+        """Close what the source opened."""
+
+
+class WakeableWatch(Watch, Protocol):
+    """A :class:`~asynclock.state.Watch` that the state wakes when it learns of a release."""
+
+    def fire(self) -> None:
+        """A release of the key was seen: wake the waiter."""
+
+
+def check_max_connections(max_connections: object) -> int:
+    """A pool size: an ``int`` of at least 1."""
+    if not isinstance(max_connections, int) or max_connections < 1:
+        raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+    return max_connections
+
+
+def check_connect_options(connect_timeout: object, max_connections: object) -> float:
+    """Validate ``from_url``'s pool options; return ``connect_timeout`` in seconds."""
+    connect = check_seconds(connect_timeout, "connect_timeout")
+    assert connect is not None
+    check_max_connections(max_connections)
+    return connect
+
+
+class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
+    """Locks and dedupe records in SQL tables: the driver-independent part of a SQL state.
+
+    ``C`` is the driver's connection, ``S`` a prepared statement, ``R`` the raw answer of one
+    statement. Every operation runs one named statement of the backend's ``queries.sql``, in
+    autocommit mode (one transaction), on a connection of :attr:`_source`:
+
+    * under one deadline of ``op_timeout`` seconds, connection wait included; a timeout or a
+      driver error that means "unreachable" raises :class:`~asynclock.StateUnavailableError`
+      chained to the driver's error;
+    * a connection whose statement did not finish cleanly (cancelled, timed out, lost) is
+      discarded, never reused: the statement may still be running, and a half-read reply or an
+      open transaction would reach the next user. Its outcome is unknown; the lock layer undoes
+      an unknown acquire through :meth:`abandon`;
+    * a server error about the statement (the connection stays in sync) gives the connection
+      back; one the server rolled back whole (a deadlock victim) runs again;
+    * a reused connection found dead (server restart, idle timeout) is replaced, and an
+      idempotent statement retried once.
+
+    Args:
+        source: where connections come from.
+        where: how ``repr`` and error messages name the server (never with a password).
+        prefix: put in front of every key, so applications sharing the tables never meet.
+        table_prefix: put in front of the table names (a plain identifier).
+        op_timeout: seconds one operation may take, connection wait included.
+        create_schema: run ``schema.sql`` (idempotent) before the first operation; set it to
+            ``False`` when migrations own the schema.
+        token_retention: seconds a released key's row is kept before :meth:`purge_expired` may
+            delete it.
+        reservation: seconds a release keeps the lock reserved for a waiting state (another
+            process) that flagged it, before anyone may take it.
+        purge_interval: seconds between opportunistic background purges of expired rows (one
+            small batch each); ``None`` turns them off.
+    """
+
+    #: the server's name in ``where`` ("<BACKEND> at <url>")
+    _BACKEND: ClassVar[str]
+    #: the package holding ``schema.sql`` and ``queries.sql``
+    _PACKAGE: ClassVar[str]
+    #: driver errors that mean "cannot reach the server / the connection is gone"
+    _UNAVAILABLE: ClassVar[tuple[type[BaseException], ...]]
+
+    def __init__(
+        self,
+        source: Source[C],
+        *,
+        where: str,
+        prefix: str = "asynclock:",
+        table_prefix: str = "asynclock_",
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
+        create_schema: bool = True,
+        token_retention: float = 60.0,
+        reservation: float = 0.25,
+        purge_interval: float | None = 60.0,
+    ) -> None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        self._prefix = prefix
+        self._table_prefix = check_table_prefix(table_prefix)
+        op = check_seconds(op_timeout, "op_timeout")
+        assert op is not None
+        self._op_timeout = op
+        self._retention_ms = ttl_ms(check_ttl(token_retention, "token_retention"))
+        self._reservation_ms = ttl_ms(check_ttl(reservation, "reservation"))
+        # an abandoned acquire cannot be in flight for longer than an operation may take
+        self._mark_ttl_ms = ttl_ms(max(2 * op, 2.0))
+        self._purge_interval = check_seconds(purge_interval, "purge_interval", allow_none=True)
+        self._schema_ready = not create_schema
+        self._schema_lock = asyncio.Lock()
+        self._source = source
+        self._where = where
+        self._process = new_process_id()
+        self._channel = f"{self._table_prefix}released"
+        self._statements: dict[str, S] = {
+            name: self._prepare(query)
+            for name, query in load_queries(self._PACKAGE, self._table_prefix).items()
+        }
+        self._unavailable_or_timeout: tuple[type[BaseException], ...] = (
+            *self._UNAVAILABLE,
+            TimeoutError,
+            asyncio.TimeoutError,
+        )
+        #: the watches of each key (by the key's id in hex)
+        self._watches: dict[str, set[WakeableWatch]] = {}
+        self._next_purge = 0.0
+        self._purge_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        where = self._where.removeprefix(f"{self._BACKEND} at ")
+        return f"{type(self).__name__}({where}, prefix={self._prefix!r})"
+
+    async def aclose(self) -> None:
+        """Stop the background purge and listening, wake every watcher, close the connections.
+
+        A state given a pool closes none of the pool's connections.
+        """
+        self._closed = True
+        purge, self._purge_task = self._purge_task, None
+        if purge is not None:
+            purge.cancel()
+            await asyncio.wait((purge,))
+        await self._stop_listening()
+        self._wake_all()
+        await self._source.aclose()
+        await asyncio.sleep(0)
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of every key this state writes."""
+        return self._prefix
+
+    @property
+    def table_prefix(self) -> str:
+        """The prefix of this state's table names."""
+        return self._table_prefix
+
+    # -- the driver's part ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _prepare(self, query: Query) -> S:
+        """``query`` in the form :meth:`_execute` runs."""
+
+    @abc.abstractmethod
+    def _schema(self, statements: list[str]) -> list[S]:
+        """The statements that apply ``schema.sql`` (given as its list of statements)."""
+
+    @abc.abstractmethod
+    async def _execute(self, conn: C, statement: S, params: Mapping[str, object]) -> R:
+        """Run ``statement`` with ``params`` on ``conn``; the driver's answer."""
+
+    @abc.abstractmethod
+    def _is_statement_error(self, exc: BaseException) -> bool:
+        """A server error about the statement itself: the connection stays in sync and usable."""
+
+    def _rolled_back_whole(self, exc: BaseException) -> bool:
+        """A statement error after which the statement may simply run again (deadlock victim)."""
+        return False
+
+    @staticmethod
+    def _id_param(ident: bytes) -> object:
+        """The key id as the statements take it (the SHA-256 digest itself by default)."""
+        return ident
+
+    @abc.abstractmethod
+    def _grant(self, answer: R) -> Grant:
+        """``acquire``'s answer."""
+
+    @abc.abstractmethod
+    def _release(self, answer: R) -> Release:
+        """``release``'s answer."""
+
+    @abc.abstractmethod
+    def _freed(self, answer: R) -> bool:
+        """Whether ``abandon`` freed the key (released it, or withdrew a reservation)."""
+
+    @abc.abstractmethod
+    def _matched(self, answer: R) -> bool:
+        """Whether ``extend`` or ``dedupe_forget`` found what it looked for."""
+
+    @abc.abstractmethod
+    def _lock_info(self, key: str, answer: R) -> LockInfo | None:
+        """``inspect``'s answer."""
+
+    @abc.abstractmethod
+    def _claimed(self, answer: R) -> bool:
+        """Whether ``dedupe_add`` recorded the key."""
+
+    @abc.abstractmethod
+    def _deleted(self, answer: R) -> int:
+        """How many rows a purge statement deleted."""
+
+    @abc.abstractmethod
+    def _new_watch(self, loop: asyncio.AbstractEventLoop) -> WakeableWatch:
+        """A watch for one key."""
+
+    async def _listen(self) -> None:
+        """Make sure releases from other processes are heard (PostgreSQL: LISTEN) by now."""
+        await asyncio.sleep(0)
+
+    async def _stop_listening(self) -> None:
+        """Stop what :meth:`_listen` started."""
+
+    def _released_here(self, ident: str) -> None:
+        """This state freed key ``ident``: wake its local watchers (unless the server does)."""
+        self._wake(ident)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _unavailable(self, exc: BaseException) -> StateUnavailableError:
+        return unavailable_error(exc, self._where, self._op_timeout)
+
+    def _ids(self, key: str) -> tuple[bytes, str]:
+        """The key's id (SHA-256 of the prefixed key) and the prefixed key."""
+        full = self._prefix + key
+        return key_id(full), full
+
+    async def _ensure_schema(self) -> None:
+        async with self._schema_lock:
+            if self._schema_ready:
+                return
+            for statement in self._schema(load_schema(self._PACKAGE, self._table_prefix)):
+                await self._call(statement, {}, idempotent=True)
+            self._schema_ready = True
+
+    async def _run(self, name: str, params: Mapping[str, object], *, idempotent: bool) -> R:
+        if not self._schema_ready:
+            await self._ensure_schema()
+        return await self._call(self._statements[name], params, idempotent=idempotent)
+
+    async def _call(self, statement: S, params: Mapping[str, object], *, idempotent: bool) -> R:
+        """Run one statement on a pooled connection under the operation deadline.
+
+        The statement is awaited in the caller's task: no helper task, no shield. If the caller
+        is cancelled (or the deadline passes) while it runs, the connection is discarded at once
+        (the driver then sends nothing more on it) and the cancellation goes on.
+        """
+        source = self._source
+        try:
+            async with deadline_after(self._op_timeout):
+                stale_retry = idempotent
+                rolled_back = 0
+                while True:
+                    conn, reused = await source.checkout()
+                    try:
+                        answer = await self._execute(conn, statement, params)
+                    except BaseException as exc:
+                        if self._is_statement_error(exc):
+                            source.checkin(conn, broken=False)  # an error reply: in sync
+                            if self._rolled_back_whole(exc) and rolled_back < _ROLLED_BACK_RETRIES:
+                                rolled_back += 1
+                                continue
+                            raise
+                        # cancelled, timed out or lost mid-statement: never reuse
+                        source.checkin(conn, broken=True)
+                        if stale_retry and reused and isinstance(exc, self._UNAVAILABLE):
+                            stale_retry = False
+                            continue
+                        raise
+                    source.checkin(conn, broken=False)
+                    return answer
+        except self._unavailable_or_timeout as exc:
+            raise self._unavailable(exc) from exc
+
+    def _maybe_purge(self) -> None:
+        """Start a small background purge when ``purge_interval`` has passed since the last."""
+        if self._purge_interval is None or self._purge_task is not None or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now < self._next_purge:
+            return
+        self._next_purge = now + self._purge_interval
+        self._purge_task = loop.create_task(self._purge_once())
+
+    async def _purge_once(self) -> None:
+        try:
+            await self._purge_batches(once=True)
+        except Exception as exc:  # noqa: BLE001 - opportunistic: the next one will try again
+            logger.debug("asynclock: background purge of expired rows failed: %r", exc)
+        finally:
+            self._purge_task = None
+
+    async def _purge_batches(self, *, once: bool) -> int:
+        total = 0
+        jobs: tuple[tuple[str, dict[str, object]], ...] = (
+            ("purge_locks", {"retention_ms": self._retention_ms, "batch": PURGE_BATCH}),
+            ("purge_dedupe", {"batch": PURGE_BATCH}),
+        )
+        for name, params in jobs:
+            while True:
+                deleted = self._deleted(await self._run(name, params, idempotent=True))
+                total += deleted
+                if once or deleted < PURGE_BATCH:
+                    break
+        return total
+
+    def _wake(self, ident: str) -> None:
+        for watch in tuple(self._watches.get(ident, ())):
+            watch.fire()
+
+    def _wake_all(self) -> None:
+        for watches in tuple(self._watches.values()):
+            for watch in tuple(watches):
+                watch.fire()
+
+    # -- the State protocol -----------------------------------------------------------------
+
+    async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
+        """See :meth:`asynclock.state.State.acquire` (``acquire`` in ``queries.sql``).
+
+        Atomic against every client of the database; expiry by the server's clock. A failed
+        ``waiting`` attempt flags the key for this state: the holder's state then gives way to
+        it at release (see ``reservation``).
+        """
+        check_key(key)
+        ident, full = self._ids(key)
+        answer = await self._run(
+            "acquire",
+            {
+                "id": self._id_param(ident),
+                "name": full,
+                "owner": owner,
+                "mark": mark_of(owner),
+                "ttl_ms": ttl_ms(check_ttl(ttl, key=key)),
+                "waiter": self._process if waiting else None,
+            },
+            idempotent=True,
+        )
+        self._maybe_purge()
+        return self._grant(answer)
+
+    async def release(
+        self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
+    ) -> Release:
+        """See :meth:`asynclock.state.State.release` (``release`` in ``queries.sql``).
+
+        Atomic compare-and-release, or handoff to ``successor``; a release wakes the watchers.
+        """
+        ident, _ = self._ids(key)
+        handoff = bool(successor and ttl)
+        hex_id = ident.hex()
+        answer = self._release(
+            await self._run(
+                "release",
+                {
+                    "id": self._id_param(ident),
+                    "owner": owner,
+                    "successor": successor if handoff else None,
+                    "successor_mark": mark_of(successor) if successor and handoff else None,
+                    "successor_ttl_ms": ttl_ms(ttl) if ttl and handoff else 0,
+                    "reservation_ms": self._reservation_ms,
+                    "channel": self._channel,
+                    "payload": hex_id,
+                },
+                idempotent=False,
+            )
+        )
+        if answer.owned and answer.handoff_token is None:
+            self._released_here(hex_id)
+        return answer
+
+    async def abandon(self, key: str, owner: str) -> None:
+        """See :meth:`asynclock.state.State.abandon` (``abandon`` in ``queries.sql``).
+
+        Releases the key if ``owner`` holds it, else marks ``owner`` so its acquire, should it
+        still arrive, fails (the mark lives ``max(2 * op_timeout, 2)`` seconds); either way
+        withdraws this state's waiting flag, and frees the key at once if it was reserved for
+        this state. One atomic statement.
+        """
+        ident, full = self._ids(key)
+        hex_id = ident.hex()
+        answer = await self._run(
+            "abandon",
+            {
+                "id": self._id_param(ident),
+                "name": full,
+                "owner": owner,
+                "mark": mark_of(owner),
+                "mark_ttl_ms": self._mark_ttl_ms,
+                "reservation_ms": self._reservation_ms,
+                "waiter": self._process,
+                "channel": self._channel,
+                "payload": hex_id,
+            },
+            idempotent=True,
+        )
+        if self._freed(answer):
+            self._released_here(hex_id)
+
+    async def extend(self, key: str, owner: str, ttl: float) -> bool:
+        """See :meth:`asynclock.state.State.extend`: atomic compare-then-reset of the TTL."""
+        ident, _ = self._ids(key)
+        answer = await self._run(
+            "extend",
+            {
+                "id": self._id_param(ident),
+                "owner": owner,
+                "ttl_ms": ttl_ms(check_ttl(ttl, key=key)),
+            },
+            idempotent=True,
+        )
+        return self._matched(answer)
+
+    async def inspect(self, key: str) -> LockInfo | None:
+        """See :meth:`asynclock.state.State.inspect` (one read, server clock)."""
+        ident, _ = self._ids(key)
+        answer = await self._run("inspect", {"id": self._id_param(ident)}, idempotent=True)
+        return self._lock_info(key, answer)
+
+    async def dedupe_add(self, key: str, ttl: float) -> bool:
+        """See :meth:`asynclock.state.State.dedupe_add`: atomic insert-if-absent, server clock."""
+        check_key(key)
+        ident, full = self._ids(key)
+        answer = await self._run(
+            "dedupe_add",
+            {"id": self._id_param(ident), "name": full, "ttl_ms": ttl_ms(check_ttl(ttl, key=key))},
+            idempotent=False,
+        )
+        self._maybe_purge()
+        return self._claimed(answer)
+
+    async def dedupe_forget(self, key: str) -> bool:
+        """See :meth:`asynclock.state.State.dedupe_forget` (one DELETE of a live record)."""
+        ident, _ = self._ids(key)
+        answer = await self._run("dedupe_forget", {"id": self._id_param(ident)}, idempotent=False)
+        return self._matched(answer)
+
+    @contextlib.asynccontextmanager
+    async def watch(self, key: str) -> AsyncIterator[WakeableWatch]:
+        """See :meth:`asynclock.state.State.watch`.
+
+        A release through this state, or one heard from the server, wakes the watch; how
+        releases of other processes are heard is the backend's (see its module).
+        """
+        ident, _ = self._ids(key)
+        hex_id = ident.hex()
+        watch = self._new_watch(asyncio.get_running_loop())
+        await self._listen()
+        self._watches.setdefault(hex_id, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._watches.get(hex_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[hex_id]
+
+    async def purge_expired(self) -> int:
+        """Delete expired dedupe records and lock rows free for over ``token_retention`` seconds.
+
+        Runs in batches (each one short statement) until nothing is left; returns the number of
+        rows deleted. A purged key's next token still exceeds its old ones (the clock seed).
+        """
+        return await self._purge_batches(once=False)
