@@ -14,6 +14,8 @@ Invariants:
   failing, bounded by the caller's own deadline.
 * A connection whose exchange was interrupted (error, cancellation, timeout) is never reused:
   its reply could still arrive and be read by the next caller.
+* An idle connection the server has closed (restart, ``CLIENT KILL``) is dropped at checkout,
+  not handed out: a command on it would fail although the server is up.
 """
 
 from __future__ import annotations
@@ -58,8 +60,15 @@ class LeanPool:
         """A connection and whether it was reused (an idle one) rather than new."""
         if self._closed:
             raise RuntimeError("the RedisState is closed")
-        if self._idle:
-            return self._idle.pop(), True
+        while self._idle:
+            idle = self._idle.pop()
+            if not _closed_by_peer(idle):
+                return idle, True
+            # the server closed it while it sat idle (restart, CLIENT KILL, idle timeout): a
+            # command sent on it would fail after the fact, and a non-idempotent one (release,
+            # SET NX) could not be retried. Drop it and use the next one, or open a new one.
+            self._count -= 1
+            _close_soon(idle)
         if self._count >= self._size:
             waiter: asyncio.Future[AbstractConnection | None] = (
                 asyncio.get_running_loop().create_future()
@@ -161,6 +170,16 @@ def pack(args: tuple[str | int | bytes, ...]) -> bytes:
             data = arg
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+def _closed_by_peer(conn: AbstractConnection) -> bool:
+    """Whether the server's end of the idle ``conn`` is known closed (EOF or error seen).
+
+    Reads only what the event loop recorded already (no system call): the EOF of a connection
+    the server closed while idle reaches its stream reader without anyone reading.
+    """
+    reader: asyncio.StreamReader | None = getattr(conn, "_reader", None)
+    return reader is None or reader.at_eof() or reader.exception() is not None
 
 
 def _close_soon(conn: AbstractConnection) -> None:
