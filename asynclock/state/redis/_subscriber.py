@@ -4,6 +4,10 @@ Waiters subscribe to their key's release channel *before* their acquire attempt 
 the server's confirmation, so a release between a failed attempt and the wait is never missed
 (Redisson's lost wake-up, redisson#1763). A lost message (dropped connection, failover) only
 delays a waiter until the holder's TTL runs out, because every wait is bounded by it.
+
+A lost connection is re-established by the reader itself (backing off while the server is
+down), every watched channel is subscribed again, and once the server confirmed, every waiter
+is woken to retry: a release it missed meanwhile costs it nothing.
 """
 
 from __future__ import annotations
@@ -160,19 +164,34 @@ class Subscriber:
                 if not future.done():
                     future.set_exception(ConnectionError(f"subscriber connection lost: {exc!r}"))
         self._confirmations.clear()
-        # waiters retry against the server now; any of them may have missed a release
-        for watches in self._watches.values():
-            for watch in watches:
-                watch.fire()
+        # Any waiter may have missed a release while the connection was down, so every one of
+        # them retries, but only once the channels are subscribed again: woken now, they would
+        # retry against a server that may be down (a restart: StateUnavailableError out of a
+        # blocking acquire) or, the server being up, could miss a release published before the
+        # re-subscription and sleep until the holder's TTL runs out.
         delay = _FIRST_RECONNECT_DELAY
         while not self._closed and self._watches:
             await asyncio.sleep(delay)
             try:
                 await self._ensure_connected()
-                return
             except Exception as retry_exc:  # noqa: BLE001 - keep trying while anyone waits
                 logger.debug("asynclock: subscriber reconnect failed: %r", retry_exc)
                 delay = min(delay * 2, _MAX_RECONNECT_DELAY)
+                continue
+            confirmations = [f for pending in self._confirmations.values() for f in pending]
+            try:
+                async with deadline_after(self._op_timeout):
+                    await asyncio.gather(*(asyncio.shield(f) for f in confirmations))
+            except Exception:  # noqa: BLE001 - lost again (its own reader takes over), or slow
+                if self._conn is None:
+                    return
+            self._wake_all()
+            return
+
+    def _wake_all(self) -> None:
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.fire()
 
     async def aclose(self) -> None:
         """Stop the reader and close the connection."""
@@ -189,9 +208,7 @@ class Subscriber:
         if conn is not None:
             with contextlib.suppress(Exception):
                 await conn.disconnect()
-        for watches in self._watches.values():
-            for watch in watches:
-                watch.fire()
+        self._wake_all()
         self._watches.clear()
 
 
