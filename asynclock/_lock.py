@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, cast, final
 
 import anyio
 
-from asynclock._errors import LockAcquisitionError, LockLostError, LockNotOwnedError
+from asynclock._errors import (
+    LockAcquisitionError,
+    LockLostError,
+    LockNotOwnedError,
+    StateUnavailableError,
+)
 from asynclock._line import (
     Line,
     Ticket,
@@ -589,6 +594,18 @@ class AsyncLock:
                     raise
                 logger.warning(
                     "asynclock: lock %r had expired before its body finished",
+                    self._key,
+                    extra={"lock_key": self._key, "owner": self._owner},
+                )
+            except StateUnavailableError:
+                if not lost_while_held:
+                    raise
+                # The renewer gave the lock up because the state stayed unreachable until the
+                # TTL ran out; the release cannot get through either (it goes on in the
+                # background). What the caller must learn is the loss, not the outage.
+                self._forget_acquisition()
+                logger.warning(
+                    "asynclock: lock %r was lost during an outage; its release did not get through",
                     self._key,
                     extra={"lock_key": self._key, "owner": self._owner},
                 )

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
+from asynclock._compat import deadline_at
 from asynclock._errors import StateUnavailableError
 
 if TYPE_CHECKING:
@@ -20,7 +21,8 @@ class Renewer:
 
     Invariants: renewals never push the lock past ``max_lifetime`` seconds after the renewer
     started; a renewal that cannot reach the state is retried (sooner) until the lock's expected
-    expiry, and only then reported lost; after ``on_lost`` the task ends.
+    expiry, and reported lost at that expiry (an unanswered renewal is not waited for past it);
+    after ``on_lost`` the task ends.
     """
 
     __slots__ = (
@@ -76,10 +78,14 @@ class Renewer:
                 ttl = min(ttl, max(end_of_life - loop.time(), 0.001))
             sent = loop.time()
             try:
-                extended = await self._state.extend(self._key, self._ticket.owner, ttl)
-            except StateUnavailableError as exc:
+                # never wait for an answer past the lock's expected expiry: with an op_timeout
+                # longer than what is left of the TTL, a stalled renewal would let the body run
+                # on after the lock expired and another holder took it
+                async with deadline_at(self._ticket.expires):
+                    extended = await self._state.extend(self._key, self._ticket.owner, ttl)
+            except (StateUnavailableError, TimeoutError, asyncio.TimeoutError) as exc:
                 if loop.time() >= self._ticket.expires:
-                    self._on_lost(f"the state was unreachable until the TTL ran out: {exc}")
+                    self._on_lost(f"the state was unreachable until the TTL ran out: {exc!r}")
                     return
                 next_at = loop.time() + min(interval, (self._ticket.expires - loop.time()) / 3)
                 continue
