@@ -1,0 +1,48 @@
+"""Bounded waits and the figures the fault tests report (``pytest -s`` shows them)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, TypeVar
+
+from asynclock._compat import deadline_after
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+T = TypeVar("T")
+
+
+async def bounded(awaitable: Awaitable[T], what: str, seconds: float) -> T:
+    """Await ``awaitable`` for at most ``seconds``; a longer wait is a hang: fail the test.
+
+    It runs in the calling task (not in a task of its own, as ``wait_for`` would on 3.10-3.11):
+    a lock acquired inside belongs to the caller.
+    """
+    try:
+        async with deadline_after(seconds):
+            return await awaitable
+    except (TimeoutError, asyncio.TimeoutError):
+        raise AssertionError(f"{what} did not finish within {seconds} s (a hang)") from None
+
+
+async def until(
+    predicate: Callable[[], Awaitable[bool]], what: str, *, within: float, interval: float = 0.01
+) -> float:
+    """Wait for ``predicate`` (checked every ``interval``); the seconds it took, or fail."""
+    start = time.monotonic()
+    while not await predicate():
+        if time.monotonic() - start > within:
+            raise AssertionError(f"still waiting for {what} after {within} s")
+        await asyncio.sleep(interval)
+    return time.monotonic() - start
+
+
+def report(test: str, **figures: float | str) -> None:
+    """Print one line of figures (for docs/reliability.md); seconds are shown in ms."""
+    parts = [
+        f"{name}={value * 1000:.0f}ms" if isinstance(value, float) else f"{name}={value}"
+        for name, value in figures.items()
+    ]
+    print(f"\n[faults] {test}: " + " ".join(parts))
