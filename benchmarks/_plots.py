@@ -104,7 +104,8 @@ def _draw_uncontended(view: View, plt: Any) -> Any:
     ratio = view.spread(sc, _uncontended.ASYNCLOCK, "x_redispy")
     title = "Uncontended lock throughput"
     if ratio.count:
-        title += f" (asynclock = {ratio.median:.2f}x redis-py Lock; target >= 1.2x)"
+        title += f"\nasynclock ÷ redis-py Lock: {ratio.median:.2f}x (median of per-round ratios; "
+        title += "target >= 1.2x)"
     ax.set_title(title, fontsize=11)
     fig.text(0.01, 0.01, _subtitle(view, sc), fontsize=7, color="gray")
     return fig
