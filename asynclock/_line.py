@@ -38,11 +38,13 @@ logger = logging.getLogger("asynclock")
 class Ticket:
     """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on."""
 
-    __slots__ = ("expires", "future", "owner", "ttl")
+    __slots__ = ("asked_at", "expires", "future", "owner", "ttl")
 
     def __init__(self, owner: str, ttl: float) -> None:
         self.owner = owner
         self.ttl = ttl
+        #: loop time when this ticket's last acquire was sent
+        self.asked_at = 0.0
         self.future: asyncio.Future[int | None] | None = None
         #: loop time by which this ticket's lock expires if it holds it (inf while contending)
         self.expires = math.inf
@@ -63,10 +65,14 @@ class Line:
         self.waiters: deque[Ticket] = deque()
         self._lines = lines
 
-    def hold(self, ticket: Ticket, ttl: float) -> None:
-        """``ticket`` now holds the lock for ``ttl`` seconds."""
+    def hold(self, ticket: Ticket, ttl: float, since: float) -> None:
+        """``ticket`` now holds the lock for ``ttl`` seconds from ``since`` (loop time).
+
+        ``since`` is when the granting command was *sent*: the server started the TTL between
+        then and its reply, so this estimate of the expiry is never later than the server's.
+        """
         self.member = ticket
-        ticket.expires = asyncio.get_running_loop().time() + ttl
+        ticket.expires = since + ttl
 
     def next_waiter(self) -> Ticket | None:
         """Pop the first waiter that still waits (skipping those that timed out or left)."""
@@ -119,6 +125,7 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
                 if line.member is current:
                     line.promote()
                 return first or result
+            sent = asyncio.get_running_loop().time()
             result = await state.release(
                 line.key, current.owner, successor=successor.owner, ttl=successor.ttl
             )
@@ -127,7 +134,7 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
                 # our lock was lost, or the backend let a waiter of another process go first
                 line.promote(successor)
                 return first
-            line.hold(successor, successor.ttl)
+            line.hold(successor, successor.ttl, sent)
             if successor.live():
                 assert successor.future is not None
                 successor.future.set_result(result.handoff_token)

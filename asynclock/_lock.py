@@ -310,7 +310,7 @@ class AsyncLock:
             if future.done():
                 result = future.result()
                 if result is not None:
-                    return self._won(line, ticket, result)
+                    return self._won(line, ticket, result, handed=True)
                 return await self._contend(line, ticket, True, deadline)
             if ticket not in line.waiters:
                 # popped by a release that is handing the lock to us right now: its answer
@@ -418,6 +418,7 @@ class AsyncLock:
 
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
         """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
+        ticket.asked_at = asyncio.get_running_loop().time()
         try:
             first = self._first_attempt
             if first is not None and not waiting:
@@ -438,8 +439,9 @@ class AsyncLock:
             run_in_background(self._state.abandon(self._key, ticket.owner))
             raise
 
-    def _won(self, line: Line, ticket: Ticket, token: int) -> bool:
-        line.hold(ticket, self._ttl)
+    def _won(self, line: Line, ticket: Ticket, token: int, *, handed: bool = False) -> bool:
+        if not handed:  # a handoff was timed by the releaser, when it sent the handoff
+            line.hold(ticket, self._ttl, ticket.asked_at)
         self._token = token
         task = self._task = asyncio.current_task()
         if task is not None:
