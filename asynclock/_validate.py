@@ -11,7 +11,26 @@ def check_key(key: object, what: str = "key") -> str:
         raise TypeError(f"{what} must be a str, got {type(key).__name__} {key!r}")
     if not key:
         raise ValueError(f"{what} must be a non-empty string, got {key!r}")
+    if "\x00" in key:
+        # PostgreSQL text cannot hold NUL: refuse it everywhere, so a key that works in tests
+        # on MemoryState works on every backend.
+        raise ValueError(f"{what} must not contain NUL characters ('\\x00'), got {_short(key)}")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # a lone surrogate: no server can store it (and MemoryState should not pretend to)
+        raise ValueError(
+            f"{what} must be valid Unicode text (UTF-8 encodable), got {_short(key)}: "
+            f"{exc.reason} at position {exc.start}"
+        ) from None
     return key
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """``repr(text)``, cut to about ``limit`` characters for an error message."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def check_seconds(
@@ -45,15 +64,24 @@ def check_seconds(
     return seconds
 
 
+#: the longest TTL (about 317 years): every backend can store an expiry this far ahead
+#: (MySQL's DATETIME ends in 9999, PostgreSQL's interval and Redis's PX at about 2**63 units)
+MAX_TTL = 1e10
+
+
 def check_ttl(value: object, name: str = "ttl", *, key: str | None = None) -> float:
-    """A TTL: finite, > 0, at least one millisecond (the servers' resolution)."""
+    """A TTL: finite, > 0, at least one millisecond (the servers' resolution), at most MAX_TTL."""
     seconds = check_seconds(value, name, key=key)
     assert seconds is not None
+    where = f" (key {key!r})" if key is not None else ""
     if seconds < 0.001:
-        where = f" (key {key!r})" if key is not None else ""
         raise ValueError(
             f"{name} must be at least 0.001 seconds (servers keep milliseconds), "
             f"got {value!r}{where}"
+        )
+    if seconds > MAX_TTL:
+        raise ValueError(
+            f"{name} must be at most {MAX_TTL:.0e} seconds (about 317 years), got {value!r}{where}"
         )
     return seconds
 
