@@ -186,7 +186,11 @@ class MySQLState(SQLState[_Connection, str, _Result]):
         parsed = StateURL(url)
         if parsed.scheme != "mysql":
             raise ValueError(f"not a MySQL URL: {redact(url)!r}")
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"invalid MySQL URL {redact(url)!r}: {exc}") from None
         database = unquote(parts.path.lstrip("/"))
         if not database:
             raise ValueError(f"the MySQL URL names no database: {redact(url)!r}")
@@ -196,7 +200,7 @@ class MySQLState(SQLState[_Connection, str, _Result]):
         lock_wait = max(1, round(op_timeout or 1))
         settings: dict[str, object] = {
             "host": parts.hostname or "127.0.0.1",
-            "port": parts.port or 3306,
+            "port": port or 3306,
             "user": unquote(parts.username or "root"),
             "password": unquote(parts.password or ""),
             "db": database,

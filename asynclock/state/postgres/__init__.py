@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
 
 import asyncpg  # type: ignore[import-untyped]
 from asyncpg import exceptions as pg_errors
@@ -74,6 +75,22 @@ class _AsyncpgPool(Protocol):
 #: names mark a script of several statements (the schema), run without parameters
 _Statement = tuple[str, tuple[str, ...] | None]
 _Rows = list[_Record]
+
+
+def _check_ports(url: str) -> None:
+    """Reject a malformed address or port now (asyncpg would only fail on the first connect,
+    with an error that does not name the URL). Multi-host DSNs (``h1:5432,h2:5433``) pass."""
+    try:
+        hosts = urlsplit(url).netloc.rpartition("@")[2]
+    except ValueError as exc:
+        raise ValueError(f"invalid PostgreSQL URL {redact(url)!r}: {exc}") from None
+    for host in hosts.split(","):
+        port = host.rpartition("]")[2] if host.startswith("[") else host
+        _, colon, number = port.rpartition(":")
+        if colon and number and not (number.isdigit() and 0 < int(number) < 65536):
+            raise ValueError(
+                f"invalid PostgreSQL URL {redact(url)!r}: port must be 1-65535, got {number!r}"
+            )
 
 
 class PostgresState(SQLState[_Connection, _Statement, _Rows]):
@@ -150,6 +167,7 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
         parsed = StateURL(url)
         if parsed.scheme not in ("postgresql", "postgres"):
             raise ValueError(f"not a PostgreSQL URL: {redact(url)!r}")
+        _check_ports(url)
         connect = check_connect_options(connect_timeout, max_connections)
         settings = {"application_name": "asynclock"}
         if not durable:
