@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 from importlib import resources
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -78,6 +79,23 @@ def _scripts() -> dict[str, _Script]:
     scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire")
     scripts["force_release"] = _Script("force_release")
     return scripts
+
+
+def _check_connection_options(url: str, pool: BlockingConnectionPool) -> None:
+    """Reject what redis-py would only fail on at the first command: an unknown ``?option``
+    (a TypeError from the connection class) or a database that is not a number >= 0."""
+    kwargs = pool.connection_kwargs
+    try:
+        pool.connection_class(**kwargs)  # no I/O: only checks the keywords
+    except TypeError as exc:
+        raise ValueError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+    path = urlsplit(url).path.strip("/") if StateURL(url).scheme != "unix" else ""
+    db = kwargs.get("db", 0)
+    if (path and not path.isdigit()) or not isinstance(db, int) or db < 0:
+        raise ValueError(
+            f"invalid Redis URL {redact(url)!r}: the database must be a number >= 0, "
+            f"got {path or db!r}"
+        )
 
 
 class RedisState(ClosesOnExit):
@@ -175,6 +193,7 @@ class RedisState(ClosesOnExit):
             )
         except ValueError as exc:
             raise ValueError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+        _check_connection_options(url, pool)
         client = Redis(connection_pool=pool)
         state = cls(
             client,
