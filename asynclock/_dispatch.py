@@ -9,6 +9,7 @@ import types
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
+from asynclock import metrics as _metrics
 from asynclock._errors import LockAcquisitionError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._line import finish_despite_cancellation
@@ -274,9 +275,17 @@ class EventDispatcher:
         return self._state
 
     async def _record(
-        self, event: Event, outcome: Outcome, lock_key: str, error: BaseException | None = None
+        self,
+        event: Event,
+        outcome: Outcome,
+        lock_key: str,
+        error: BaseException | None = None,
+        started: float | None = None,
     ) -> Outcome:
         self._stats[outcome] += 1
+        if _metrics._sink is not None and started is not None:
+            duration = asyncio.get_running_loop().time() - started
+            _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
         logger.log(
             _LEVELS[outcome],
             "asynclock: event %s %s/%s/%s message=%s -> %s%s",
@@ -330,10 +339,11 @@ class EventDispatcher:
         """
         if not isinstance(event, Event):
             raise TypeError(f"dispatch() takes an Event, got {type(event).__name__}")
+        started = asyncio.get_running_loop().time()
         try:
             lock_key = self.lock_key(event)
         except Exception as error:  # a lock_scope function failed: still logged and counted
-            await self._record(event, Outcome.FAILED, "<lock_scope failed>", error)
+            await self._record(event, Outcome.FAILED, "<lock_scope failed>", error, started)
             if self._raise_errors:
                 raise
             return Outcome.FAILED
@@ -347,13 +357,13 @@ class EventDispatcher:
         except Exception as error:
             if claim is not None and claim.recorded:
                 await finish_despite_cancellation(self._state.dedupe_forget(claim.key))
-            await self._record(event, Outcome.FAILED, lock_key, error)
+            await self._record(event, Outcome.FAILED, lock_key, error, started)
             if self._raise_errors:
                 raise
             return Outcome.FAILED
         if outcome is Outcome.DROPPED and claim is not None and claim.recorded:
             await self._state.dedupe_forget(claim.key)
-        return await self._record(event, outcome, lock_key)
+        return await self._record(event, outcome, lock_key, started=started)
 
     async def _route(self, event: Event, lock_key: str, claim: _Claim | None) -> Outcome:
         handlers = self._handlers_for(event.type)

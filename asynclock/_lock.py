@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast, final
 
 import anyio
 
+from asynclock import metrics as _metrics
 from asynclock._errors import (
     LockAcquisitionError,
     LockLostError,
@@ -109,9 +110,11 @@ class AsyncLock:
         "_auto_renew",
         "_blocking",
         "_busy",
+        "_contended",
         "_duplicate",
         "_first_attempt",
         "_granted",
+        "_held_since",
         "_key",
         "_last_token",
         "_line",
@@ -155,6 +158,8 @@ class AsyncLock:
         self._line: Line | None = None
         self._task: asyncio.Task[object] | None = None
         self._busy = False
+        self._contended = False
+        self._held_since = 0.0
         self._granted = False
         self._duplicate = False
         self._first_attempt: Callable[[str], Awaitable[Grant | None]] | None = None
@@ -258,12 +263,19 @@ class AsyncLock:
             logger.debug("asynclock: lock %r granted without acquiring (%s)", self._key, reason)
             return True
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout if blocking and timeout is not None else None
+        started = loop.time()
+        deadline = started + timeout if blocking and timeout is not None else None
         self._busy = True
+        self._contended = False
         try:
             acquired = await self._acquire(bool(blocking), deadline)
         finally:
             self._busy = False
+        if _metrics._sink is not None:
+            if acquired:
+                _metrics.report("lock_acquired", self._key, loop.time() - started, self._contended)
+            else:
+                _metrics.report("lock_conflict", self._key)
         if acquired or not blocking:
             return acquired
         raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
@@ -291,6 +303,7 @@ class AsyncLock:
     async def _queue(self, line: Line, ticket: Ticket, deadline: float | None) -> bool:
         """Wait in the line until the lock is handed over, or it is our turn to contend."""
         loop = asyncio.get_running_loop()
+        self._contended = True
         future: asyncio.Future[int | None] = loop.create_future()
         ticket.future = future
         line.waiters.append(ticket)
@@ -373,6 +386,7 @@ class AsyncLock:
                 self._retry_after = grant.retry_after
                 return False
             loop = asyncio.get_running_loop()
+            self._contended = True
             async with self._state.watch(self._key) as watch:
                 while True:
                     watch.reset()
@@ -443,6 +457,7 @@ class AsyncLock:
         if not handed:  # a handoff was timed by the releaser, when it sent the handoff
             line.hold(ticket, self._ttl, ticket.asked_at)
         self._token = token
+        self._held_since = asyncio.get_running_loop().time()
         task = self._task = asyncio.current_task()
         if task is not None:
             task.add_done_callback(self._owner_task_ended)
@@ -503,6 +518,9 @@ class AsyncLock:
             self._forget_acquisition()  # release_chain finishes the release in the background
             raise
         self._forget_acquisition()
+        if _metrics._sink is not None:
+            held = asyncio.get_running_loop().time() - self._held_since
+            _metrics.report("lock_released", self._key, held)
         if not result.owned:
             self._lost = True
             raise LockNotOwnedError(self._key, ticket.owner)
@@ -561,6 +579,8 @@ class AsyncLock:
 
     def _on_lost(self, reason: str) -> None:
         self._lost = True
+        if _metrics._sink is not None:
+            _metrics.report("lock_lost", self._key, reason)
         logger.warning(
             "asynclock: lock %r lost while held (%s); cancelling its body",
             self._key,

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
+from asynclock import metrics as _metrics
 from asynclock._compat import deadline_at
 from asynclock._errors import StateUnavailableError
 
@@ -94,6 +95,8 @@ class Renewer:
                 return
             self._ticket.expires = sent + ttl
             next_at = sent + interval
+            if _metrics._sink is not None:
+                _metrics.report("lock_renewed", self._key)
 
     async def wait_stopped(self) -> None:
         """Wait until the task has ended (tests use it)."""
