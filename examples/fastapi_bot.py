@@ -25,10 +25,13 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypedDict
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 import asynclock
 from asynclock import Event, EventDispatcher, HandlerContext
+from asynclock.metrics import get_metrics, set_metrics
+from asynclock.metrics.prometheus import PrometheusMetrics
 from examples._slack import (
     DEFAULT_PREFIX,
     DEFAULT_STATE_URL,
@@ -62,6 +65,7 @@ def create_app(
     lock_ttl: float = 30.0,
     delay: float = 0.5,
     journal: Journal | None = None,
+    metrics: bool = True,
 ) -> FastAPI:
     """The webhook app.
 
@@ -73,12 +77,16 @@ def create_app(
         lock_ttl: seconds of each per-thread lock between renewals.
         delay: seconds the example handler pretends to work.
         journal: the handler and its record (tests pass their own to look at it).
+        metrics: report asynclock's metrics to a Prometheus registry served on ``/metrics``.
     """
     work = journal if journal is not None else Journal(delay)
+    registry = CollectorRegistry()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[BotState]:
         state = asynclock.state_from_url(state_url, **state_options(state_url, prefix))
+        # the metrics sink is process-wide: set it for the app's lifetime, then put back
+        previous_sink = set_metrics(PrometheusMetrics(registry)) if metrics else get_metrics()
         try:
             # raise_errors=False: a failing handler is an outcome (FAILED -> 500), not a crash
             async with EventDispatcher(
@@ -98,6 +106,7 @@ def create_app(
                 work.closing.set()
             # leaving `async with` awaited bot.aclose(): every submitted event is done
         finally:
+            set_metrics(previous_sink)
             await state.aclose()
 
     app = FastAPI(title="asynclock Slack bot", lifespan=lifespan)
@@ -133,6 +142,11 @@ def create_app(
         except RuntimeError:  # shutting down: the platform will redeliver
             return JSONResponse({"error": "shutting down"}, 503, headers={"Retry-After": "1"})
         return JSONResponse({"accepted": event.message_id}, 202)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """Lock wait/hold times, conflicts, renewals, losses and outcomes, for Prometheus."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/stats")
     async def stats(request: Request) -> dict[str, object]:

@@ -140,6 +140,20 @@ async def test_url_verification_bad_payloads_and_stats(kind: str, launch: Launch
         assert stats["outcomes"]["handled"] == 1
 
 
+async def test_fastapi_serves_prometheus_metrics(launch: Launcher) -> None:
+    async with launch("fastapi") as running, client_of(running) as client:
+        ok = await client.post(EVENTS, json=slack("150.1", channel="C9"))
+        assert ok.status_code == 200
+        scraped = await client.get("/metrics")
+        assert scraped.status_code == 200
+        text = scraped.text
+        assert 'asynclock_lock_acquired_total{contended="no",name="slack"} 1.0' in text
+        assert (
+            'asynclock_dispatch_outcomes_total{event_type="app_mention",outcome="handled"}' in text
+        )
+        assert "asynclock_lock_hold_seconds_bucket" in text
+
+
 async def test_the_event_carries_slack_ids_and_the_handler_gets_a_token(
     kind: str, launch: Launcher
 ) -> None:
