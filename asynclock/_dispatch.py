@@ -86,6 +86,8 @@ class _Claim:
     def of(cls, event: Event, lock_key: str) -> _Claim | None:
         if event.dedupe_key is None:
             return None
+        # refused like any key (NUL, lone surrogates), on every backend alike
+        check_key(event.dedupe_key, "event dedupe key")
         # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
         return cls(f"event:{{{lock_key}}}:{event.adapter}:{event.dedupe_key}")
 
@@ -250,6 +252,8 @@ class EventDispatcher:
         self._handlers.setdefault(event_type, []).append(_Registered(handler))
 
     def _handlers_for(self, event_type: str) -> list[_Registered]:
+        if event_type == "*":  # an event whose type is literally "*": the catch-alls, once
+            return [*self._handlers.get("*", ())]
         return [*self._handlers.get(event_type, ()), *self._handlers.get("*", ())]
 
     # -- observability ------------------------------------------------------------------------
