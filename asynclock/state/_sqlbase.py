@@ -20,13 +20,19 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
-from asynclock._compat import deadline_after
 from asynclock._owner import new_process_id
 from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._errors import unavailable_error
 from asynclock.state._protocol import Watch
-from asynclock.state._sql import check_table_prefix, key_id, load_queries, load_schema, mark_of
+from asynclock.state._sql import (
+    Deadlines,
+    check_table_prefix,
+    key_id,
+    load_queries,
+    load_schema,
+    mark_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -177,6 +183,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         self._schema_ready = not create_schema
         self._schema_lock = asyncio.Lock()
         self._source = source
+        self._deadlines = Deadlines(op)
         self._where = where
         self._process = new_process_id()
         self._channel = f"{self._table_prefix}released"
@@ -325,31 +332,38 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         (the driver then sends nothing more on it) and the cancellation goes on.
         """
         source = self._source
+        deadline = self._deadlines.start()
         try:
-            async with deadline_after(self._op_timeout):
-                stale_retry = idempotent
-                rolled_back = 0
-                while True:
-                    conn, reused = await source.checkout()
-                    try:
-                        answer = await self._execute(conn, statement, params)
-                    except BaseException as exc:
-                        if self._is_statement_error(exc):
-                            source.checkin(conn, broken=False)  # an error reply: in sync
-                            if self._rolled_back_whole(exc) and rolled_back < _ROLLED_BACK_RETRIES:
-                                rolled_back += 1
-                                continue
-                            raise
-                        # cancelled, timed out or lost mid-statement: never reuse
-                        source.checkin(conn, broken=True)
-                        if stale_retry and reused and isinstance(exc, self._UNAVAILABLE):
-                            stale_retry = False
+            stale_retry = idempotent
+            rolled_back = 0
+            while True:
+                conn, reused = await source.checkout()
+                try:
+                    answer = await self._execute(conn, statement, params)
+                except BaseException as exc:
+                    if self._is_statement_error(exc):
+                        source.checkin(conn, broken=False)  # an error reply: in sync
+                        if self._rolled_back_whole(exc) and rolled_back < _ROLLED_BACK_RETRIES:
+                            rolled_back += 1
                             continue
                         raise
-                    source.checkin(conn, broken=False)
-                    return answer
+                    # cancelled, timed out or lost mid-statement: never reuse
+                    source.checkin(conn, broken=True)
+                    if stale_retry and reused and isinstance(exc, self._UNAVAILABLE):
+                        stale_retry = False
+                        continue
+                    raise
+                source.checkin(conn, broken=False)
+                return answer
+        except asyncio.CancelledError:
+            if deadline.timed_out():
+                timeout = TimeoutError()
+                raise self._unavailable(timeout) from timeout
+            raise
         except self._unavailable_or_timeout as exc:
             raise self._unavailable(exc) from exc
+        finally:
+            self._deadlines.finish(deadline)
 
     def _maybe_purge(self) -> None:
         """Start a small background purge when ``purge_interval`` has passed since the last."""

@@ -226,6 +226,38 @@ async def test_a_cancelled_statement_never_hands_its_connection_on(sql_backend: 
         await purge_namespace(sql_backend, namespace)
 
 
+async def test_a_statement_stuck_past_op_timeout_raises_and_the_state_recovers(
+    sql_backend: Backend,
+) -> None:
+    namespace = uuid.uuid4().hex
+    options = sql_backend.options(namespace)
+    state = state_from_url(sql_backend.url, **options, op_timeout=0.5)
+    try:
+        async with AsyncLock(state, "k", ttl=10.0):
+            pass
+        async with _row_locked(sql_backend, str(options["prefix"]) + "k"):
+            start = time.monotonic()
+            with pytest.raises(StateUnavailableError, match="op_timeout") as caught:
+                await state.acquire("k", "stuck", 10.0)
+            assert 0.4 < time.monotonic() - start < 1.5
+            assert isinstance(caught.value.__cause__, TimeoutError)
+            # a cancellation from outside is still a cancellation, not a timeout
+            task = asyncio.create_task(state.acquire("k", "cancelled", 10.0))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await state.abandon("k", "stuck")
+        await state.abandon("k", "cancelled")
+        async with AsyncLock(state, "k", ttl=10.0) as lock:
+            assert await state.extend("k", lock.owner, 10.0)
+    finally:
+        await state.aclose()
+        from tests._matrix import purge_namespace
+
+        await purge_namespace(sql_backend, namespace)
+
+
 @contextlib.asynccontextmanager
 async def _row_locked(backend: Backend, full_key: str) -> AsyncIterator[None]:
     """Hold the row lock of ``full_key``'s lock row in a transaction of a separate session."""
