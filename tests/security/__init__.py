@@ -1,0 +1,1 @@
+"""Security tests (issue #7): owner ids, prefixes, Redis ACL and TLS, redaction, SQL keys."""
