@@ -1,0 +1,70 @@
+"""Fixtures of the security tests: throwaway Redis servers with an ACL user, or TLS only.
+
+Without ``redis-server`` (or ``openssl`` for TLS) a test is skipped locally and fails in CI
+(``CI=true``), like the backend matrix.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests._matrix import IN_CI
+from tests.security._servers import (
+    Certificates,
+    RedisProcess,
+    openssl_binary,
+    redis_server_binary,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+#: the ACL user of ``acl_redis`` and its password (the tests look for it in every output)
+ACL_USER = "alice"
+ACL_PASSWORD = "s3cret-Alice-7f3a"
+
+
+def _need(binary: str | None, what: str) -> str:
+    if binary is None:
+        reason = f"{what} is not installed: the security tests start their own Redis servers"
+        if IN_CI:
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    return binary
+
+
+@pytest.fixture
+def acl_redis() -> Iterator[RedisProcess]:
+    """A Redis whose only user is ``alice`` with a password (the default user is off)."""
+    binary = _need(redis_server_binary(), "redis-server")
+    server = RedisProcess(
+        binary,
+        *("--user", ACL_USER, "on", f">{ACL_PASSWORD}", "~*", "&*", "+@all"),
+        *("--user", "default", "off"),
+    )
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def certificates() -> Iterator[Certificates]:
+    openssl = _need(openssl_binary(), "openssl")
+    with tempfile.TemporaryDirectory(prefix="asynclock-certs-") as folder:
+        yield Certificates(openssl, Path(folder))
+
+
+@pytest.fixture
+def tls_redis(certificates: Certificates) -> Iterator[RedisProcess]:
+    """A Redis that speaks TLS only (no plain port), with a certificate of ``certificates``."""
+    binary = _need(redis_server_binary(), "redis-server")
+    server = RedisProcess(binary, tls=certificates)
+    try:
+        yield server
+    finally:
+        server.close()
