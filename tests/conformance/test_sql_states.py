@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -74,7 +74,9 @@ async def test_any_key_is_just_a_key(sql_state: State, key: str) -> None:
 
 async def test_tokens_keep_increasing_after_the_row_is_purged(sql_backend: Backend) -> None:
     namespace = uuid.uuid4().hex
-    state = state_from_url(sql_backend.url, **sql_backend.options(namespace), token_retention=0.001)
+    # no background purge: it could delete the rows before the explicit one counts them
+    options = {**sql_backend.options(namespace), "token_retention": 0.001, "purge_interval": None}
+    state = state_from_url(sql_backend.url, **options)
     try:
         lock = AsyncLock(state, "k", ttl=10.0)
         tokens = []
@@ -146,12 +148,17 @@ async def three_states(sql_backend: Backend) -> AsyncIterator[tuple[State, State
         await purge_namespace(sql_backend, namespace)
 
 
+async def _held_and_flagged(holder: State, waiter: State) -> None:
+    """``holder`` takes "k"; ``waiter``'s waiting attempt fails and flags the key."""
+    assert (await holder.acquire("k", "h", 10.0)).token is not None
+    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None
+
+
 async def test_abandon_withdraws_the_waiting_flag(
     three_states: tuple[State, State, State],
 ) -> None:
     holder, waiter, other = three_states
-    assert (await holder.acquire("k", "h", 10.0)).token is not None
-    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None  # flags the key
+    await _held_and_flagged(holder, waiter)
     await waiter.abandon("k", "w")  # its process stops waiting
     assert (await holder.release("k", "h")).owned
     # no reservation was left for the waiter: anyone takes the key at once
@@ -162,8 +169,7 @@ async def test_abandon_frees_a_reservation_at_once_and_wakes_watchers(
     three_states: tuple[State, State, State],
 ) -> None:
     holder, waiter, other = three_states
-    assert (await holder.acquire("k", "h", 10.0)).token is not None
-    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None
+    await _held_and_flagged(holder, waiter)
     assert (await holder.release("k", "h")).owned  # reserved for the waiter's state
     blocked = await other.acquire("k", "o", 10.0)
     assert blocked.token is None
@@ -172,7 +178,7 @@ async def test_abandon_frees_a_reservation_at_once_and_wakes_watchers(
     async with other.watch("k") as watch:
         watch.reset()
         await waiter.abandon("k", "w")
-        if sql_backend_notifies(other):
+        if type(other).__name__ == "PostgresState":  # MySQL's watchers poll instead
             assert await watch.wait(2.0), "the freed reservation was not announced"
     assert (await other.acquire("k", "o", 10.0)).token is not None
     # the abandoned owner's late acquire can no longer win
@@ -184,116 +190,103 @@ async def test_abandon_by_the_holder_keeps_another_states_reservation(
     three_states: tuple[State, State, State],
 ) -> None:
     holder, waiter, other = three_states
-    assert (await holder.acquire("k", "h", 10.0)).token is not None
-    assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None
+    await _held_and_flagged(holder, waiter)
     await holder.abandon("k", "h")  # releases; the waiter's flag is not the holder's to withdraw
     assert (await other.acquire("k", "o", 10.0)).token is None  # reserved for the waiter
     assert (await waiter.acquire("k", "w2", 10.0, waiting=True)).token is not None
 
 
-def sql_backend_notifies(state: State) -> bool:
-    """PostgreSQL pushes releases to other states; MySQL's watchers poll instead."""
-    return type(state).__name__ == "PostgresState"
+@pytest.fixture
+async def blocked_row(sql_backend: Backend) -> AsyncIterator[Blocker]:
+    """Row "k" exists; ``blocker.state(...)`` makes states, ``blocker.hold()`` row-locks "k"."""
+    from tests._matrix import purge_namespace
+
+    namespace = uuid.uuid4().hex
+    blocker = Blocker(sql_backend, sql_backend.options(namespace))
+    try:
+        yield blocker
+    finally:
+        for state in blocker.states:
+            await state.aclose()
+        await purge_namespace(sql_backend, namespace)
 
 
-async def test_a_cancelled_statement_never_hands_its_connection_on(sql_backend: Backend) -> None:
+class Blocker:
+    """States on one namespace, and a session of their own kind that can row-lock key "k"."""
+
+    def __init__(self, backend: Backend, options: dict[str, object]) -> None:
+        self.backend = backend
+        self.options = options
+        self.states: list[State] = []
+
+    async def state(self, **options: object) -> State:
+        """A state with these options whose key "k" has its lock row (taken and released)."""
+        state = state_from_url(self.backend.url, **self.options, **options)
+        self.states.append(state)
+        async with AsyncLock(state, "k", ttl=10.0):
+            pass
+        return state
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Hold "k"'s row lock in an open transaction on a connection of a separate state."""
+        from asynclock.state._sql import key_id
+
+        ident = key_id(f"{self.options['prefix']}k")
+        session: Any = await self.state()
+        conn, _ = await session._source.checkout()
+        if self.backend is POSTGRES:
+            await conn.execute("BEGIN")
+            await conn.execute("SELECT 1 FROM asynclock_locks WHERE id = $1 FOR UPDATE", ident)
+            yield
+            await conn.execute("ROLLBACK")
+        else:
+            cursor = await conn.cursor()
+            await cursor.execute("BEGIN")
+            sql = "SELECT 1 FROM asynclock_locks WHERE id = UNHEX(%s) FOR UPDATE"
+            await cursor.execute(sql, (ident.hex(),))
+            yield
+            await cursor.execute("ROLLBACK")
+        session._source.checkin(conn, broken=False)
+
+
+async def test_a_cancelled_statement_never_hands_its_connection_on(blocked_row: Blocker) -> None:
     # The acquire waits for a row lock that another session holds; it is cancelled there, with
     # its statement still running on the server. The connection must not go back to the pool
     # (its reply would reach the next statement): the next operations run on a fresh one.
-    namespace = uuid.uuid4().hex
-    options = sql_backend.options(namespace)
-    state = state_from_url(sql_backend.url, **options, max_connections=1)
-    try:
-        async with AsyncLock(state, "k", ttl=10.0):
-            pass
-        async with _row_locked(sql_backend, str(options["prefix"]) + "k"):
-            task = asyncio.create_task(state.acquire("k", "cancelled", 10.0))
-            await asyncio.sleep(0.2)  # on the server, waiting for the row lock
-            assert not task.done()
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        await state.abandon("k", "cancelled")
-        async with AsyncLock(state, "k", ttl=10.0) as lock:
-            info = await state.inspect("k")
-            assert info is not None
-            assert info.owner == lock.owner
-        assert await state.inspect("k") is None
-    finally:
-        await state.aclose()
-        from tests._matrix import purge_namespace
-
-        await purge_namespace(sql_backend, namespace)
+    state = await blocked_row.state(max_connections=1)
+    async with blocked_row.hold():
+        task = asyncio.create_task(state.acquire("k", "cancelled", 10.0))
+        await asyncio.sleep(0.2)  # on the server, waiting for the row lock
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await state.abandon("k", "cancelled")
+    async with AsyncLock(state, "k", ttl=10.0) as lock:
+        info = await state.inspect("k")
+        assert info is not None
+        assert info.owner == lock.owner
+    assert await state.inspect("k") is None
 
 
 async def test_a_statement_stuck_past_op_timeout_raises_and_the_state_recovers(
-    sql_backend: Backend,
+    blocked_row: Blocker,
 ) -> None:
-    namespace = uuid.uuid4().hex
-    options = sql_backend.options(namespace)
-    state = state_from_url(sql_backend.url, **options, op_timeout=0.5)
-    try:
-        async with AsyncLock(state, "k", ttl=10.0):
-            pass
-        async with _row_locked(sql_backend, str(options["prefix"]) + "k"):
-            start = time.monotonic()
-            with pytest.raises(StateUnavailableError, match="op_timeout") as caught:
-                await state.acquire("k", "stuck", 10.0)
-            assert 0.4 < time.monotonic() - start < 1.5
-            assert isinstance(caught.value.__cause__, TimeoutError)
-            # a cancellation from outside is still a cancellation, not a timeout
-            task = asyncio.create_task(state.acquire("k", "cancelled", 10.0))
-            await asyncio.sleep(0.1)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-        await state.abandon("k", "stuck")
-        await state.abandon("k", "cancelled")
-        async with AsyncLock(state, "k", ttl=10.0) as lock:
-            assert await state.extend("k", lock.owner, 10.0)
-    finally:
-        await state.aclose()
-        from tests._matrix import purge_namespace
-
-        await purge_namespace(sql_backend, namespace)
-
-
-@contextlib.asynccontextmanager
-async def _row_locked(backend: Backend, full_key: str) -> AsyncIterator[None]:
-    """Hold the row lock of ``full_key``'s lock row in a transaction of a separate session."""
-    from urllib.parse import unquote, urlsplit
-
-    from asynclock.state._sql import key_id
-
-    ident = key_id(full_key)
-    if backend is POSTGRES:
-        import asyncpg  # type: ignore[import-untyped]
-
-        conn = await asyncpg.connect(backend.url)
-        try:
-            async with conn.transaction():
-                await conn.execute("SELECT 1 FROM asynclock_locks WHERE id = $1 FOR UPDATE", ident)
-                yield
-        finally:
-            await conn.close()
-        return
-    import aiomysql  # type: ignore[import-untyped]
-
-    parts = urlsplit(backend.url)
-    mysql = await aiomysql.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=unquote(parts.username or "root"),
-        password=unquote(parts.password or ""),
-        db=parts.path.lstrip("/"),
-        autocommit=False,
-    )
-    try:
-        async with mysql.cursor() as cursor:
-            await cursor.execute(
-                "SELECT 1 FROM asynclock_locks WHERE id = UNHEX(%s) FOR UPDATE", (ident.hex(),)
-            )
-            yield
-        await mysql.rollback()
-    finally:
-        mysql.close()
+    state = await blocked_row.state(op_timeout=0.5)
+    async with blocked_row.hold():
+        start = time.monotonic()
+        with pytest.raises(StateUnavailableError, match="op_timeout") as caught:
+            await state.acquire("k", "stuck", 10.0)
+        assert 0.4 < time.monotonic() - start < 1.5
+        assert isinstance(caught.value.__cause__, TimeoutError)
+        # a cancellation from outside is still a cancellation, not a timeout
+        task = asyncio.create_task(state.acquire("k", "cancelled", 10.0))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await state.abandon("k", "stuck")
+    await state.abandon("k", "cancelled")
+    async with AsyncLock(state, "k", ttl=10.0) as lock:
+        assert await state.extend("k", lock.owner, 10.0)
