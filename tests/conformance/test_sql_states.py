@@ -148,17 +148,19 @@ async def three_states(sql_backend: Backend) -> AsyncIterator[tuple[State, State
         await purge_namespace(sql_backend, namespace)
 
 
-async def _held_and_flagged(holder: State, waiter: State) -> None:
-    """``holder`` takes "k"; ``waiter``'s waiting attempt fails and flags the key."""
+@pytest.fixture
+async def flagged(three_states: tuple[State, State, State]) -> tuple[State, State, State]:
+    """(holder, waiter, other): holder took "k" as "h"; waiter's waiting "w" flagged it."""
+    holder, waiter, _ = three_states
     assert (await holder.acquire("k", "h", 10.0)).token is not None
     assert (await waiter.acquire("k", "w", 10.0, waiting=True)).token is None
+    return three_states
 
 
 async def test_abandon_withdraws_the_waiting_flag(
-    three_states: tuple[State, State, State],
+    flagged: tuple[State, State, State],
 ) -> None:
-    holder, waiter, other = three_states
-    await _held_and_flagged(holder, waiter)
+    holder, waiter, other = flagged
     await waiter.abandon("k", "w")  # its process stops waiting
     assert (await holder.release("k", "h")).owned
     # no reservation was left for the waiter: anyone takes the key at once
@@ -166,10 +168,9 @@ async def test_abandon_withdraws_the_waiting_flag(
 
 
 async def test_abandon_frees_a_reservation_at_once_and_wakes_watchers(
-    three_states: tuple[State, State, State],
+    flagged: tuple[State, State, State],
 ) -> None:
-    holder, waiter, other = three_states
-    await _held_and_flagged(holder, waiter)
+    holder, waiter, other = flagged
     assert (await holder.release("k", "h")).owned  # reserved for the waiter's state
     blocked = await other.acquire("k", "o", 10.0)
     assert blocked.token is None
@@ -187,10 +188,9 @@ async def test_abandon_frees_a_reservation_at_once_and_wakes_watchers(
 
 
 async def test_abandon_by_the_holder_keeps_another_states_reservation(
-    three_states: tuple[State, State, State],
+    flagged: tuple[State, State, State],
 ) -> None:
-    holder, waiter, other = three_states
-    await _held_and_flagged(holder, waiter)
+    holder, waiter, other = flagged
     await holder.abandon("k", "h")  # releases; the waiter's flag is not the holder's to withdraw
     assert (await other.acquire("k", "o", 10.0)).token is None  # reserved for the waiter
     assert (await waiter.acquire("k", "w2", 10.0, waiting=True)).token is not None

@@ -142,9 +142,8 @@ class MySQLState(SQLState[_Connection, str, _Result]):
         connect: opens one new aiomysql connection (``from_url`` supplies it).
         where: how ``repr`` and error messages name the server (no password).
         max_connections: the most connections the state opens.
-        options: ``prefix``, ``table_prefix``, ``op_timeout``, ``create_schema``,
-            ``token_retention``, ``reservation``, ``purge_interval``, as for
-            :class:`~asynclock.state._sqlbase.SQLState` (see ``docs/backends-sql.md``).
+        options: the options of every SQL state (``prefix``, ``op_timeout``, ...; see
+            :class:`~asynclock.state._sqlbase.SQLState`).
     """
 
     _BACKEND = "MySQL"

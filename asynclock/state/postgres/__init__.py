@@ -116,9 +116,8 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
         pool: an ``asyncpg.Pool`` to run statements on; the state never closes it. Each operation
             then pays the pool's reset query on release; :meth:`from_url` builds a leaner pool.
             The listener for wake-ups holds one connection of the pool while any key is watched.
-        options: ``prefix``, ``table_prefix``, ``op_timeout``, ``create_schema``,
-            ``token_retention``, ``reservation``, ``purge_interval``, as for
-            :class:`~asynclock.state._sqlbase.SQLState` (see ``docs/backends-sql.md``).
+        options: the options of every SQL state (``prefix``, ``op_timeout``, ...; see
+            :class:`~asynclock.state._sqlbase.SQLState`).
     """
 
     _BACKEND = "PostgreSQL"
