@@ -95,7 +95,7 @@ machine (`shared/research/peer-lock-benchmarks.md`).
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="asynclock benchmarks against redis-py's Lock, python-redis-lock, the raw "
+        description="asynclock benchmarks against redis-py's Lock, python-redis-lock, pottery, the raw "
         "redis.asyncio floor, asyncio.Lock and (dispatcher) chat-sdk. Markdown report on stdout.",
     )
     parser.add_argument(

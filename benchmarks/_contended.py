@@ -1,4 +1,9 @@
-"""Scenario ``contended``: 16 tasks x 100 cycles on one key, and 3 processes x 6 tasks."""
+"""Scenario ``contended``: 4, 16 and 64 tasks on one key, and 3 processes x 6 tasks.
+
+The same workload (``_contend.contend``: acquire, a critical section with one yield, release)
+at every task count; the 64-task rows do fewer cycles per task (``CYCLES``) so that the slow
+polling peers stay within a bounded time.
+"""
 
 from __future__ import annotations
 
@@ -18,18 +23,29 @@ from benchmarks._stats import fmt, fmt_spread
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-WORKERS = 16
-CYCLES = 100
+TASK_COUNTS = (4, 16, 64)
+# cycles per task at each task count: 64 x 25 keeps the total (1,600 cycles) of 16 x 100, so the
+# polling peers (about 0.1 s per owner change at sleep=0.1) finish in seconds, not minutes
+CYCLES = {4: 100, 16: 100, 64: 25}
+QUICK_CYCLES = {4: 100, 16: 100, 64: 10}
+WORKERS = 16  # the task count the targets and the per-variant charts cite
 PROCESSES = 3
 TASKS_PER_PROCESS = 6
+MP_CYCLES = 100
 
 IDEAL = "asyncio.Lock (in-process ideal)"
 ASYNCLOCK = "**asynclock** AsyncLock (RedisState)"
 REDISPY = "redis-py asyncio Lock, sleep=0.1 (default)"
 REDISPY_FAST = "redis-py asyncio Lock, sleep=0.001"
-PRL = "python-redis-lock, 16 threads (BLPOP wake-up)"
+PRL = "python-redis-lock (BLPOP wake-up)"
+BASES = (IDEAL, ASYNCLOCK, REDISPY, REDISPY_FAST, PRL)
 P_ASYNCLOCK = f"**asynclock**, {PROCESSES} processes x {TASKS_PER_PROCESS} tasks"
 P_REDISPY = f"redis-py Lock sleep=0.1, {PROCESSES} processes x {TASKS_PER_PROCESS} tasks"
+
+
+def label(base: str, tasks: int) -> str:
+    """The row label of ``base`` at ``tasks`` workers (threads for python-redis-lock)."""
+    return f"{base}, {tasks} {'threads' if base == PRL else 'tasks'}"
 
 
 class AsyncioLockContender:
@@ -71,78 +87,103 @@ class RedisPyContender:
 
 async def run(cfg: Config, api: Asynclock | str) -> Section:
     rounds_n = cfg.rounds_or(5, 2)
+    cycles = QUICK_CYCLES if cfg.quick else CYCLES
     timeout = 60.0 if cfg.quick else 120.0
     monitor = redis.asyncio.Redis.from_url(cfg.url)
     counter = CommandCounter(monitor)
-    single, multi = Rounds(), Rounds()
-    for name in (IDEAL, ASYNCLOCK, REDISPY, REDISPY_FAST, PRL):
-        single.declare(name)
+    sweep = {n: Rounds() for n in TASK_COUNTS}
+    multi = Rounds()
+    for n in TASK_COUNTS:
+        for base in BASES:
+            sweep[n].declare(label(base, n))
     for name in (P_ASYNCLOCK, P_REDISPY):
         multi.declare(name)
 
     closers: list[Callable[[], Awaitable[None]]] = [monitor.aclose]
     runners: dict[str, Callable[[], Awaitable[tuple[Outcome | None, int | None, str | None]]]] = {}
+    target_of: dict[str, tuple[Rounds, int]] = {}
 
-    def in_process(contender: Contender) -> Callable[[], Awaitable[Any]]:
+    def in_process(contender: Contender, n: int) -> Callable[[], Awaitable[Any]]:
         async def go() -> tuple[Outcome | None, int | None, str | None]:
             await counter.start()
-            outcome = await contend(contender, workers=WORKERS, cycles=CYCLES, timeout=timeout)
+            outcome = await contend(contender, workers=n, cycles=cycles[n], timeout=timeout)
             return outcome, await counter.stop(), None
 
         return go
 
-    async def warm(name: str, contender: Contender) -> bool:
-        outcome = await contend(contender, workers=WORKERS, cycles=2, timeout=30)
+    async def warm(name: str, n: int, contender: Contender) -> bool:
+        workers = min(n, 16)
+        outcome = await contend(contender, workers=workers, cycles=2, timeout=30)
         if outcome.timed_out:
-            single.skip(name, "warm-up (16 tasks x 2 cycles) timed out")
+            sweep[n].skip(name, f"warm-up ({workers} tasks x 2 cycles) timed out")
             return False
         return True
 
-    runners[IDEAL] = in_process(AsyncioLockContender())
+    def add(name: str, n: int, go: Callable[[], Awaitable[Any]]) -> None:
+        runners[name] = go
+        target_of[name] = (sweep[n], n)
 
-    client = redis.asyncio.Redis.from_url(cfg.url)
+    for n in TASK_COUNTS:
+        add(label(IDEAL, n), n, in_process(AsyncioLockContender(), n))
+
+    client = redis.asyncio.Redis.from_url(cfg.url, max_connections=2 * max(TASK_COUNTS))
     closers.append(client.aclose)
-    for name, sleep, tag in ((REDISPY, 0.1, "redis-py"), (REDISPY_FAST, 0.001, "redis-py-fast")):
-        contender = RedisPyContender(client, cfg.key("contended", tag), sleep)
-        if await warm(name, contender):
-            runners[name] = in_process(contender)
+    for n in TASK_COUNTS:
+        for base, sleep, tag in (
+            (REDISPY, 0.1, "redis-py"),
+            (REDISPY_FAST, 0.001, "redis-py-fast"),
+        ):
+            contender = RedisPyContender(client, cfg.key("contended", tag, str(n)), sleep)
+            if await warm(label(base, n), n, contender):
+                add(label(base, n), n, in_process(contender, n))
 
     if isinstance(api, str):
-        single.skip(ASYNCLOCK, api)
+        for n in TASK_COUNTS:
+            sweep[n].skip(label(ASYNCLOCK, n), api)
         multi.skip(P_ASYNCLOCK, api)
     else:
         try:
             state = api.redis_state(cfg.url, cfg.prefix)
             closers.append(state.aclose)
-            contender_a = AsynclockContender(api, state, cfg.key("contended", "asynclock"))
-            if await warm(ASYNCLOCK, contender_a):
-                runners[ASYNCLOCK] = in_process(contender_a)
+            for n in TASK_COUNTS:
+                key = cfg.key("contended", "asynclock", str(n))
+                contender_a = AsynclockContender(api, state, key)
+                if await warm(label(ASYNCLOCK, n), n, contender_a):
+                    add(label(ASYNCLOCK, n), n, in_process(contender_a, n))
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-            single.skip(ASYNCLOCK, f"{type(exc).__name__}: {exc}")
+            for n in TASK_COUNTS:
+                sweep[n].skip(label(ASYNCLOCK, n), f"{type(exc).__name__}: {exc}")
             log(f"contended: asynclock skipped: {exc!r}")
 
     try:
         import redis_lock
     except ImportError as exc:
-        single.skip(PRL, f"python-redis-lock not installed ({exc})")
+        for n in TASK_COUNTS:
+            sweep[n].skip(label(PRL, n), f"python-redis-lock not installed ({exc})")
     else:
         sync_client = redis.Redis.from_url(cfg.url)
-        prl_key = cfg.key("contended", "python-redis-lock")
-
-        def make_prl() -> Any:
-            return redis_lock.Lock(sync_client, prl_key, expire=30)
-
-        async def run_prl() -> tuple[Outcome | None, int | None, str | None]:
-            await counter.start()
-            outcome = contend_threads(make_prl, workers=WORKERS, cycles=CYCLES, timeout=timeout)
-            return outcome, await counter.stop(), None
 
         async def close_sync() -> None:
             sync_client.close()
 
         closers.append(close_sync)
-        contend_threads(make_prl, workers=WORKERS, cycles=2, timeout=30)
-        runners[PRL] = run_prl
+
+        def prl_runner(n: int) -> Callable[[], Awaitable[Any]]:
+            prl_key = cfg.key("contended", "python-redis-lock", str(n))
+
+            def make_prl() -> Any:
+                return redis_lock.Lock(sync_client, prl_key, expire=30)
+
+            async def run_prl() -> tuple[Outcome | None, int | None, str | None]:
+                await counter.start()
+                outcome = contend_threads(make_prl, workers=n, cycles=cycles[n], timeout=timeout)
+                return outcome, await counter.stop(), None
+
+            contend_threads(make_prl, workers=min(n, 16), cycles=2, timeout=30)
+            return run_prl
+
+        for n in TASK_COUNTS:
+            add(label(PRL, n), n, prl_runner(n))
 
     def multi_runner(variant: str, tag: str) -> Callable[[], Awaitable[Any]]:
         async def go() -> tuple[Outcome | None, int | None, str | None]:
@@ -153,7 +194,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 key=cfg.key("contended", tag),
                 processes=PROCESSES,
                 tasks=TASKS_PER_PROCESS,
-                cycles=CYCLES,
+                cycles=MP_CYCLES,
                 counter=counter,
                 timeout=timeout,
             )
@@ -163,7 +204,9 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
 
     if not isinstance(api, str):
         runners[P_ASYNCLOCK] = multi_runner(_procs.ASYNCLOCK, "procs-asynclock")
+        target_of[P_ASYNCLOCK] = (multi, PROCESSES * TASKS_PER_PROCESS)
     runners[P_REDISPY] = multi_runner(_procs.REDISPY, "procs-redis-py")
+    target_of[P_REDISPY] = (multi, PROCESSES * TASKS_PER_PROCESS)
 
     started = now_utc()
     names = list(runners)
@@ -174,8 +217,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 break
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
-                target = multi if name in (P_ASYNCLOCK, P_REDISPY) else single
-                workers = PROCESSES * TASKS_PER_PROCESS if target is multi else WORKERS
+                target, workers = target_of[name]
                 gc.collect()
                 try:
                     outcome, commands, error = await runners[name]()
@@ -196,20 +238,11 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 metrics["cmds_cycle"] = (commands or 0) / max(1.0, metrics.get("cycles", 1.0))
                 per_round[name] = metrics
                 target.add(name, metrics)
-            ideal = per_round.get(IDEAL)
-            for metrics in per_round.values():
-                if ideal is not None:
-                    metrics["x_ideal"] = metrics["cycles_s"] / ideal["cycles_s"]
-                for ref, tag in (
-                    (REDISPY, "redispy"),
-                    (REDISPY_FAST, "redispy_fast"),
-                    (PRL, "prl"),
-                ):
-                    if ref in per_round:
-                        metrics[f"x_{tag}"] = metrics["cycles_s"] / per_round[ref]["cycles_s"]
-                if P_REDISPY in per_round:
-                    metrics["x_p_redispy"] = metrics["cycles_s"] / per_round[P_REDISPY]["cycles_s"]
-            summary = ", ".join(f"{short(k)}: {m['cycles_s']:,.0f}/s" for k, m in per_round.items())
+            _ratios(per_round)
+            summary = ", ".join(
+                f"{short(k.rsplit(', ', 1)[0])} x{target_of[k][1]}: {m['cycles_s']:,.0f}/s"
+                for k, m in per_round.items()
+            )
             log(f"contended round {r + 1}/{rounds_n}: {summary}")
     finally:
         for close in closers:
@@ -217,13 +250,99 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 await close()
             except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
                 log(f"contended: close failed: {exc!r}")
-    return _section(cfg, single, multi, rounds_n, started)
+    return _section(cfg, sweep, multi, rounds_n, started, cycles)
 
 
-def _section(cfg: Config, single: Rounds, multi: Rounds, rounds_n: int, started: str) -> Section:
+def _ratios(per_round: dict[str, dict[str, float]]) -> None:
+    """Throughput ratios within one round, against the same task count's references."""
+    for n in TASK_COUNTS:
+        ideal = per_round.get(label(IDEAL, n))
+        for base in BASES:
+            metrics = per_round.get(label(base, n))
+            if metrics is None:
+                continue
+            if ideal is not None:
+                metrics["x_ideal"] = metrics["cycles_s"] / ideal["cycles_s"]
+            for ref, tag in ((REDISPY, "redispy"), (REDISPY_FAST, "redispy_fast"), (PRL, "prl")):
+                if label(ref, n) in per_round:
+                    theirs = per_round[label(ref, n)]["cycles_s"]
+                    metrics[f"x_{tag}"] = metrics["cycles_s"] / theirs
+    for name in (P_ASYNCLOCK, P_REDISPY):
+        if name in per_round and P_REDISPY in per_round:
+            per_round[name]["x_p_redispy"] = (
+                per_round[name]["cycles_s"] / per_round[P_REDISPY]["cycles_s"]
+            )
+
+
+def _s(spread: Any, digits: int) -> str:
+    return fmt_spread(spread, digits) if spread.count else "n/a"
+
+
+WHO = (
+    (ASYNCLOCK, "asynclock"),
+    (REDISPY, "redis-py sleep=0.1"),
+    (REDISPY_FAST, "redis-py sleep=0.001"),
+    (PRL, "python-redis-lock"),
+)
+
+
+def _glance(sweep: dict[int, Rounds], cycles: dict[int, int]) -> str:
+    """asynclock against redis-py at every task count: one column per task count."""
+    heads = [f"{n} tasks x {cycles[n]}" for n in TASK_COUNTS]
+    lines = ["| metric | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+
+    def row(text: str, cells: list[str]) -> None:
+        lines.append(f"| {text} | " + " | ".join(cells) + " |")
+
+    def metric(base: str, name: str, digits: int) -> list[str]:
+        return [_s(sweep[n].spread(label(base, n), name), digits) for n in TASK_COUNTS]
+
+    row("asynclock cycles/s", metric(ASYNCLOCK, "cycles_s", 0))
+    row("asynclock ÷ redis-py sleep=0.1, throughput", metric(ASYNCLOCK, "x_redispy", 2))
+    row("asynclock ÷ redis-py sleep=0.001, throughput", metric(ASYNCLOCK, "x_redispy_fast", 2))
+    row("asynclock ÷ python-redis-lock (threads), throughput", metric(ASYNCLOCK, "x_prl", 2))
+    for base, who in WHO:
+        p50, p99 = metric(base, "xh_p50", 3), metric(base, "xh_p99", 3)
+        row(
+            f"{who}: cross-worker handoff p50 / p99 ms",
+            [f"{a} / {b}" for a, b in zip(p50, p99, strict=True)],
+        )
+    for base, who in WHO:
+        row(f"{who}: longest same-worker streak", metric(base, "streak", 0))
+    for base, who in WHO[:2]:
+        low, high = metric(base, "fair_min", 0), metric(base, "fair_max", 0)
+        row(
+            f"{who}: min / max acquisitions per worker*",
+            [f"{a} / {b}" for a, b in zip(low, high, strict=True)],
+        )
+    row("asynclock worst acquire wait ms", metric(ASYNCLOCK, "w_max", 1))
+    row("redis-py sleep=0.1 worst acquire wait ms", metric(REDISPY, "w_max", 1))
+    row("asynclock Redis commands per cycle", metric(ASYNCLOCK, "cmds_cycle", 2))
+    row("redis-py sleep=0.1 Redis commands per cycle", metric(REDISPY, "cmds_cycle", 2))
+    bad = [
+        sum(
+            int(m.get("violations", 0) + m.get("overlaps", 0))
+            for v in sweep[n].variants
+            for m in sweep[n].data[v]
+        )
+        for n in TASK_COUNTS
+    ]
+    row("mutual-exclusion violations, every variant and round", [str(b) for b in bad])
+    return "\n".join(lines)
+
+
+def _section(
+    cfg: Config,
+    sweep: dict[int, Rounds],
+    multi: Rounds,
+    rounds_n: int,
+    started: str,
+    cycles: dict[int, int],
+) -> Section:
     main_cols = [
         Column("cycles/s", "cycles_s"),
         Column("÷ asyncio.Lock", "x_ideal", 4),
+        Column("÷ redis-py sleep=0.1", "x_redispy", 2),
         Column("handoff p50 ms (all)", "h_p50", 3),
         Column("handoff p99 ms (all)", "h_p99", 3),
         Column("cross-worker handoff p50 ms", "xh_p50", 3),
@@ -238,8 +357,6 @@ def _section(cfg: Config, single: Rounds, multi: Rounds, rounds_n: int, started:
         Column("max acquisitions per worker*", "fair_max"),
         Column("longest same-worker streak", "streak"),
         Column("Redis commands per cycle", "cmds_cycle", 2),
-    ]
-    excl_cols = [
         Column("counter violations", "violations"),
         Column("interval overlaps", "overlaps"),
         Column("cycles / run", "cycles"),
@@ -258,34 +375,45 @@ def _section(cfg: Config, single: Rounds, multi: Rounds, rounds_n: int, started:
         Column("counter violations", "violations"),
         Column("interval overlaps", "overlaps"),
     ]
+    shape = ", ".join(f"{n} x {cycles[n]}" for n in TASK_COUNTS)
     body = [
-        f"## Contended: {WORKERS} tasks x {CYCLES} cycles on one key",
+        f"## Contended: {', '.join(str(n) for n in TASK_COUNTS)} tasks on one key",
         "",
         (
-            f"{rounds_n} rounds, variants interleaved round-robin (the starting variant rotates). "
-            f"Cells: median (min-max) over the rounds. Started {started} against `{cfg.url}`."
+            f"Tasks x cycles per task: {shape}. The 64-task rows do fewer cycles per task so "
+            "that the polling peers finish in bounded time (64 x 25 is the same 1,600 cycles as "
+            "16 x 100); their per-worker counts are out of that smaller number. "
+            f"{rounds_n} rounds, every variant at every task count interleaved round-robin (the "
+            "starting variant rotates). Cells: median (min-max) over the rounds; ratios are taken "
+            f"within each round against the same task count. Started {started} against "
+            f"`{cfg.url}`."
         ),
         "",
-        table(single, main_cols),
+        "### The sweep at a glance",
         "",
-        "### Acquire wait, fairness and server load",
+        _glance(sweep, cycles),
         "",
-        table(single, wait_cols),
-        "",
+    ]
+    for n in TASK_COUNTS:
+        body += [
+            f"### {n} tasks x {cycles[n]} cycles",
+            "",
+            table(sweep[n], main_cols),
+            "",
+            table(sweep[n], wait_cols),
+            "",
+        ]
+    body += [
         (
-            "\\* acquisitions per worker counted while every worker was still competing, i.e. up to "
-            "the moment the first worker finished its 100 cycles (every worker does 100 in all). A "
-            "FIFO-fair lock gives about 99-100 / 100; a lock that lets its holder re-take it gives "
-            "0 / 100."
+            "\\* acquisitions per worker counted while every worker was still competing, i.e. up "
+            "to the moment the first worker finished its cycles (every worker does the same "
+            "number: 100, or 25 at 64 tasks). A FIFO-fair lock gives about all / all; a lock that "
+            "lets its holder re-take it gives 0 / all."
         ),
         "",
-        "### Mutual exclusion",
-        "",
-        table(single, excl_cols),
-        "",
         (
-            f"### {PROCESSES} processes x {TASKS_PER_PROCESS} tasks x {CYCLES} cycles on one key "
-            "(multiprocessing, spawn)"
+            f"### {PROCESSES} processes x {TASKS_PER_PROCESS} tasks x {MP_CYCLES} cycles on one "
+            "key (multiprocessing, spawn)"
         ),
         "",
         (
@@ -307,7 +435,7 @@ def _section(cfg: Config, single: Rounds, multi: Rounds, rounds_n: int, started:
             "- **Redis commands per cycle**: the `INFO stats` `total_commands_processed` delta "
             "(less the INFO call) over the timed run, divided by the cycles. It counts commands "
             "run inside Lua scripts and those of every other client of the shared server; the "
-            "asyncio.Lock row shows that background."
+            "asyncio.Lock rows show that background."
         ),
         (
             "- the critical section: an in-section counter is incremented, `await asyncio.sleep(0)` "
@@ -316,40 +444,68 @@ def _section(cfg: Config, single: Rounds, multi: Rounds, rounds_n: int, started:
             "overlap on the merged timeline (perf_counter is CLOCK_MONOTONIC)."
         ),
         (
-            "- asynclock and redis-py use a new lock object per cycle; python-redis-lock runs in "
-            "16 OS threads of the same process with a sync client."
+            "- asynclock and redis-py use a new lock object per cycle (one client; redis-py's pool "
+            f"capped at {2 * max(TASK_COUNTS)} connections, above the task count); "
+            "python-redis-lock runs as many OS threads as tasks (up to 64) in the same process "
+            "with a sync client, one blocked BLPOP connection per waiting thread."
         ),
     ]
     headlines: list[tuple[str, str]] = []
 
-    def add(label: str, rounds: Rounds, variant: str, metric: str, digits: int) -> None:
+    def add(label_: str, rounds: Rounds, variant: str, metric: str, digits: int) -> None:
         spread = rounds.spread(variant, metric)
         if spread.count == 0:
-            headlines.append((label, "n/a (skipped: see the tables)"))
+            headlines.append((label_, "n/a (skipped: see the tables)"))
         else:
-            headlines.append((label, f"**{fmt_spread(spread, digits)}**"))
+            headlines.append((label_, f"**{fmt_spread(spread, digits)}**"))
 
-    add("asynclock contended cycles/s (16x100)", single, ASYNCLOCK, "cycles_s", 0)
-    add("asynclock ÷ redis-py Lock sleep=0.1, contended throughput", single, ASYNCLOCK,
+    s16, me = sweep[WORKERS], label(ASYNCLOCK, WORKERS)
+    add("asynclock contended cycles/s (16x100)", s16, me, "cycles_s", 0)
+    add("asynclock ÷ redis-py Lock sleep=0.1, contended throughput (16 tasks)", s16, me,
         "x_redispy", 2)  # fmt: skip
-    add("asynclock ÷ redis-py Lock sleep=0.001, contended throughput", single, ASYNCLOCK,
+    add("asynclock ÷ redis-py Lock sleep=0.001, contended throughput (16 tasks)", s16, me,
         "x_redispy_fast", 2)  # fmt: skip
-    add("asynclock ÷ python-redis-lock (threads), contended throughput", single, ASYNCLOCK,
+    add("asynclock ÷ python-redis-lock (threads), contended throughput (16)", s16, me,
         "x_prl", 2)  # fmt: skip
-    add("asynclock ÷ asyncio.Lock, contended throughput", single, ASYNCLOCK, "x_ideal", 4)
-    add("asynclock cross-worker handoff p50 ms", single, ASYNCLOCK, "xh_p50", 3)
-    add("asynclock cross-worker handoff p99 ms", single, ASYNCLOCK, "xh_p99", 3)
-    add("redis-py (sleep=0.1) cross-worker handoff p50 ms", single, REDISPY, "xh_p50", 3)
-    add("python-redis-lock cross-worker handoff p50 ms", single, PRL, "xh_p50", 3)
-    add("asynclock acquire wait max ms", single, ASYNCLOCK, "w_max", 1)
-    add("asynclock longest same-worker streak", single, ASYNCLOCK, "streak", 0)
-    add("asynclock Redis commands per cycle", single, ASYNCLOCK, "cmds_cycle", 2)
+    add("asynclock ÷ asyncio.Lock, contended throughput (16 tasks)", s16, me, "x_ideal", 4)
+    add("asynclock cross-worker handoff p50 ms (16 tasks)", s16, me, "xh_p50", 3)
+    add("asynclock cross-worker handoff p99 ms (16 tasks)", s16, me, "xh_p99", 3)
+    add("redis-py (sleep=0.1) cross-worker handoff p50 ms (16 tasks)", s16,
+        label(REDISPY, WORKERS), "xh_p50", 3)  # fmt: skip
+    add("python-redis-lock cross-worker handoff p50 ms (16 threads)", s16,
+        label(PRL, WORKERS), "xh_p50", 3)  # fmt: skip
+    add("asynclock acquire wait max ms (16 tasks)", s16, me, "w_max", 1)
+    add("asynclock longest same-worker streak (16 tasks)", s16, me, "streak", 0)
+    add("asynclock Redis commands per cycle (16 tasks)", s16, me, "cmds_cycle", 2)
+    for n in TASK_COUNTS:
+        if n == WORKERS:
+            continue
+        sw, mine = sweep[n], label(ASYNCLOCK, n)
+        slow, fast = sw.spread(mine, "x_redispy"), sw.spread(mine, "x_redispy_fast")
+        p50, p99 = sw.spread(mine, "xh_p50"), sw.spread(mine, "xh_p99")
+        streak = sw.spread(mine, "streak")
+        theirs = sw.spread(label(REDISPY, n), "streak")
+        if not slow.count:
+            headlines.append((f"asynclock at {n} tasks", "n/a (skipped: see the tables)"))
+            continue
+        headlines.append(
+            (
+                f"asynclock at {n} tasks x {cycles[n]}: ÷ redis-py sleep=0.1 / sleep=0.001",
+                f"**{_s(slow, 2)}** / **{_s(fast, 2)}**",
+            )
+        )
+        headlines.append(
+            (
+                f"asynclock at {n} tasks: cross-worker handoff p50 / p99 ms; longest streak",
+                f"**{_s(p50, 3)}** / {_s(p99, 3)}; {_s(streak, 0)} (redis-py: {_s(theirs, 0)})",
+            )
+        )
     add("asynclock 3 processes: cycles/s", multi, P_ASYNCLOCK, "cycles_s", 0)
     add("asynclock 3 processes ÷ redis-py 3 processes", multi, P_ASYNCLOCK, "x_p_redispy", 2)
     add("asynclock 3 processes: cross-process handoff p50 ms", multi, P_ASYNCLOCK, "xg_p50", 3)
     violations = [
         int(m.get("violations", 0) + m.get("overlaps", 0))
-        for r in (single, multi)
+        for r in (*sweep.values(), multi)
         for v in r.variants
         for m in r.data[v]
     ]

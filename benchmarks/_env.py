@@ -265,6 +265,7 @@ async def environment_facts(
         ("redis-py", _dist_version("redis")),
         ("hiredis", _dist_version("hiredis")),
         ("python-redis-lock", _dist_version("python-redis-lock")),
+        ("pottery", _dist_version("pottery")),
         (
             "asynclock",
             f"{lock_version}, git {commit}"

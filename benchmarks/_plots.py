@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from benchmarks import _dedupe, _growth, _uncontended
+from benchmarks import _contended, _dedupe, _growth, _uncontended
 from benchmarks._env import REPO, log
 
 if TYPE_CHECKING:
@@ -114,8 +114,8 @@ def _draw_uncontended(view: View, plt: Any) -> Any:
 def _draw_handoff(view: View, plt: Any) -> Any:
     sc = "contended"
     multi = view.variants(sc, "xg_p50")
-    rows = [(v, _name(v), "xh_p50", "xh_p99") for v in view.variants(sc, "xh_p50")]
-    rows = [r for r in rows if r[0] not in multi]
+    at16 = _at_16()
+    rows = [(v, _name(v), "xh_p50", "xh_p99") for v in view.variants(sc, "xh_p50") if v in at16]
     rows += [(v, _name(v) + " (cross-process)", "xg_p50", "xg_p99") for v in multi]
     if not rows:
         return None
@@ -156,7 +156,9 @@ def _draw_handoff(view: View, plt: Any) -> Any:
 
 def _draw_fairness(view: View, plt: Any) -> Any:
     sc = "contended"
-    variants = view.variants(sc, "streak")
+    multi_rows = set(view.variants(sc, "xg_p50"))
+    at16 = _at_16()
+    variants = [v for v in view.variants(sc, "streak") if v in at16 or v in multi_rows]
     if not variants:
         return None
     fig, (left, right) = plt.subplots(
@@ -187,6 +189,75 @@ def _draw_fairness(view: View, plt: Any) -> Any:
     )
     fig.text(0.01, 0.01, _subtitle(view, sc), fontsize=7, color="gray")
     return fig
+
+
+def _at_16() -> set[str]:
+    """The contended rows at the 16-task count (the per-variant charts show only those)."""
+    return {_contended.label(b, _contended.WORKERS) for b in _contended.BASES}
+
+
+_SWEEP_STYLE = {
+    _contended.IDEAL: (IDEAL_COLOR, "-", "o"),
+    _contended.ASYNCLOCK: (ASYNCLOCK_COLOR, "-", "o"),
+    _contended.REDISPY: ("#555555", "--", "s"),
+    _contended.REDISPY_FAST: ("#8c564b", "-.", "^"),
+    _contended.PRL: ("#9467bd", ":", "D"),
+}
+
+
+def _draw_sweep(view: View, plt: Any) -> Any:
+    sc = "contended"
+    have = set(view.variants(sc, "cycles_s"))
+    if not any(_contended.label(b, n) in have for b in _contended.BASES for n in (4, 64)):
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5))
+    counts = list(_contended.TASK_COUNTS)
+    for base in _contended.BASES:
+        color, dash, marker = _SWEEP_STYLE[base]
+        for ax, metric in ((left, "xh_p50"), (right, "cycles_s")):
+            xs, meds, lows, highs = [], [], [], []
+            for n in counts:
+                spread = view.spread(sc, _contended.label(base, n), metric)
+                if spread.count:
+                    xs.append(n)
+                    meds.append(spread.median)
+                    lows.append(spread.median - spread.low)
+                    highs.append(spread.high - spread.median)
+            if xs:
+                ax.errorbar(
+                    xs,
+                    meds,
+                    yerr=[lows, highs],
+                    color=color,
+                    linestyle=dash,
+                    marker=marker,
+                    capsize=3,
+                    label=_name(base),
+                )
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.set_xlabel("tasks on one key (threads for python-redis-lock)")
+        ax.grid(alpha=0.3, which="both")
+    left.axhline(0.5, color="black", linestyle="--", linewidth=1)
+    left.text(counts[0], 0.55, "target p50 < 0.5 ms", fontsize=8)
+    left.set_ylabel("cross-worker handoff p50, ms (log scale)")
+    left.set_title("Handoff p50 vs task count", fontsize=11)
+    right.set_ylabel("cycles/s (log scale)")
+    right.set_title("Throughput vs task count", fontsize=11)
+    right.legend(fontsize=7, loc="best")
+    shape = ", ".join(f"{n} x {int(_cycles(view, n))}" for n in counts)
+    fig.suptitle(f"Contended sweep, one key (tasks x cycles per task: {shape})", fontsize=11)
+    fig.text(0.01, 0.01, _subtitle(view, sc) + "; median, whisker min-max", fontsize=7,
+             color="gray")  # fmt: skip
+    return fig
+
+
+def _cycles(view: View, n: int) -> float:
+    """Cycles per task at ``n`` tasks in the stored run (from the asyncio.Lock rows)."""
+    total = view.spread("contended", _contended.label(_contended.IDEAL, n), "cycles").median
+    return total / n if not math.isnan(total) else float(_contended.CYCLES[n])
 
 
 def _draw_dispatch(view: View, plt: Any) -> Any:
@@ -265,6 +336,10 @@ def _draw_dedupe_rates(view: View, plt: Any) -> Any:
 CHARTS: dict[str, tuple[str, Callable[[View, Any], Any]]] = {
     "uncontended.png": ("Uncontended pairs/s per variant", _draw_uncontended),
     "contended-handoff.png": ("Contended handoff p50/p99 per variant (log scale)", _draw_handoff),
+    "contended-sweep.png": (
+        "Contended sweep: handoff p50 and throughput vs task count",
+        _draw_sweep,
+    ),
     "fairness.png": ("Fairness: longest same-worker streak, min acquisitions", _draw_fairness),
     "dispatcher.png": ("Dispatcher events/s", _draw_dispatch),
     "memory-growth.png": ("MemoryState memory growth over distinct keys", _draw_growth_curve),

@@ -30,6 +30,7 @@ SYNC_FLOOR = "floor: redis.Redis (sync) SET NX PX + EVALSHA"
 REDISPY = "redis-py asyncio Lock (r.lock, new object per pair)"
 ASYNCLOCK = "**asynclock** AsyncLock (RedisState, new object per pair)"
 PRL = "python-redis-lock (sync, own loop)"
+POTTERY = "pottery Redlock (sync, 1 master, one object reused, own loop)"
 WARMUP = 50
 
 
@@ -172,6 +173,44 @@ class PythonRedisLock:
         self.client.close()
 
 
+class PotteryRedlock:
+    """pottery's documented usage: one ``Redlock`` per resource, reused for every acquire.
+
+    pottery is sync and, even with one master, runs each acquire and release through a new
+    ``ThreadPoolExecutor``; that is part of what is measured.
+    """
+
+    name = POTTERY
+
+    def __init__(self, cfg: Config, module: Any) -> None:
+        self.client = redis.Redis.from_url(cfg.url)
+        key = cfg.key("uncontended", "pottery")
+        self.lock = module.Redlock(key=key, masters={self.client}, auto_release_time=30)
+
+    async def setup(self) -> None:
+        pass
+
+    async def loop(self, n: int) -> None:  # sync library: its own blocking loop
+        lock, misses = self.lock, 0
+        for _ in range(n):
+            if not lock.acquire():
+                misses += 1
+            lock.release()
+        if misses:
+            raise RuntimeError(f"{self.name}: {misses} failed acquires")
+
+    async def teardown(self) -> None:
+        self.client.close()
+
+
+def _pottery() -> Any | str:
+    try:
+        import pottery
+    except ImportError as exc:
+        return f"pottery not installed ({exc}); pip install pottery"
+    return pottery
+
+
 def _python_redis_lock() -> Any | str:
     try:
         import redis_lock
@@ -185,7 +224,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     rounds_n = cfg.rounds_or(7, 3)
     rounds = Rounds()
     variants: list[Variant] = [AsyncFloor(cfg), SyncFloor(cfg), RedisPyLock(cfg)]
-    for name in (FLOOR, SYNC_FLOOR, REDISPY, ASYNCLOCK, PRL):
+    for name in (FLOOR, SYNC_FLOOR, REDISPY, ASYNCLOCK, PRL, POTTERY):
         rounds.declare(name)
     if isinstance(api, str):
         rounds.skip(ASYNCLOCK, api)
@@ -196,6 +235,11 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         rounds.skip(PRL, prl)
     else:
         variants.append(PythonRedisLock(cfg, prl))
+    pottery = _pottery()
+    if isinstance(pottery, str):
+        rounds.skip(POTTERY, pottery)
+    else:
+        variants.append(PotteryRedlock(cfg, pottery))
 
     live: list[Variant] = []
     for variant in variants:
@@ -240,6 +284,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 (FLOOR, "floor"),
                 (SYNC_FLOOR, "sync_floor"),
                 (PRL, "prl"),
+                (POTTERY, "pottery"),
             ):
                 if ref in per_round:
                     metrics[f"x_{tag}"] = metrics["pairs_s"] / per_round[ref]["pairs_s"]
@@ -269,6 +314,7 @@ def _section(cfg: Config, rounds: Rounds, n: int, rounds_n: int, started: str) -
         Column("÷ redis-py Lock (throughput)", "x_redispy", 2),
         Column("÷ async floor (throughput)", "x_floor", 2),
         Column("time x async floor", "t_floor", 2),
+        Column("÷ sync floor (throughput)", "x_sync_floor", 2),
         Column("Redis commands per pair", "cmds_pair", 2),
     ]
     body = [
@@ -305,7 +351,16 @@ def _section(cfg: Config, rounds: Rounds, n: int, rounds_n: int, started: str) -
             "- python-redis-lock: `redis_lock.Lock(r, name, expire=30)` on a sync `redis.Redis`, in "
             "its own blocking loop (the event loop runs nothing else meanwhile)."
         ),
-        "- client CPU is `time.process_time()` over the timed loop (the whole process).",
+        (
+            "- pottery: one `Redlock(key=name, masters={r}, auto_release_time=30)` on a sync "
+            "`redis.Redis`, created once and reused (its documented usage), `acquire()` / "
+            "`release()` in its own blocking loop. pottery is sync and builds a thread pool for "
+            "every acquire and every release, even with one master; that cost is in the number."
+        ),
+        (
+            "- client CPU is `time.process_time()` over the timed loop (the whole process, so "
+            "pottery's worker threads count)."
+        ),
         (
             "- Redis commands per pair: `INFO stats` total_commands_processed delta over the timed "
             "loop / pairs; commands inside Lua scripts count, and so do other clients' commands "
@@ -318,11 +373,21 @@ def _section(cfg: Config, rounds: Rounds, n: int, rounds_n: int, started: str) -
         ("asynclock ÷ redis-py Lock, uncontended throughput", "x_redispy"),
         ("asynclock ÷ redis.asyncio raw floor, uncontended throughput", "x_floor"),
         ("asynclock ÷ python-redis-lock (sync), uncontended throughput", "x_prl"),
+        ("asynclock ÷ pottery Redlock (sync, 1 master), uncontended throughput", "x_pottery"),
     ):
         spread = rounds.spread(ASYNCLOCK, metric)
         if spread.count == 0:
             headlines.append((label, "n/a (skipped: see the table)"))
         else:
             text = f"**{fmt_spread(spread, 2)}** (asynclock {fmt(pairs.median, 0)} pairs/s)"
+            headlines.append((label, text))
+    for label, metric in (
+        ("pottery Redlock ÷ redis-py Lock, uncontended throughput", "x_redispy"),
+        ("pottery Redlock ÷ sync floor (redis.Redis), uncontended throughput", "x_sync_floor"),
+    ):
+        spread = rounds.spread(POTTERY, metric)
+        theirs = rounds.spread(POTTERY, "pairs_s")
+        if spread.count:
+            text = f"{fmt_spread(spread, 2)} (pottery {fmt(theirs.median, 0)} pairs/s)"
             headlines.append((label, text))
     return Section("uncontended", "\n".join(body), headlines)
