@@ -39,6 +39,8 @@ class Backend:
     name: str
     url: str
     namespace_option: str | None = None
+    #: the pytest marker of its tests (default: ``name``)
+    marker: str | None = None
 
     @property
     def server(self) -> bool:
@@ -52,23 +54,37 @@ class Backend:
         return {self.namespace_option: f"{TEST_PREFIX}{namespace}:"}
 
 
-def _server(name: str, env: str, default: str, namespace_option: str = "prefix") -> Backend:
-    return Backend(name, os.environ.get(env, default), namespace_option)
+def _server(
+    name: str,
+    env: str,
+    default: str,
+    namespace_option: str = "prefix",
+    marker: str | None = None,
+) -> Backend:
+    return Backend(name, os.environ.get(env, default), namespace_option, marker)
 
 
 MEMORY = Backend("memory", "memory://")
 REDIS = _server("redis", "ASYNCLOCK_REDIS_URL", "redis://127.0.0.1:6379/0")
+#: three masters on 127.0.0.1:7000-7002 (.ci/services.sh); marked ``redis`` like the single server
+REDIS_CLUSTER = _server(
+    "redis-cluster",
+    "ASYNCLOCK_REDIS_CLUSTER_URL",
+    "redis+cluster://127.0.0.1:7000",
+    marker="redis",
+)
 POSTGRES = _server(
     "postgres", "ASYNCLOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
 MYSQL = _server("mysql", "ASYNCLOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
-BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, POSTGRES, MYSQL)
+BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, REDIS_CLUSTER, POSTGRES, MYSQL)
 SERVER_BACKENDS: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.server)
 
 
 def _param(backend: Backend) -> object:
-    return pytest.param(backend, id=backend.name, marks=getattr(pytest.mark, backend.name))
+    marker = backend.marker or backend.name
+    return pytest.param(backend, id=backend.name, marks=getattr(pytest.mark, marker))
 
 
 #: ``@pytest.fixture(params=STATES)``: every backend.
@@ -80,6 +96,7 @@ SERVER_STATES = [_param(b) for b in SERVER_BACKENDS]
 _DEFAULT_PORTS = {
     "redis": 6379,
     "rediss": 6379,
+    "redis+cluster": 6379,
     "postgresql": 5432,
     "postgres": 5432,
     "mysql": 3306,
@@ -135,8 +152,37 @@ async def purge_namespace(backend: Backend, namespace: str) -> None:
                 await client.delete(*keys)
         finally:
             await client.aclose()
+    elif backend.name == "redis-cluster":
+        await _purge_cluster(backend, namespace)
     elif backend.name in ("postgres", "mysql"):
         await _purge_sql(backend, f"{TEST_PREFIX}{namespace}:")
+
+
+async def _purge_cluster(backend: Backend, namespace: str) -> None:
+    """Delete the namespace's keys from every master (SCAN is per node on a cluster)."""
+    from redis.asyncio import Redis, RedisCluster
+
+    parts = urlsplit(backend.url)
+    # the first node of redis+cluster://[user:password@]host:port[,host:port...]
+    first = parts.netloc.rpartition("@")[2].split(",")[0]
+    auth = parts.netloc.rpartition("@")[0]
+    cluster = RedisCluster.from_url(f"redis://{auth + '@' if auth else ''}{first}")
+    try:
+        await cluster.initialize()
+        for node in cluster.get_primaries():
+            client = Redis(
+                host=node.host,
+                port=int(node.port),
+                username=unquote(parts.username) if parts.username else None,
+                password=unquote(parts.password) if parts.password else None,
+            )
+            try:
+                async for key in client.scan_iter(match=f"*{namespace}*", count=1000):
+                    await client.delete(key)  # one key per DEL: keys live in different slots
+            finally:
+                await client.aclose()
+    finally:
+        await cluster.aclose()
 
 
 #: the tables of the SQL states under their default ``table_prefix``

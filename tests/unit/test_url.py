@@ -40,12 +40,7 @@ class TestSchemes:
             "redis://127.0.0.1:6379/0",
             "rediss://127.0.0.1:6380/0",
             "unix:///var/run/redis/redis.sock",
-            pytest.param(
-                "redis+cluster://127.0.0.1:7000",
-                marks=pytest.mark.xfail(
-                    raises=NotImplementedError, strict=True, reason="Redis Cluster is issue #8"
-                ),
-            ),
+            "redis+cluster://127.0.0.1:7000",
         ],
     )
     async def test_redis_family(self, url: str) -> None:
@@ -114,12 +109,7 @@ class TestReprHidesPasswords:
             f"redis://:{SECRET}@127.0.0.1:6379/0",
             f"rediss://default:{SECRET}@127.0.0.1:6380/0",
             f"redis://127.0.0.1:6379/0?password={SECRET}",
-            pytest.param(
-                f"redis+cluster://user:{SECRET}@127.0.0.1:7000",
-                marks=pytest.mark.xfail(
-                    raises=NotImplementedError, strict=True, reason="Redis Cluster is issue #8"
-                ),
-            ),
+            f"redis+cluster://user:{SECRET}@127.0.0.1:7000",
         ],
     )
     async def test_repr_and_str_never_show_the_password(self, url: str) -> None:

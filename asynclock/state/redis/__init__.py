@@ -9,6 +9,11 @@ atomic against every client of the server and uses the server's clock. Dedupe is
   Redis Cluster hash tag, so everything about one lock lives in one slot.
 * ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
 * ``P<namespace>:<id>``: a dedupe record.
+
+On Redis Cluster (``redis+cluster://`` or a ``RedisCluster`` client) the same scripts run on
+the master owning the key's slot (``_cluster.py``: per-master pools, ``MOVED``/``ASK``
+followed), and release channels are sharded: the scripts ``SPUBLISH`` instead of ``PUBLISH``
+and waiters ``SSUBSCRIBE`` on that master (``_subscriber.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -33,8 +38,9 @@ from asynclock.state._errors import map_driver_errors, unavailable_error
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
+from asynclock.state.redis._cluster import ClusterRouter, slot_of
 from asynclock.state.redis._pool import LeanPool
-from asynclock.state.redis._subscriber import Subscriber
+from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -49,6 +55,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     OSError,
+    # a cluster that lost a master (or has no node answering) cannot serve the key right now
+    redis_errors.ClusterDownError,
+    redis_errors.SlotNotCoveredError,
 )
 _UNAVAILABLE_OR_TIMEOUT: tuple[type[BaseException], ...] = (
     *_UNAVAILABLE,
@@ -62,22 +71,24 @@ class _Script:
 
     __slots__ = ("name", "sha", "text")
 
-    def __init__(self, name: str, *parts: str) -> None:
+    def __init__(self, name: str, *parts: str, sharded: bool = False) -> None:
         folder = resources.files(__package__)
         self.name = name
         self.text = "\n".join(
             folder.joinpath(f"{part}.lua").read_text(encoding="utf-8")
             for part in ("_value", *(parts or (name,)))
         )
+        if sharded:
+            # Redis Cluster: a plain PUBLISH is broadcast to every node of the cluster; a sharded
+            # one stays on the node owning the channel's slot, where its waiters SSUBSCRIBE.
+            self.text = self.text.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
         self.sha = hashlib.sha1(self.text.encode(), usedforsecurity=False).hexdigest()
 
 
-def _scripts() -> dict[str, _Script]:
-    scripts = {
-        name: _Script(name) for name in ("acquire", "release", "extend", "inspect", "abandon")
-    }
-    scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire")
-    scripts["force_release"] = _Script("force_release")
+def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
+    names = ("acquire", "release", "extend", "inspect", "abandon", "force_release")
+    scripts = {name: _Script(name, sharded=sharded) for name in names}
+    scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire", sharded=sharded)
     return scripts
 
 
@@ -113,8 +124,14 @@ class RedisState(ClosesOnExit):
 
     One RedisState serves one event loop (redis-py's connections belong to a loop).
 
+    On Redis Cluster every script touches only keys sharing the lock key's hash tag, so it runs
+    whole on the master owning that slot; ``MOVED``/``ASK`` redirections (resharding, failover)
+    are followed, never surfaced; release wake-ups use sharded pub/sub (Redis 7+).
+
     Args:
-        client: a ``redis.asyncio.Redis`` client. RESP2 or RESP3 both work.
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` client (its
+            configuration is used: this state opens its own connections, per master on a
+            cluster). RESP2 or RESP3 both work.
         prefix: put in front of every key, so applications sharing a server never meet.
             Must not contain ``{`` or ``}`` (they would change the Cluster hash tag).
         op_timeout: seconds one operation may take, connection wait included.
@@ -125,7 +142,7 @@ class RedisState(ClosesOnExit):
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         *,
         prefix: str = "asynclock:",
         op_timeout: float = 5.0,
@@ -142,15 +159,24 @@ class RedisState(ClosesOnExit):
         self._retention_ms = ttl_ms(check_ttl(token_retention, "token_retention"))
         self._reservation_ms = ttl_ms(check_ttl(reservation, "reservation"))
         self._owns_client = False
-        self._where = f"Redis at {_describe(client)}"
-        self._process = new_process_id()
-        self._scripts = _scripts()
-        self._subscriber: Subscriber | None = None
-        pool = client.connection_pool
-        size = getattr(pool, "max_connections", None)
-        self._pool = LeanPool(
-            lambda: _connection_for(client), size if isinstance(size, int) and size < 2**31 else 50
+        self._where = (
+            f"Redis Cluster at {_describe(client)}"
+            if isinstance(client, RedisCluster)
+            else f"Redis at {_describe(client)}"
         )
+        self._process = new_process_id()
+        self._subscriber: Subscriber | ShardedSubscriber | None = None
+        self._router: ClusterRouter | None = None
+        if isinstance(client, RedisCluster):
+            size = client.connection_kwargs.get("max_connections")
+            self._router = ClusterRouter(client, _pool_size(size))
+            self._scripts = _scripts(sharded=True)
+            # unused on a cluster: every command goes through the router's per-master pools
+            self._pool = LeanPool(_no_connection, 1)
+        else:
+            self._scripts = _scripts()
+            size = getattr(client.connection_pool, "max_connections", None)
+            self._pool = LeanPool(lambda: _connection_for(client), _pool_size(size))
 
     @classmethod
     def from_url(
@@ -174,14 +200,20 @@ class RedisState(ClosesOnExit):
         as lost.
         """
         parsed = StateURL(url)
-        if parsed.scheme == "redis+cluster":
-            raise NotImplementedError(
-                "redis+cluster:// is planned (issue #8); use redis:// for a single server"
-            )
         check_seconds(connect_timeout, "connect_timeout")
         op = check_seconds(op_timeout, "op_timeout")
         if not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        if parsed.scheme == "redis+cluster":
+            return cls._from_cluster_url(
+                url,
+                prefix=prefix,
+                connect_timeout=connect_timeout,
+                op_timeout=op_timeout,
+                max_connections=max_connections,
+                token_retention=token_retention,
+                reservation=reservation,
+            )
         try:
             pool = BlockingConnectionPool.from_url(
                 url,
@@ -206,7 +238,64 @@ class RedisState(ClosesOnExit):
         state._where = f"Redis at {redact(url)}"
         return state
 
+    @classmethod
+    def _from_cluster_url(
+        cls,
+        url: str,
+        *,
+        prefix: str,
+        connect_timeout: float,
+        op_timeout: float,
+        max_connections: int,
+        token_retention: float,
+        reservation: float,
+    ) -> RedisState:
+        """``redis+cluster://[user:password@]host:port[,host:port...]``: any node(s) of the cluster.
+
+        ``max_connections`` is per master. Nothing connects before the first operation.
+        """
+        rest = url.partition("://")[2]
+        userinfo, _, hosts = rest.rpartition("@")
+        hosts, _, query = hosts.partition("?")
+        hosts = hosts.split("/", 1)[0]
+        nodes = [part.strip() for part in hosts.split(",") if part.strip()]
+        if not nodes:
+            raise ValueError(f"invalid Redis Cluster URL {redact(url)!r}: no host:port")
+        first = f"redis://{userinfo + '@' if userinfo else ''}{nodes[0]}"
+        try:
+            from redis.asyncio.cluster import ClusterNode
+
+            startup = []
+            for node in nodes:
+                host, sep, port = node.rpartition(":")
+                if not sep:
+                    host, port = node, "6379"
+                startup.append(ClusterNode(host.strip("[]") or "127.0.0.1", int(port)))
+            client = RedisCluster.from_url(
+                first + (f"?{query}" if query else ""),
+                startup_nodes=startup[1:],
+                max_connections=max_connections,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=None,
+                retry=Retry(NoBackoff(), 0),
+            )
+        except (ValueError, redis_errors.RedisClusterException) as exc:
+            raise ValueError(f"invalid Redis Cluster URL {redact(url)!r}: {exc}") from None
+        state = cls(
+            client,
+            prefix=prefix,
+            op_timeout=op_timeout,
+            token_retention=token_retention,
+            reservation=reservation,
+        )
+        state._owns_client = True
+        state._where = f"Redis Cluster at {redact(url)}"
+        return state
+
     def __repr__(self) -> str:
+        if self._router is not None:
+            where = self._where.removeprefix("Redis Cluster at ")
+            return f"RedisState(cluster {where}, prefix={self._prefix!r})"
         return f"RedisState({self._where.removeprefix('Redis at ')}, prefix={self._prefix!r})"
 
     async def aclose(self) -> None:
@@ -215,15 +304,22 @@ class RedisState(ClosesOnExit):
         if subscriber is not None:
             await subscriber.aclose()
         await self._pool.aclose()
+        if self._router is not None:
+            await self._router.aclose()
         if self._owns_client:
             await self._client.aclose()
         else:
             await asyncio.sleep(0)
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> Redis | RedisCluster:
         """The redis-py client this state talks through."""
         return self._client
+
+    @property
+    def clustered(self) -> bool:
+        """Whether this state talks to a Redis Cluster."""
+        return self._router is not None
 
     @property
     def prefix(self) -> str:
@@ -231,8 +327,23 @@ class RedisState(ClosesOnExit):
         return self._prefix
 
     def lock_key(self, key: str) -> str:
-        """The Redis key that holds lock ``key``."""
+        """The Redis key that holds lock ``key``.
+
+        ``P{key}``. On a cluster, a key starting with ``{`` or ``}`` gets one more ``{`` in
+        front (``P{{key}``): ``P{}x}`` would have an empty hash tag, and Redis would then hash
+        each whole key name, scattering the lock's keys over different slots. The extra brace
+        keeps the tag non-empty and the layout one-to-one (see :meth:`_key_of`).
+        """
+        if self._router is not None and key[:1] in ("{", "}"):
+            return f"{self._prefix}{{{{{key}}}"
         return f"{self._prefix}{{{key}}}"
+
+    def _key_of(self, lock_key: str) -> str:
+        """The lock key's ``key`` (the inverse of :meth:`lock_key`)."""
+        body = lock_key[len(self._prefix) + 1 : -1]
+        if self._router is not None and body.startswith("{"):
+            return body[1:]
+        return body
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -240,6 +351,8 @@ class RedisState(ClosesOnExit):
         self, name: str, keys: tuple[str, ...], *args: str | int, idempotent: bool = False
     ) -> object:
         script = self._scripts[name]
+        if self._router is not None:
+            return await self._eval_clustered(script, keys, args, idempotent=idempotent)
         call = self._pool.call
         try:
             async with deadline_after(self._op_timeout):
@@ -253,12 +366,70 @@ class RedisState(ClosesOnExit):
         except _UNAVAILABLE_OR_TIMEOUT as exc:
             raise self._unavailable(exc) from exc
 
-    async def _command(self, *args: str | int | bytes) -> object:
+    async def _eval_clustered(
+        self,
+        script: _Script,
+        keys: tuple[str, ...],
+        args: tuple[str | int, ...],
+        *,
+        idempotent: bool,
+    ) -> object:
+        router = self._router
+        assert router is not None
         try:
             async with deadline_after(self._op_timeout):
+                return await router.call(
+                    slot_of(keys[0]),
+                    "EVALSHA",
+                    script.sha,
+                    len(keys),
+                    *keys,
+                    *args,
+                    retry_stale=idempotent,
+                    script=script.text,
+                )
+        except _UNAVAILABLE_OR_TIMEOUT as exc:
+            raise self._unavailable(exc) from exc
+
+    async def _command(self, key: str, *args: str | int | bytes) -> object:
+        """One command about ``key`` (``args`` include it), on the node owning it."""
+        try:
+            async with deadline_after(self._op_timeout):
+                if self._router is not None:
+                    return await self._router.call(slot_of(key), *args)
                 return await self._pool.call(*args)
         except _UNAVAILABLE_OR_TIMEOUT as exc:
             raise self._unavailable(exc) from exc
+
+    async def _scan(self, pattern: str) -> AsyncIterator[str]:
+        """Every key matching ``pattern`` (``SCAN``, on every master of a cluster)."""
+        if self._router is None:
+            nodes: list[object] = [None]
+        else:
+            try:
+                async with deadline_after(self._op_timeout):
+                    await self._router.refresh()
+            except _UNAVAILABLE_OR_TIMEOUT as exc:
+                raise self._unavailable(exc) from exc
+            nodes = list(self._router.masters)
+        for node in nodes:
+            cursor: bytes | int = 0
+            while True:
+                args = ("SCAN", cursor, "MATCH", pattern, "COUNT", 500)
+                try:
+                    async with deadline_after(self._op_timeout):
+                        if self._router is not None and isinstance(node, tuple):
+                            reply = await self._router.call_on(node, *args)
+                        else:
+                            reply = await self._pool.call(*args)
+                except _UNAVAILABLE_OR_TIMEOUT as exc:
+                    raise self._unavailable(exc) from exc
+                assert isinstance(reply, list)
+                cursor, keys = reply
+                for raw in keys:
+                    yield raw.decode() if isinstance(raw, bytes) else str(raw)
+                if _as_int(cursor) == 0:
+                    break
 
     def _unavailable(self, exc: BaseException) -> StateUnavailableError:
         return unavailable_error(exc, self._where, self._op_timeout)
@@ -286,9 +457,15 @@ class RedisState(ClosesOnExit):
     ) -> Grant | None:
         """See :meth:`asynclock.state.ClaimingState.acquire_claimed` (one EVALSHA)."""
         lock_key = self.lock_key(key)
+        claim_key = self._prefix + claim
+        if self._router is not None and slot_of(claim_key) != slot_of(lock_key):
+            # a claim not sharing the lock's hash tag (a key starting with a brace): two steps
+            if not await self.dedupe_add(claim, claim_ttl):
+                return None
+            return await self.acquire(key, owner, ttl)
         result = await self._eval(
             "claim_acquire",
-            (lock_key, f"{lock_key}:abandoned:{owner}", self._prefix + claim),
+            (lock_key, f"{lock_key}:abandoned:{owner}", claim_key),
             owner,
             ttl_ms(ttl),
             "",
@@ -353,26 +530,26 @@ class RedisState(ClosesOnExit):
 
     async def held_locks(self, match: str = "*") -> AsyncIterator[LockInfo]:
         """See :meth:`asynclock.state.LockAdmin.held_locks` (``SCAN``, then one read per key)."""
-        start = len(self._prefix) + 1
-        pattern = f"{_glob_escape(self._prefix)}{{{match}}}"
-        cursor: bytes | int = 0
-        while True:
-            reply = await self._command("SCAN", cursor, "MATCH", pattern, "COUNT", 500)
-            assert isinstance(reply, list)
-            cursor, keys = reply
-            for raw in keys:
-                lock_key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        patterns = [f"{_glob_escape(self._prefix)}{{{match}}}"]
+        if self._router is not None:  # keys starting with a brace (see lock_key)
+            patterns.append(f"{_glob_escape(self._prefix)}{{{{{match}}}")
+        for number, pattern in enumerate(patterns):
+            async for lock_key in self._scan(pattern):
+                if (
+                    number == 0
+                    and self._router is not None
+                    and lock_key[len(self._prefix) + 1 :].startswith("{")
+                ):
+                    continue  # listed by the second pattern, where it matches
                 info = await self._eval("inspect", (lock_key,), idempotent=True)
                 if isinstance(info, list) and len(info) == 3:
                     owner, pttl, token = info
                     yield LockInfo(
-                        lock_key[start:-1],
+                        self._key_of(lock_key),
                         owner.decode() if isinstance(owner, bytes) else str(owner),
                         max(_as_int(pttl), 0) / 1000.0,
                         _as_int(token),
                     )
-            if _as_int(cursor) == 0:
-                return
 
     async def force_release(self, key: str) -> LockInfo | None:
         """See :meth:`asynclock.state.LockAdmin.force_release` (``force_release.lua``)."""
@@ -388,18 +565,27 @@ class RedisState(ClosesOnExit):
 
     async def dedupe_add(self, key: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.dedupe_add`."""
-        reply = await self._command("SET", self._prefix + key, b"1", "NX", "PX", ttl_ms(ttl))
+        name = self._prefix + key
+        reply = await self._command(name, "SET", name, b"1", "NX", "PX", ttl_ms(ttl))
         return reply is not None
 
     async def dedupe_forget(self, key: str) -> bool:
         """See :meth:`asynclock.state.State.dedupe_forget`."""
-        return _as_int(await self._command("DEL", self._prefix + key)) > 0
+        name = self._prefix + key
+        return _as_int(await self._command(name, "DEL", name)) > 0
 
     @contextlib.asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[EventWatch]:
         """See :meth:`asynclock.state.State.watch` (one shared pub/sub connection)."""
         if self._subscriber is None:
-            self._subscriber = Subscriber(self._client, self._op_timeout or 5.0)
+            if self._router is not None:
+                self._subscriber = ShardedSubscriber(self._router, self._op_timeout or 5.0)
+            else:
+                client = self._client
+                assert isinstance(client, Redis)
+                self._subscriber = Subscriber(
+                    lambda: _subscriber_connection(client), self._op_timeout or 5.0
+                )
         subscriber = self._subscriber
         channel = f"{self.lock_key(key)}:released".encode()
         watch = EventWatch(asyncio.get_running_loop())
@@ -437,7 +623,28 @@ def _connection_for(client: Redis) -> AbstractConnection:
     return conn
 
 
-def _describe(client: Redis) -> str:
+def _subscriber_connection(client: Redis) -> AbstractConnection:
+    """A new pub/sub connection like ``client``'s: no read timeout (it blocks on reads by
+    design), RESP2 (pub/sub arrays)."""
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = None
+    kwargs["protocol"] = 2
+    conn: AbstractConnection = pool.connection_class(**kwargs)
+    return conn
+
+
+def _no_connection() -> AbstractConnection:
+    raise RuntimeError("a clustered RedisState sends every command through its router")
+
+
+def _pool_size(size: object) -> int:
+    return size if isinstance(size, int) and 0 < size < 2**31 else 50
+
+
+def _describe(client: Redis | RedisCluster) -> str:
+    if isinstance(client, RedisCluster):
+        return ",".join(node.name for node in client.startup_nodes)
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"

@@ -140,6 +140,28 @@ class LeanPool:
         self._checkin(conn, broken=False)
         return reply
 
+    async def call_asking(self, *args: str | int | bytes) -> object:
+        """``ASKING`` and then one command on the same connection (a Redis Cluster ``ASK``).
+
+        ``ASKING`` lets the next command of its connection run on a node that is importing the
+        command's slot; both go out in one write. Returns the command's reply.
+        """
+        conn, _ = await self._checkout()
+        try:
+            await conn.send_packed_command(pack(("ASKING",)) + pack(args), check_health=False)
+            try:
+                await conn.read_response()  # +OK
+            finally:
+                reply = await conn.read_response()
+        except redis_errors.ResponseError:
+            self._checkin(conn, broken=False)
+            raise
+        except BaseException:
+            self._checkin(conn, broken=True)
+            raise
+        self._checkin(conn, broken=False)
+        return reply
+
     async def aclose(self) -> None:
         """Close every idle connection; busy ones close when they come back."""
         self._closed = True
