@@ -24,7 +24,7 @@ from asynclock._owner import new_process_id
 from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._errors import unavailable_error
-from asynclock.state._protocol import Watch
+from asynclock.state._protocol import LockInfo, Watch
 from asynclock.state._sql import (
     Deadlines,
     check_table_prefix,
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
     from asynclock._errors import StateUnavailableError
-    from asynclock.state._protocol import Grant, LockInfo, Release
+    from asynclock.state._protocol import Grant, Release
     from asynclock.state._sql import Query
 
 __all__ = [
@@ -279,6 +279,10 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         """``inspect``'s answer."""
 
     @abc.abstractmethod
+    def _held(self, answer: R) -> list[tuple[str, str, float, int]]:
+        """``held_locks``'s rows as ``(prefixed name, owner, remaining seconds, token)``."""
+
+    @abc.abstractmethod
     def _claimed(self, answer: R) -> bool:
         """Whether ``dedupe_add`` recorded the key."""
 
@@ -511,6 +515,33 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         answer = await self._run("inspect", {"id": self._id_param(ident)}, idempotent=True)
         return self._lock_info(key, answer)
 
+    async def held_locks(self, match: str = "*") -> AsyncIterator[LockInfo]:
+        """See :meth:`asynclock.state.LockAdmin.held_locks` (one read of the lock table).
+
+        ``match`` is a glob of ``*`` and ``?`` (SQL ``LIKE`` has no character classes, so ``[``
+        is refused with ``ValueError``).
+        """
+        pattern = _like_escape(self._prefix) + _glob_to_like(match)
+        answer = await self._run("held_locks", {"pattern": pattern}, idempotent=True)
+        start = len(self._prefix)
+        for name, owner, remaining, token in self._held(answer):
+            yield LockInfo(name[start:], owner, remaining, token)
+
+    async def force_release(self, key: str) -> LockInfo | None:
+        """See :meth:`asynclock.state.LockAdmin.force_release`.
+
+        Releases in the holder's name (the ``release`` statement, compare-and-release), so a
+        holder that changed between the read and the release is never freed by mistake; tried
+        again then, a few times.
+        """
+        for _ in range(3):
+            holder = await self.inspect(key)
+            if holder is None:
+                return None
+            if (await self.release(key, holder.owner)).owned:
+                return holder
+        return None
+
     async def dedupe_add(self, key: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.dedupe_add`: atomic insert-if-absent, server clock."""
         check_key(key)
@@ -557,3 +588,17 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         rows deleted. A purged key's next token still exceeds its old ones (the clock seed).
         """
         return await self._purge_batches(once=False)
+
+
+def _like_escape(text: str) -> str:
+    """``text`` as a LIKE pattern that matches only itself (escape character ``!``)."""
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+
+
+def _glob_to_like(match: str) -> str:
+    """A ``*``/``?`` glob as a LIKE pattern (escape character ``!``)."""
+    if not isinstance(match, str):
+        raise TypeError(f"match must be a str, got {type(match).__name__}")
+    if "[" in match:
+        raise ValueError(f"SQL states match keys with * and ? only, got {match!r}")
+    return _like_escape(match).replace("*", "%").replace("?", "_")

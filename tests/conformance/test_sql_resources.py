@@ -19,6 +19,7 @@ QUERIES = {
     "dedupe_forget",
     "purge_locks",
     "purge_dedupe",
+    "held_locks",
 }
 
 

@@ -284,6 +284,17 @@ class MySQLState(SQLState[_Connection, str, _Result]):
     def _matched(self, answer: _Result) -> bool:
         return answer[0] > 0
 
+    def _held(self, answer: _Result) -> list[tuple[str, str, float, int]]:
+        return [
+            (
+                _text(row[0]),
+                _text(row[1]),
+                max(int(str(row[2])), 0) / 1e6,
+                int(str(row[3])),
+            )
+            for row in answer[2]
+        ]
+
     def _lock_info(self, key: str, answer: _Result) -> LockInfo | None:
         rows = answer[2]
         if not rows:
@@ -319,3 +330,7 @@ async def _close(conn: _Connection) -> None:
             await conn.ensure_closed()
     except Exception:  # noqa: BLE001 - the socket goes anyway
         conn.close()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)

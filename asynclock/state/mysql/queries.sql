@@ -148,3 +148,12 @@ LIMIT %(batch)s
 -- purge_dedupe --
 -- Delete up to "batch" expired dedupe records.
 DELETE FROM {prefix}dedupe WHERE expires_at <= UTC_TIMESTAMP(3) LIMIT %(batch)s
+
+-- held_locks --
+-- Operators' listing: every live holder whose prefixed key (name) matches the LIKE pattern, by
+-- name, with the remaining microseconds. One read; a lock taken or released meanwhile may or may
+-- not appear.
+SELECT name, owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), expires_at), token
+FROM {prefix}locks
+WHERE name LIKE %(pattern)s ESCAPE '!' AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)
+ORDER BY name

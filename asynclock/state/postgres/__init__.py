@@ -235,6 +235,9 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
     def _matched(self, answer: _Rows) -> bool:
         return bool(answer)
 
+    def _held(self, answer: _Rows) -> list[tuple[str, str, float, int]]:
+        return [(str(r[0]), str(r[1]), float(str(r[2])), int(str(r[3]))) for r in answer]
+
     def _lock_info(self, key: str, answer: _Rows) -> LockInfo | None:
         if not answer:
             return None

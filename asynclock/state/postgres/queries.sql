@@ -191,3 +191,11 @@ WITH d AS (
     RETURNING 1
 )
 SELECT count(*)::int FROM d
+
+-- held_locks --
+-- Operators' listing: every live holder whose prefixed key (name) matches the LIKE pattern, by
+-- name. One read; a lock taken or released meanwhile may or may not appear.
+SELECT name, owner, greatest(extract(epoch FROM expires_at - now()), 0)::float8 AS remaining, token
+FROM {prefix}locks
+WHERE name LIKE %(pattern)s ESCAPE '!' AND owner IS NOT NULL AND expires_at > now()
+ORDER BY name
