@@ -310,15 +310,11 @@ class MemoryState(ClosesOnExit):
 
     async def force_release(self, key: str) -> LockInfo | None:
         """See :meth:`asynclock.state.LockAdmin.force_release`."""
-        await asyncio.sleep(0)
-        with self._mutex:
-            now = self._clock()
-            held = self._live(key, now)
-            if held is None:
-                return None
-            del self._locks[key]
-            self._notify(key)
-            return LockInfo(key, held.owner, held.expires_at - now, held.token)
+        info = await self.inspect(key)
+        if info is None:
+            return None
+        released = await self.release(key, info.owner)  # in the holder's name: compare first
+        return info if released.owned else None
 
     def size(self) -> tuple[int, int]:
         """``(locks, dedupe records)`` currently stored, expired ones included until swept."""
