@@ -16,6 +16,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from asynclock import Event, EventDispatcher, HandlerContext, state_from_url
+from tests._workers import redis_client
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -81,9 +82,7 @@ async def _dispatch_all(
     counter: Any = None
     prefix = counter_prefix or ""
     if counter_prefix is not None:
-        from redis.asyncio import Redis
-
-        counter = Redis.from_url(url)
+        counter = redis_client(url)
     state = state_from_url(url, **options)
     bot = EventDispatcher(state, on_lock_conflict=policy, lock_ttl=10.0, raise_errors=False)
 

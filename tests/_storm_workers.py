@@ -1,7 +1,8 @@
 """Entry points of the OS processes that ``conformance/test_storm.py`` spawns.
 
 Each process delivers its share of the webhook storm (:mod:`asynclock._storm`) with its own
-event loop and its own lock state, against a "database" kept on the Redis server itself
+event loop and its own lock state (built from the lock URL: a single Redis, Redis Cluster's
+``redis+cluster://``, PostgreSQL or MySQL), against a "database" kept on the Redis server itself
 (:class:`RedisConversations`), so the find and the create of find-or-create are real round
 trips and every process sees the same conversations. Like ``tests/_workers.py``, a worker never
 raises: it reports a plain dict (an ``"error"`` entry with the traceback when something failed).

@@ -14,6 +14,7 @@ import random
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from asynclock import AsyncLock, Deduper, state_from_url
 from tests._helpers import token_of
@@ -24,6 +25,33 @@ if TYPE_CHECKING:
 
 #: How long a worker waits for its siblings at the start line.
 BARRIER_TIMEOUT = 60.0
+
+
+def redis_client(url: str) -> Any:
+    """A plain redis-py client of the server(s) behind a lock state's URL, for checks that look
+    at the server directly: ``Redis`` for ``redis://``, ``RedisCluster`` for
+    ``redis+cluster://[user:password@]host:port[,host:port...]`` (commands routed by key slot).
+    The caller closes it (``aclose``)."""
+    from redis.asyncio import Redis, RedisCluster
+    from redis.asyncio.cluster import ClusterNode
+
+    parts = urlsplit(url)
+    if parts.scheme != "redis+cluster":
+        return Redis.from_url(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    nodes = []
+    for node in hosts.split(","):
+        host, sep, port = node.strip().rpartition(":")
+        nodes.append(ClusterNode(host.strip("[]") or "127.0.0.1", int(port) if sep else 6379))
+    return RedisCluster(
+        startup_nodes=nodes,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+    )
+
+
+#: the backends of ``tests/_matrix.py`` whose server the checks above can reach
+REDIS_BACKENDS = frozenset({"redis", "redis-cluster"})
 
 
 def _report(results: Queue[dict[str, Any]], run: Any) -> None:
@@ -46,7 +74,7 @@ def lock_worker(
 ) -> None:
     """Contend for ``key``; record each critical section as ``(start, end, token, pid)``.
 
-    With ``counter_key`` (Redis), each critical section also INCRs a counter on the server and
+    With ``counter_key`` (Redis or Redis Cluster), each critical section also INCRs a counter on the server and
     DECRs it on the way out; ``most_inside`` is the largest value any process saw.
     """
     _report(results, _contend(url, options, key, counter_key, tasks, rounds, barrier))
@@ -65,9 +93,7 @@ async def _contend(
     most_inside = 0
     counter: Any = None
     if counter_key is not None:
-        from redis.asyncio import Redis
-
-        counter = Redis.from_url(url)
+        counter = redis_client(url)
     state = state_from_url(url, **options)
     try:
         await state.inspect(key)  # connected before the start line

@@ -17,7 +17,8 @@ from asynclock import EventDispatcher, Outcome
 from tests import _dispatch_workers
 from tests._dispatch_workers import Spec, event_of
 from tests._matrix import TEST_PREFIX
-from tests.conformance.test_processes import run_processes
+from tests._workers import REDIS_BACKENDS
+from tests.conformance.test_processes import run_processes, server_counters
 
 if TYPE_CHECKING:
     from asynclock import State
@@ -41,8 +42,11 @@ def stream_for(n: int, events: list[Spec]) -> list[Spec]:
 
 
 async def run(target: Target, policy: PolicyName) -> tuple[list[dict[str, Any]], str | None]:
+    # per-key INCR/DECR counters on the lock server itself (Redis and Redis Cluster)
     counter_prefix = (
-        f"{TEST_PREFIX}{target.namespace}:inside:" if target.backend.name == "redis" else None
+        f"{TEST_PREFIX}{target.namespace}:inside:"
+        if target.backend.name in REDIS_BACKENDS
+        else None
     )
     events = distinct_events()
     reports = await run_processes(
@@ -50,6 +54,9 @@ async def run(target: Target, policy: PolicyName) -> tuple[list[dict[str, Any]],
         lambda n: (target.url, target.options, stream_for(n, events), policy, counter_prefix, n),
         PROCESSES,
     )
+    if counter_prefix is not None:  # every handler that entered also left, on the server too
+        keys = [f"{counter_prefix}slack:C1:T{t}" for t in range(THREADS)]
+        assert await server_counters(target.url, keys) == [0] * THREADS
     return reports, counter_prefix
 
 

@@ -6,6 +6,13 @@ a database kept on the Redis server (see ``tests/_storm_workers.py``), whichever
 holds the locks, inside
 ``AsyncLock(state, f"ig:contact:{id}", ttl=T, blocking=False)``.
 
+Every test runs once per server backend of ``tests/_matrix.py``, Redis Cluster included: there
+the locks live on the three masters (each contact's lock on the master owning its slot) while
+the database stays on the single Redis server. After each storm on Redis or Redis Cluster,
+:func:`check_lock_homes` finds every contact's lock key (a released key keeps its last fencing
+token for ``token_retention``, 60 s) on the lock server, never on the database's server, and on
+a cluster spread over more than one master: the storm really went through the slot routing.
+
 Scaled times: the origin story's 3 s TTL and ``wait=lambda n: n`` become ``STORM_TTL`` and
 ``wait=lambda n: STORM_STEP * n``. The slow-holder tests use longer times, chosen so that a
 process stalled for ~0.3 s on a loaded 2-core machine still cannot change the outcome.
@@ -16,21 +23,24 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from redis.asyncio import Redis
 
 from asynclock import retry_on_lock_conflict
-from asynclock._storm import StormTally, storm_messages, tally
+from asynclock._storm import StormTally, lock_key, storm_messages, tally
 from tests import _storm_workers
 from tests._matrix import REDIS, TEST_PREFIX, require
+from tests._workers import REDIS_BACKENDS, redis_client
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
     from multiprocessing.synchronize import Event
 
+    from asynclock import RedisState
     from asynclock._storm import Message, Variant
     from tests.conftest import Target
 
@@ -118,6 +128,42 @@ async def run_processes(
     return reports
 
 
+async def check_lock_homes(
+    target: Target, contacts: Iterable[int], *, overran: int = 0
+) -> Counter[str]:
+    """Where the contacts' lock keys are now, per server (``host:port``); Redis backends only.
+
+    Every contact's lock key must be on the lock server (but for as many as ``overran``: a
+    holder that outlived its TTL lets its key expire), and, on a cluster, none on the single
+    server that holds the storm's database.
+    """
+    state = cast("RedisState", target.open())
+    client = redis_client(target.url)
+    database: Redis = Redis.from_url(REDIS.url)
+    homes: Counter[str] = Counter()
+    missing: list[str] = []
+    try:
+        clustered = state.clustered
+        if clustered:
+            await client.initialize()
+        for contact in contacts:
+            name = state.lock_key(lock_key(contact))
+            if not await client.exists(name):
+                missing.append(name)
+                continue
+            if clustered:
+                homes[client.get_node_from_key(name).name] += 1
+                assert not await database.exists(name), f"{name} is on {REDIS.url}"
+            else:
+                homes[target.url] += 1
+    finally:
+        await database.aclose()
+        await client.aclose()
+        await state.aclose()
+    assert len(missing) <= overran, (missing, homes)
+    return homes
+
+
 def deal(messages: Sequence[Message], hands: int, seed: int) -> list[list[tuple[int, int]]]:
     """Deal the (already shuffled) messages to ``hands`` processes at random."""
     rng = random.Random(seed)
@@ -160,6 +206,11 @@ async def storm(
     overran = sum(r["overran"] for r in reports)
     counted = await tally(conversations, messages, variant, overran=overran)
     assert sum(r["processed"] for r in reports) == counted.messages - counted.lost
+    if variant != "no lock" and target.backend.name in REDIS_BACKENDS:
+        homes = await check_lock_homes(target, range(CONTACTS), overran=overran)
+        if target.backend.name == "redis-cluster":
+            # 20 keys on 3 masters: all on one master has odds of 3 ** -19
+            assert len(homes) >= 2, homes
     return counted, reports
 
 
@@ -236,6 +287,8 @@ async def slow_holder_storm(
     conversations = _storm_workers.RedisConversations(db.client, db.prefix)
     overran = sum(r.get("overran", 0) for r in reports)
     counted = await tally(conversations, messages, "slow", overran=overran)
+    if target.backend.name in REDIS_BACKENDS:
+        await check_lock_homes(target, range(SLOW_CONTACTS), overran=overran)
     return counted, reports
 
 
