@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 
 from benchmarks import (
+    _cluster,
     _contended,
     _dedupe,
     _dispatcher,
@@ -51,8 +52,9 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "memory-growth": _growth.run,
     "dedupe": _dedupe.run,
     "sql": _sql.run,
+    "cluster": _cluster.run,
 }
-NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe"}
+NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe", "cluster"}
 
 PREAMBLE = """# Benchmarks
 
@@ -80,6 +82,9 @@ python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
 python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
 python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
 python -m benchmarks sql --quick     # ~20 s, stdout only
+python -m benchmarks cluster --private-server --write  # ~2 min: single Redis vs a private
+                                                       # 3-master Redis Cluster, 1/2/4 processes
+python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~40 s
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -121,6 +126,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start a throwaway redis-server on a free loopback port for this run (clean "
         "command counts; the shared server's other clients are not counted)",
+    )
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="URL",
+        help="the Redis Cluster of the cluster scenario (default: a private throwaway 3-master "
+        f"cluster with --private-server, else {_cluster.DEFAULT_CLUSTER_URL})",
     )
     parser.add_argument(
         "--allow-remote",
@@ -229,9 +241,9 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql block carries its own environment (database servers, drivers): a run of
-        # that scenario alone keeps the environment block of the Redis scenarios above it
-        kept = names == ["sql"]
+        # the sql and cluster blocks carry their own environment (servers, drivers, commit): a
+        # run of one of them alone keeps the environment block of the Redis scenarios above
+        kept = names in (["sql"], ["cluster"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )
@@ -242,6 +254,7 @@ async def _amain(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _cluster.configure(url=args.cluster, private=args.private_server)
     if not args.private_server:
         return asyncio.run(_amain(args))
     if args.state != DEFAULT_URL:

@@ -1,0 +1,559 @@
+"""Scenario ``cluster``: aggregate lock throughput over many keys, single Redis vs Redis Cluster.
+
+``N`` spawned worker processes (N = 1, 2, 4), each with ``TASKS`` tasks doing
+``async with AsyncLock(state, key, ttl=30): pass`` back to back over ``KEYS`` distinct keys, for
+a fixed window; the same workload against the single Redis server of the run (``--state`` or
+``--private-server``) and against a Redis Cluster (``--cluster URL``; with ``--private-server``
+a throwaway 3-master cluster of its own, otherwise the 3-master cluster of
+``.ci/services.sh``). The keys are dealt so that no two tasks ever share one (stride
+``N x TASKS``): the throughput of independent locks, the thing a cluster is meant to scale.
+
+The worker processes are spawned once for the whole scenario (both states open and warmed in
+each) and told what to run through a queue, so a round costs no interpreter start-up. Every run
+of ``N`` workers starts at one ``perf_counter`` instant (CLOCK_MONOTONIC: one clock for the whole
+machine) and stops taking new pairs when its window closes; the aggregate is every pair of every
+process over the time from the start to the last pair's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+
+from benchmarks import _progress
+from benchmarks._env import (
+    REPO,
+    Asynclock,
+    Config,
+    is_loopback_url,
+    log,
+    now_utc,
+    require_asynclock,
+)
+from benchmarks._report import Column, Rounds, Section, record_data, table
+from benchmarks._stats import fmt, fmt_spread
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+PROCESS_COUNTS = (1, 2, 4)
+TASKS = 4  # per process
+KEYS = 10_000
+WINDOW, QUICK_WINDOW = 3.0, 1.5  # seconds of each measurement
+TTL = 30.0
+DEFAULT_CLUSTER_URL = os.environ.get(
+    "ASYNCLOCK_BENCH_CLUSTER_URL", "redis+cluster://127.0.0.1:7000"
+)
+
+SINGLE = "single Redis"
+CLUSTER = "Redis Cluster, 3 masters"
+
+
+@dataclass
+class _Settings:
+    url: str | None = None  # None: DEFAULT_CLUSTER_URL, or a private cluster
+    private: bool = False
+
+
+_SETTINGS = _Settings()
+
+
+def configure(*, url: str | None, private: bool) -> None:
+    """Set by the command line: ``--cluster URL`` and ``--private-server``."""
+    _SETTINGS.url, _SETTINGS.private = url, private
+
+
+def label(target: str, processes: int) -> str:
+    return f"{target}, {processes} process{'es' if processes > 1 else ''} x {TASKS} tasks"
+
+
+# --- a throwaway cluster ----------------------------------------------------------------------
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` loopback ports that are free, each with its cluster bus port (+10000) free."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + 10000 > 65535 or port in ports:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as bus:
+                bus.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        ports.append(port)
+    return ports
+
+
+class PrivateCluster:
+    """Three throwaway cluster-mode ``redis-server`` masters on free loopback ports, joined with
+    ``redis-cli --cluster create`` (no replicas, no persistence: the same settings as the private
+    single server). Stopped by their own process handles on exit."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.masters = masters
+        self.ports: list[int] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.dir = ""
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def __enter__(self) -> Self:
+        self.dir = tempfile.mkdtemp(prefix="asynclock-bench-cluster-")
+        self.ports = _free_ports(self.masters)
+        try:
+            for port in self.ports:
+                args = ["redis-server", "--bind", "127.0.0.1", "--port", str(port)]
+                args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+                args += ["--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no"]
+                args += ["--dir", self.dir, "--daemonize", "no", "--loglevel", "warning"]
+                self.procs.append(
+                    subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                )
+            for port in self.ports:
+                self._wait(port, lambda c: bool(c.ping()), "did not answer")
+            addrs = [f"127.0.0.1:{port}" for port in self.ports]
+            create = ["redis-cli", "--cluster", "create", *addrs]
+            subprocess.run(
+                [*create, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            for port in self.ports:
+                self._wait(port, _cluster_ok, "did not reach cluster_state:ok")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait(self, port: int, ready: Any, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError("a cluster node exited")
+            try:
+                with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+                    if ready(client):
+                        return
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"cluster node 127.0.0.1:{port} {what} within 20 s")
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            _stop(proc)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _cluster_ok(client: redis.Redis) -> bool:
+    info = cast("Any", client).execute_command("CLUSTER", "INFO")
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    return "cluster_state:ok" in text
+
+
+# --- the worker processes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildArgs:
+    index: int
+    urls: dict[str, str]  # target name -> state URL
+    prefix: str
+    key_root: str
+
+
+async def _pairs(lock_cls: Any, state: Any, keys: list[str], end: float) -> int:
+    done = 0
+    clock = time.perf_counter
+    i, n = 0, len(keys)
+    while clock() < end:
+        async with lock_cls(state, keys[i], ttl=TTL):
+            pass
+        done += 1
+        i = i + 1 if i + 1 < n else 0
+    return done
+
+
+async def _child(args: ChildArgs, commands: Any, out: Any) -> None:
+    api = require_asynclock()
+    lock_cls = api.lock_factory()
+    states = {name: api.redis_state(url, args.prefix) for name, url in args.urls.items()}
+    keys = [f"{args.key_root}:k{i}" for i in range(KEYS)]
+    try:
+        for state in states.values():  # connections and scripts on every master
+            warm = [f"{args.key_root}:warm:{args.index}:{i}" for i in range(64)]
+            for _ in range(2):
+                for key in warm:
+                    async with lock_cls(state, key, ttl=TTL):
+                        pass
+        out.put(("ready", args.index))
+        while True:
+            command = await asyncio.to_thread(commands.get)
+            if command is None:
+                return
+            target, processes, start_at, window = command
+            # task j of process p takes keys p + N*j, p + N*j + N*TASKS, ...: never shared
+            slices = [keys[args.index + processes * j :: processes * TASKS] for j in range(TASKS)]
+            await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+            cpu0 = time.process_time()
+            counts = await asyncio.gather(
+                *(_pairs(lock_cls, states[target], s, start_at + window) for s in slices)
+            )
+            ended = time.perf_counter()
+            out.put(("done", args.index, sum(counts), ended, time.process_time() - cpu0))
+    finally:
+        for state in states.values():
+            await state.aclose()
+
+
+def child_main(args: ChildArgs, commands: Any, out: Any) -> None:
+    """Entry point of a spawned worker."""
+    try:
+        asyncio.run(_child(args, commands, out))
+    except BaseException:  # noqa: BLE001 (reported, never fatal)
+        out.put(("error", args.index, traceback.format_exc(limit=6)))
+
+
+class Workers:
+    """``count`` spawned workers, each with its own command queue and one shared reply queue."""
+
+    def __init__(self, cfg: Config, urls: dict[str, str], count: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.out: Any = ctx.Queue()
+        self.commands: list[Any] = [ctx.Queue() for _ in range(count)]
+        key_root = cfg.key("cluster")
+        self.procs = [
+            ctx.Process(
+                target=child_main,
+                args=(ChildArgs(i, urls, cfg.prefix, key_root), self.commands[i], self.out),
+                daemon=True,
+            )
+            for i in range(count)
+        ]
+        for proc in self.procs:
+            proc.start()
+
+    def collect(self, kind: str, count: int, timeout: float) -> list[tuple[Any, ...]]:
+        got: list[tuple[Any, ...]] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"timed out waiting for {count - len(got)} '{kind}' message(s)")
+            try:
+                msg = self.out.get(timeout=min(0.5, remaining))
+            except queue.Empty:
+                dead = [p.exitcode for p in self.procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a worker died with exit code {dead[0]}") from None
+                continue
+            if msg[0] == "error":
+                raise RuntimeError(f"worker {msg[1]} failed:\n{msg[2]}")
+            if msg[0] == kind:
+                got.append(msg)
+        return got
+
+    def run(self, target: str, processes: int, window: float) -> dict[str, float]:
+        """One measurement: the first ``processes`` workers on ``target`` for ``window`` s."""
+        start_at = time.perf_counter() + 0.2
+        for commands in self.commands[:processes]:
+            commands.put((target, processes, start_at, window))
+        done = self.collect("done", processes, window + 60)
+        pairs = sum(int(msg[2]) for msg in done)
+        elapsed = max(float(msg[3]) for msg in done) - start_at
+        cpu = sum(float(msg[4]) for msg in done)
+        return {
+            "pairs_s": pairs / elapsed,
+            "pairs": float(pairs),
+            "client_cpu_us": cpu / max(pairs, 1) * 1e6,
+        }
+
+    def close(self) -> None:
+        for commands in self.commands:
+            commands.put(None)
+        for proc in self.procs:
+            proc.join(15)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()  # only our own workers, by object
+                proc.join(5)
+
+
+# --- servers: CPU, cleanup ----------------------------------------------------------------------
+
+
+def _first_node(url: str) -> tuple[str, int, str | None, str | None]:
+    parts = urlsplit(url)
+    first = parts.netloc.rpartition("@")[2].split(",")[0]
+    host, sep, port = first.rpartition(":")
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    return host.strip("[]") or "127.0.0.1", int(port) if sep else 6379, user, password
+
+
+async def _masters(url: str) -> list[redis.asyncio.Redis]:
+    """One plain client per master of the cluster at ``url``."""
+    host, port, user, password = _first_node(url)
+    cluster = redis.asyncio.RedisCluster(host=host, port=port, username=user, password=password)
+    try:
+        await cluster.initialize()
+        nodes = [(n.host, int(n.port)) for n in cluster.get_primaries()]
+    finally:
+        await cluster.aclose()
+    return [redis.asyncio.Redis(host=h, port=p, username=user, password=password) for h, p in nodes]
+
+
+async def _cpu_seconds(clients: list[redis.asyncio.Redis]) -> float:
+    total = 0.0
+    for client in clients:
+        info = await client.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+async def _delete_cluster_keys(clients: list[redis.asyncio.Redis], run_id: str) -> int:
+    """Delete this run's keys from every master (one DEL per key: keys of many slots)."""
+    deleted = 0
+    for client in clients:
+        batch = [key async for key in client.scan_iter(match=f"*{run_id}*", count=1000)]
+        for i in range(0, len(batch), 500):
+            async with client.pipeline(transaction=False) as pipe:
+                for key in batch[i : i + 500]:
+                    pipe.delete(key)
+                deleted += sum(int(n) for n in await pipe.execute())
+    return deleted
+
+
+# --- the scenario ---------------------------------------------------------------------------
+
+
+async def run(cfg: Config, api: Asynclock | str) -> Section:
+    if _SETTINGS.url is None and _SETTINGS.private:
+        try:
+            with PrivateCluster() as cluster:
+                log(f"cluster: private 3-master cluster on {cluster.url}")
+                return await _run(cfg, api, cluster.url, private=True)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            log(f"cluster: cannot start a private cluster: {exc!r}")
+            return await _run(cfg, api, None, private=True, why=f"no private cluster: {exc}")
+    url = _SETTINGS.url or DEFAULT_CLUSTER_URL
+    host, port, *_ = _first_node(url)
+    if not is_loopback_url(f"redis://{host}:{port}"):
+        return await _run(cfg, api, None, private=False, why=f"{url} is not a loopback address")
+    return await _run(cfg, api, url, private=False)
+
+
+async def _run(
+    cfg: Config, api: Asynclock | str, cluster_url: str | None, *, private: bool, why: str = ""
+) -> Section:
+    rounds_n = cfg.rounds_or(5, 2)
+    window = QUICK_WINDOW if cfg.quick else WINDOW
+    rounds = Rounds()
+    for n in PROCESS_COUNTS:
+        rounds.declare(label(SINGLE, n))
+        rounds.declare(label(CLUSTER, n))
+    facts: dict[str, str] = {}
+    if isinstance(api, str):
+        for variant in rounds.variants:
+            rounds.skip(variant, api)
+        return _section(cfg, rounds, rounds_n, window, cluster_url, private, facts, now_utc())
+    servers: dict[str, list[redis.asyncio.Redis]] = {
+        SINGLE: [redis.asyncio.Redis.from_url(cfg.url)]
+    }
+    urls = {SINGLE: cfg.url}
+    facts["asynclock"] = _commit()
+    if cluster_url is not None:
+        try:
+            servers[CLUSTER] = await _masters(cluster_url)
+            info = await servers[CLUSTER][0].info("server")
+            facts["cluster"] = f"{len(servers[CLUSTER])} masters, redis {info.get('redis_version')}"
+            urls[CLUSTER] = cluster_url
+        except Exception as exc:  # noqa: BLE001 (reported, never fatal)
+            why = f"cluster at {cluster_url} not reachable ({type(exc).__name__}: {exc})"
+    if CLUSTER not in urls:
+        log(f"cluster: cluster rows skipped: {why}")
+        for n in PROCESS_COUNTS:
+            rounds.skip(label(CLUSTER, n), why)
+    configs = [(target, n) for n in PROCESS_COUNTS for target in urls]
+    started = now_utc()
+    workers = Workers(cfg, urls, max(PROCESS_COUNTS))
+    try:
+        workers.collect("ready", max(PROCESS_COUNTS), 120)
+        with _progress.step("cluster rounds", rounds_n * len(configs)) as bar:
+            for r in range(rounds_n):
+                shift = r % len(configs)
+                order = configs[shift:] + configs[:shift]
+                per_round: dict[str, dict[str, float]] = {}
+                for target, n in order:
+                    await asyncio.sleep(0.2)  # let the previous run's tail settle
+                    cpu0 = await _cpu_seconds(servers[target])
+                    metrics = await asyncio.to_thread(workers.run, target, n, window)
+                    cpu = await _cpu_seconds(servers[target]) - cpu0
+                    metrics["server_cpu_us"] = cpu / max(metrics["pairs"], 1.0) * 1e6
+                    per_round[label(target, n)] = metrics
+                    bar.advance()
+                for target in urls:
+                    one = per_round[label(target, 1)]["pairs_s"]
+                    for n in PROCESS_COUNTS:
+                        per_round[label(target, n)]["x_one"] = (
+                            per_round[label(target, n)]["pairs_s"] / one
+                        )
+                if CLUSTER in urls:
+                    for n in PROCESS_COUNTS:
+                        mine = per_round[label(CLUSTER, n)]
+                        mine["x_single"] = mine["pairs_s"] / per_round[label(SINGLE, n)]["pairs_s"]
+                for variant in rounds.variants:
+                    if variant in per_round:
+                        rounds.add(variant, per_round[variant])
+                summary = ", ".join(
+                    f"{t.split(',')[0]} N={n}: {per_round[label(t, n)]['pairs_s']:,.0f}/s"
+                    for n in PROCESS_COUNTS
+                    for t in urls
+                )
+                log(f"cluster round {r + 1}/{rounds_n}: {summary}")
+    except RuntimeError as exc:
+        log(f"cluster: stopped: {exc}")
+        for variant in rounds.variants:
+            rounds.skip(variant, str(exc).splitlines()[0])
+    finally:
+        await asyncio.to_thread(workers.close)
+        if CLUSTER in servers and not private:
+            deleted = await _delete_cluster_keys(servers[CLUSTER], cfg.run_id)
+            log(f"cluster: deleted {deleted} key(s) of run {cfg.run_id} from the cluster")
+        for clients in servers.values():
+            for client in clients:
+                await client.aclose()
+    record_data("setup", {"tasks": TASKS, "keys": KEYS, "window_s": window, **facts})
+    return _section(cfg, rounds, rounds_n, window, cluster_url, private, facts, started)
+
+
+def _commit() -> str:
+    """The commit the run measured (and whether asynclock/ had uncommitted changes)."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+        return done.stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "asynclock")
+    return f"git {git('rev-parse', '--short', 'HEAD')}" + (
+        " + uncommitted changes in asynclock/" if dirty else ""
+    )
+
+
+def _section(
+    cfg: Config,
+    rounds: Rounds,
+    rounds_n: int,
+    window: float,
+    cluster_url: str | None,
+    private: bool,
+    facts: dict[str, str],
+    started: str,
+) -> Section:
+    cols = [
+        Column("lock pairs/s (all processes)", "pairs_s"),
+        Column("cluster ÷ single Redis", "x_single", 2),
+        Column("÷ 1 process (same server)", "x_one", 2),
+        Column("client CPU µs per pair", "client_cpu_us", 1),
+        Column("server CPU µs per pair (all masters)", "server_cpu_us", 1),
+    ]
+    where = "private throwaway" if private else "shared"
+    cluster = (
+        f"`{cluster_url}` ({where}; {facts.get('cluster', 'not reached')})"
+        if cluster_url
+        else "none (rows skipped)"
+    )
+    body = [
+        "## Cluster: lock throughput over many keys, single Redis vs Redis Cluster",
+        "",
+        (
+            f"N worker processes (multiprocessing spawn, N = "
+            f"{', '.join(str(n) for n in PROCESS_COUNTS)}), each with {TASKS} tasks doing "
+            f"`async with AsyncLock(state, key, ttl={TTL:g}): pass` back to back over "
+            f"{KEYS:,} distinct keys (dealt so that no two tasks share a key: no contention, "
+            f"only independent locks) for {window:g} s; lock pairs/s is every pair of every "
+            f"process over the time from the common start to the last pair's end. The same "
+            f"workers (spawned once, both states open and warmed) run against the single Redis "
+            f"`{cfg.url}` and the cluster {cluster}. {rounds_n} rounds, the "
+            f"{len(PROCESS_COUNTS) * 2} (server, N) runs interleaved with the starting one "
+            f"rotating; ratios are taken within each round. Started {started}; asynclock "
+            f"{facts.get('asynclock', 'not run')}; the machine of the environment above."
+        ),
+        "",
+        table(rounds, cols),
+        "",
+        (
+            "- cluster ÷ single Redis: the cluster's pairs/s over the single server's at the "
+            "same N, in the same round."
+        ),
+        "- ÷ 1 process: pairs/s at N over pairs/s with one process, same server, same round.",
+        (
+            "- client CPU: `time.process_time()` of the worker processes over the window / "
+            "pairs; server CPU: `INFO cpu` used_cpu_user + used_cpu_sys, summed over the "
+            "server(s) (every master of the cluster) / pairs (a shared server also counts its "
+            "other clients)."
+        ),
+        (
+            f"- **What this machine can and cannot show.** It has {os.cpu_count()} CPUs, and "
+            "the three masters, the single server and the N client processes all share them. "
+            "A cluster scales out by putting masters on *separate* machines (or at least "
+            "separate cores); here it cannot add CPU, so these rows do not measure horizontal "
+            "scaling. They measure what the cluster costs: the client-side slot routing "
+            "(one pool per master, each pair's two scripts sent to the slot's master) and "
+            "three servers sharing the cores one server had. On hardware with a core per "
+            "master and per client the cluster column is expected to grow with N where the "
+            "single server's is capped by its one command thread; whether and how much it does "
+            "is not measured here."
+        ),
+    ]
+    headlines: list[tuple[str, str]] = []
+    for n in PROCESS_COUNTS:
+        ratio = rounds.spread(label(CLUSTER, n), "x_single")
+        single = rounds.spread(label(SINGLE, n), "pairs_s")
+        clustered = rounds.spread(label(CLUSTER, n), "pairs_s")
+        if ratio.count:
+            what = f"Redis Cluster ÷ single Redis, {label('', n).lstrip(', ')}, {KEYS:,} keys"
+            value = (
+                f"**{fmt_spread(ratio, 2)}** "
+                f"({fmt(clustered.median, 0)} vs {fmt(single.median, 0)} pairs/s)"
+            )
+            headlines.append((what, value))
+    return Section("cluster", "\n".join(body), headlines)
