@@ -23,6 +23,7 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "rediss": ("asynclock.state.redis:RedisState", "redis"),
     "unix": ("asynclock.state.redis:RedisState", "redis"),
     "redis+cluster": ("asynclock.state.redis:RedisState", "redis"),
+    "redis+sentinel": ("asynclock.state.redis:RedisState", "redis"),
     "postgresql": ("asynclock.state.postgres:PostgresState", "postgres"),
     "postgres": ("asynclock.state.postgres:PostgresState", "postgres"),
     "mysql": ("asynclock.state.mysql:MySQLState", "mysql"),

@@ -14,6 +14,11 @@ On Redis Cluster (``redis+cluster://`` or a ``RedisCluster`` client) the same sc
 the master owning the key's slot (``_cluster.py``: per-master pools, ``MOVED``/``ASK``
 followed), and release channels are sharded: the scripts ``SPUBLISH`` instead of ``PUBLISH``
 and waiters ``SSUBSCRIBE`` on that master (``_subscriber.py``).
+
+Under Redis Sentinel (``redis+sentinel://`` or a client from ``Sentinel.master_for``) the
+sentinels name the master and ``_sentinel.py`` keeps the lean pool pointed at it, looking it up
+again after a connection error or a ``READONLY`` reply. With ``replicas=N`` every successful
+acquire, extend and handoff is followed by ``WAIT N`` on the same connection.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from asynclock._compat import deadline_after
+from asynclock._errors import StateUnavailableError
 from asynclock._owner import new_process_id
 from asynclock._validate import check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
@@ -40,14 +47,13 @@ from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 from asynclock.state.redis._cluster import ClusterRouter, slot_of
 from asynclock.state.redis._pool import LeanPool
+from asynclock.state.redis._sentinel import SentinelMaster, parse_sentinel_url
 from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from redis.asyncio.connection import AbstractConnection
-
-    from asynclock._errors import StateUnavailableError
 
 __all__ = ["RedisState"]
 
@@ -138,6 +144,12 @@ class RedisState(ClosesOnExit):
         token_retention: seconds a released key remembers its last fencing token.
         reservation: seconds a release keeps the lock reserved for a waiter of another process
             that asked for a turn, before anyone may take it.
+        replicas: after every successful acquire, extend and handoff, wait (``WAIT``) until this
+            many replicas confirmed the write. Fewer within ``replica_timeout``: an acquire is
+            undone and raises StateUnavailableError, an extend raises it, a handoff falls back
+            to a normal acquire by the successor (see docs/backends.md, Redis Sentinel).
+            0 (the default) never waits. Not supported on Redis Cluster.
+        replica_timeout: seconds ``WAIT`` may take; less than ``op_timeout``.
     """
 
     def __init__(
@@ -148,6 +160,8 @@ class RedisState(ClosesOnExit):
         op_timeout: float = 5.0,
         token_retention: float = 60.0,
         reservation: float = 0.25,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
@@ -167,12 +181,36 @@ class RedisState(ClosesOnExit):
         self._process = new_process_id()
         self._subscriber: Subscriber | ShardedSubscriber | None = None
         self._router: ClusterRouter | None = None
+        self._sentinel: SentinelMaster | None = None
+        self._pool: LeanPool | SentinelMaster
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ValueError(f"replicas must be an int >= 0, got {replicas!r}")
+        self._replicas = replicas
+        wait_for = check_seconds(replica_timeout, "replica_timeout")
+        if replicas and wait_for is not None and wait_for >= (self._op_timeout or float("inf")):
+            raise ValueError(
+                f"replica_timeout ({replica_timeout}) must be less than op_timeout "
+                f"({op_timeout}): WAIT runs inside the operation's deadline"
+            )
+        self._replica_timeout_ms = ttl_ms(wait_for or 1.0)
+        #: acquires, extends and handoffs that fewer than ``replicas`` replicas confirmed
+        self.replica_shortfalls = 0
+        if replicas and isinstance(client, RedisCluster):
+            raise ValueError("replicas=N is not supported on Redis Cluster")
         if isinstance(client, RedisCluster):
             size = client.connection_kwargs.get("max_connections")
             self._router = ClusterRouter(client, _pool_size(size))
             self._scripts = _scripts(sharded=True)
             # unused on a cluster: every command goes through the router's per-master pools
             self._pool = LeanPool(_no_connection, 1)
+        elif isinstance(client.connection_pool, SentinelConnectionPool):
+            self._scripts = _scripts()
+            size = getattr(client.connection_pool, "max_connections", None)
+            self._sentinel = SentinelMaster(
+                client.connection_pool, _pool_size(size), self._op_timeout or 5.0
+            )
+            self._pool = self._sentinel
+            self._where = f"Redis Sentinel service {self._sentinel.service!r}"
         else:
             self._scripts = _scripts()
             size = getattr(client.connection_pool, "max_connections", None)
@@ -189,8 +227,11 @@ class RedisState(ClosesOnExit):
         max_connections: int = 50,
         token_retention: float = 60.0,
         reservation: float = 0.25,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> RedisState:
-        """Build a state (and its own client) from a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        """Build a state (and its own client) from a ``redis://``, ``rediss://``, ``unix://``,
+        ``redis+cluster://`` or ``redis+sentinel://`` URL.
 
         The client uses a blocking pool of ``max_connections``: a burst of concurrent operations
         waits for a free connection (within ``op_timeout``) instead of failing with
@@ -204,7 +245,21 @@ class RedisState(ClosesOnExit):
         op = check_seconds(op_timeout, "op_timeout")
         if not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        if parsed.scheme == "redis+sentinel":
+            return cls._from_sentinel_url(
+                url,
+                prefix=prefix,
+                connect_timeout=connect_timeout,
+                op_timeout=op_timeout,
+                max_connections=max_connections,
+                token_retention=token_retention,
+                reservation=reservation,
+                replicas=replicas,
+                replica_timeout=replica_timeout,
+            )
         if parsed.scheme == "redis+cluster":
+            if replicas:
+                raise ValueError("replicas=N is not supported on Redis Cluster")
             return cls._from_cluster_url(
                 url,
                 prefix=prefix,
@@ -233,9 +288,72 @@ class RedisState(ClosesOnExit):
             op_timeout=op_timeout,
             token_retention=token_retention,
             reservation=reservation,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         state._owns_client = True
         state._where = f"Redis at {redact(url)}"
+        return state
+
+    @classmethod
+    def _from_sentinel_url(
+        cls,
+        url: str,
+        *,
+        prefix: str,
+        connect_timeout: float,
+        op_timeout: float,
+        max_connections: int,
+        token_retention: float,
+        reservation: float,
+        replicas: int,
+        replica_timeout: float,
+    ) -> RedisState:
+        """``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?options]``.
+
+        The host:port pairs are sentinels; the credentials, database and options are the
+        master's, except ``sentinel_username`` and ``sentinel_password`` (the sentinels' own
+        AUTH). Nothing connects before the first operation.
+        """
+        try:
+            sentinels, service, data_url, _ = parse_sentinel_url(url)
+            pool = BlockingConnectionPool.from_url(data_url)
+        except ValueError as exc:
+            raise ValueError(f"invalid Redis Sentinel URL {redact(url)!r}: {exc}") from None
+        kwargs = dict(pool.connection_kwargs)
+        for name in ("host", "port"):
+            kwargs.pop(name, None)
+        sentinel_kwargs: dict[str, object] = {
+            "socket_connect_timeout": connect_timeout,
+            "socket_timeout": connect_timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        for name in ("sentinel_username", "sentinel_password"):
+            value = kwargs.pop(name, None)
+            if value is not None:
+                sentinel_kwargs[name.removeprefix("sentinel_")] = value
+        kwargs.pop("connection_class", None)
+        try:
+            pool.connection_class(**kwargs)  # no I/O: only checks the keywords
+        except TypeError as exc:
+            raise ValueError(f"invalid Redis Sentinel URL {redact(url)!r}: {exc}") from None
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            sentinels,
+            sentinel_kwargs=sentinel_kwargs,
+            **{**kwargs, "socket_connect_timeout": connect_timeout, "socket_timeout": None},
+        )
+        client = sentinel.master_for(service, max_connections=max_connections)
+        state = cls(
+            client,
+            prefix=prefix,
+            op_timeout=op_timeout,
+            token_retention=token_retention,
+            reservation=reservation,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+        )
+        state._owns_client = True
+        state._where = f"Redis Sentinel service {service!r} at {redact(url)}"
         return state
 
     @classmethod
@@ -293,6 +411,8 @@ class RedisState(ClosesOnExit):
         return state
 
     def __repr__(self) -> str:
+        if self._sentinel is not None:
+            return f"RedisState({self._where}, prefix={self._prefix!r})"
         if self._router is not None:
             where = self._where.removeprefix("Redis Cluster at ")
             return f"RedisState(cluster {where}, prefix={self._prefix!r})"
@@ -303,7 +423,10 @@ class RedisState(ClosesOnExit):
         subscriber, self._subscriber = self._subscriber, None
         if subscriber is not None:
             await subscriber.aclose()
-        await self._pool.aclose()
+        if self._sentinel is not None:
+            await self._sentinel.aclose(sentinels=self._owns_client)
+        else:
+            await self._pool.aclose()
         if self._router is not None:
             await self._router.aclose()
         if self._owns_client:
@@ -320,6 +443,16 @@ class RedisState(ClosesOnExit):
     def clustered(self) -> bool:
         """Whether this state talks to a Redis Cluster."""
         return self._router is not None
+
+    @property
+    def master(self) -> tuple[str, int] | None:
+        """Under Redis Sentinel: the master's address as last named by the sentinels."""
+        return self._sentinel.address if self._sentinel is not None else None
+
+    @property
+    def replicas(self) -> int:
+        """Replicas that must confirm every acquire, extend and handoff (``WAIT``); 0: none."""
+        return self._replicas
 
     @property
     def prefix(self) -> str:
@@ -365,6 +498,38 @@ class RedisState(ClosesOnExit):
                     return await call("EVALSHA", script.sha, len(keys), *keys, *args)
         except _UNAVAILABLE_OR_TIMEOUT as exc:
             raise self._unavailable(exc) from exc
+
+    async def _eval_waited(
+        self, name: str, keys: tuple[str, ...], *args: str | int
+    ) -> tuple[object, int | None]:
+        """:meth:`_eval`, then ``WAIT replicas replica_timeout`` in the same write on the same
+        connection (WAIT counts the replicas that have this connection's writes). Returns the
+        script's reply and the replicas that confirmed (``None`` when ``replicas`` is 0)."""
+        script = self._scripts[name]
+        pool = self._pool
+        wait = ("WAIT", self._replicas, self._replica_timeout_ms)
+        try:
+            async with deadline_after(self._op_timeout):
+                command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+                reply, acks = await pool.call_pair(command, wait)
+                if isinstance(reply, redis_errors.NoScriptError):
+                    await pool.call("SCRIPT", "LOAD", script.text)
+                    reply, acks = await pool.call_pair(command, wait)
+        except _UNAVAILABLE_OR_TIMEOUT as exc:
+            raise self._unavailable(exc) from exc
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply, _as_int(acks) if isinstance(acks, (int, bytes, str)) else 0
+
+    def _short(self, acks: int | None, what: str) -> StateUnavailableError | None:
+        """The error for a write that fewer than ``replicas`` replicas confirmed, if it was."""
+        if acks is None or acks >= self._replicas:
+            return None
+        self.replica_shortfalls += 1
+        return StateUnavailableError(
+            f"{self._where}: {what} on the master, but only {acks} of {self._replicas} "
+            f"replicas confirmed it within replica_timeout={self._replica_timeout_ms / 1000} s"
+        )
 
     async def _eval_clustered(
         self,
@@ -439,18 +604,31 @@ class RedisState(ClosesOnExit):
     async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
         """See :meth:`asynclock.state.State.acquire`."""
         lock_key = self.lock_key(key)
-        result = await self._eval(
-            "acquire",
-            (lock_key, f"{lock_key}:abandoned:{owner}"),
-            owner,
-            ttl_ms(ttl),
-            self._process if waiting else "",
-            idempotent=True,
-        )
+        keys = (lock_key, f"{lock_key}:abandoned:{owner}")
+        process = self._process if waiting else ""
+        if self._replicas:
+            result, acks = await self._eval_waited("acquire", keys, owner, ttl_ms(ttl), process)
+        else:
+            result, acks = await self._eval("acquire", keys, owner, ttl_ms(ttl), process), None
         value = _as_int(result)
         if value > 0:
+            if acks is not None:
+                await self._undo_if_short(key, owner, acks)
             return Grant(value)
         return Grant(None, -value / 1000.0)
+
+    async def _undo_if_short(self, key: str, owner: str, acks: int) -> None:
+        """An acquire fewer than ``replicas`` replicas confirmed: release it and raise."""
+        error = self._short(acks, f"lock {key!r} was acquired")
+        if error is None:
+            return
+        try:
+            await self.release(key, owner)
+        except StateUnavailableError as exc:
+            raise StateUnavailableError(
+                f"{error}; releasing it failed too ({exc}): it expires with its TTL"
+            ) from None
+        raise StateUnavailableError(f"{error}; it was released again")
 
     async def acquire_claimed(
         self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
@@ -463,18 +641,18 @@ class RedisState(ClosesOnExit):
             if not await self.dedupe_add(claim, claim_ttl):
                 return None
             return await self.acquire(key, owner, ttl)
-        result = await self._eval(
-            "claim_acquire",
-            (lock_key, f"{lock_key}:abandoned:{owner}", claim_key),
-            owner,
-            ttl_ms(ttl),
-            "",
-            ttl_ms(claim_ttl),
-        )
+        keys = (lock_key, f"{lock_key}:abandoned:{owner}", claim_key)
+        args = (owner, ttl_ms(ttl), "", ttl_ms(claim_ttl))
+        if self._replicas:
+            result, acks = await self._eval_waited("claim_acquire", keys, *args)
+        else:
+            result, acks = await self._eval("claim_acquire", keys, *args), None
         if result is None:
             return None
         value = _as_int(result)
         if value > 0:
+            if acks is not None:
+                await self._undo_if_short(key, owner, acks)
             return Grant(value)
         return Grant(None, -value / 1000.0)
 
@@ -483,19 +661,26 @@ class RedisState(ClosesOnExit):
     ) -> Release:
         """See :meth:`asynclock.state.State.release`."""
         lock_key = self.lock_key(key)
-        result = _as_int(
-            await self._eval(
-                "release",
-                (lock_key, f"{lock_key}:released", f"{lock_key}:abandoned:{successor or ''}"),
-                owner,
-                successor or "",
-                ttl_ms(ttl) if successor and ttl else 0,
-                self._retention_ms,
-                self._reservation_ms,
-            )
+        keys = (lock_key, f"{lock_key}:released", f"{lock_key}:abandoned:{successor or ''}")
+        args = (
+            owner,
+            successor or "",
+            ttl_ms(ttl) if successor and ttl else 0,
+            self._retention_ms,
+            self._reservation_ms,
         )
+        acks = None
+        if successor and self._replicas:
+            reply, acks = await self._eval_waited("release", keys, *args)
+        else:
+            reply = await self._eval("release", keys, *args)
+        result = _as_int(reply)
         if result < 0:
             return Release(owned=False)
+        if result and self._short(acks, f"lock {key!r} was handed to {successor!r}"):
+            # not confirmed: the successor contends instead, and its acquire (idempotent for
+            # the owner that holds it already) waits for the replicas itself
+            return Release(owned=True, handoff_token=None)
         return Release(owned=True, handoff_token=result or None)
 
     async def abandon(self, key: str, owner: str) -> None:
@@ -514,10 +699,17 @@ class RedisState(ClosesOnExit):
 
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.extend`."""
-        reply = await self._eval(
-            "extend", (self.lock_key(key),), owner, ttl_ms(ttl), idempotent=True
-        )
-        return _as_int(reply) == 1
+        keys = (self.lock_key(key),)
+        if not self._replicas:
+            reply = await self._eval("extend", keys, owner, ttl_ms(ttl), idempotent=True)
+            return _as_int(reply) == 1
+        reply, acks = await self._eval_waited("extend", keys, owner, ttl_ms(ttl))
+        if _as_int(reply) != 1:
+            return False
+        error = self._short(acks, f"lock {key!r} was extended")
+        if error is not None:
+            raise error
+        return True
 
     async def inspect(self, key: str) -> LockInfo | None:
         """See :meth:`asynclock.state.State.inspect`."""
@@ -580,6 +772,13 @@ class RedisState(ClosesOnExit):
         if self._subscriber is None:
             if self._router is not None:
                 self._subscriber = ShardedSubscriber(self._router, self._op_timeout or 5.0)
+            elif self._sentinel is not None:
+                master = self._sentinel
+                self._subscriber = Subscriber(
+                    lambda: master.new_connection(protocol=2),
+                    self._op_timeout or 5.0,
+                    locate=master.locate,
+                )
             else:
                 client = self._client
                 assert isinstance(client, Redis)

@@ -162,6 +162,39 @@ class LeanPool:
         self._checkin(conn, broken=False)
         return reply
 
+    async def call_pair(
+        self, first: tuple[str | int | bytes, ...], second: tuple[str | int | bytes, ...]
+    ) -> tuple[object, object]:
+        """Two commands in one write on one connection (``WAIT`` right after a script).
+
+        Returns both replies; an error reply is returned as its ``ResponseError``, not raised,
+        so that the caller sees what the second command said whatever the first said.
+        """
+        conn, _ = await self._checkout()
+        replies: list[object] = []
+        try:
+            await conn.send_packed_command(pack(first) + pack(second), check_health=False)
+            replies.append(await _reply_or_error(conn))
+            replies.append(await _reply_or_error(conn))
+        except BaseException:
+            self._checkin(conn, broken=True)
+            raise
+        self._checkin(conn, broken=False)
+        return replies[0], replies[1]
+
+    def retire(self) -> None:
+        """Stop reusing connections (the server behind them is no longer the one to talk to).
+
+        Idle connections close now, busy ones when they come back; callers queued here are
+        still served, on new connections from ``make``; new callers are refused as after
+        :meth:`aclose`.
+        """
+        self._closed = True
+        idle, self._idle = self._idle, []
+        self._count -= len(idle)
+        for conn in idle:
+            _close_soon(conn)
+
     async def aclose(self) -> None:
         """Close every idle connection; busy ones close when they come back."""
         self._closed = True
@@ -192,6 +225,14 @@ def pack(args: tuple[str | int | bytes, ...]) -> bytes:
             data = arg
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+async def _reply_or_error(conn: AbstractConnection) -> object:
+    """One reply; an error reply is returned (read whole: the stream stays in sync)."""
+    try:
+        return await conn.read_response()
+    except redis_errors.ResponseError as exc:
+        return exc
 
 
 def _closed_by_peer(conn: AbstractConnection) -> bool:

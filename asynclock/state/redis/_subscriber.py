@@ -32,7 +32,7 @@ from asynclock.state.redis._cluster import slot_of
 from asynclock.state.redis._pool import pack
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from redis.asyncio.connection import AbstractConnection
 
@@ -58,6 +58,7 @@ class Subscriber:
         *,
         sharded: bool = False,
         on_moved: Callable[[bytes, set[EventWatch]], None] | None = None,
+        locate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``new_connection`` makes the (unconnected) pub/sub connection, RESP2, no read timeout.
 
@@ -65,11 +66,15 @@ class Subscriber:
         served by this connection's node). When the node answers ``MOVED`` for a channel, or
         drops a channel because its slot migrated away, the channel's watches are taken off this
         subscriber and handed to ``on_moved`` to subscribe again elsewhere.
+
+        ``locate``: awaited before every (re)connection, within its deadline (Redis Sentinel:
+        ask the sentinels where the master is now, so a reconnect follows a failover).
         """
         self._new_connection = new_connection
         self._op_timeout = op_timeout
         self._sharded = sharded
         self._on_moved = on_moved
+        self._locate = locate
         if sharded:
             self._subscribe, self._unsubscribe_command = b"SSUBSCRIBE", b"SUNSUBSCRIBE"
             self._message, self._confirm, self._dropped = (
@@ -101,8 +106,10 @@ class Subscriber:
             return self._conn
         async with self._connecting:
             if self._conn is None:
-                conn = self._new_connection()
                 async with deadline_after(self._op_timeout):
+                    if self._locate is not None:
+                        await self._locate()
+                    conn = self._new_connection()
                     await conn.connect()  # type: ignore[no-untyped-call]
                 self._conn = conn
                 if self._watches:  # after a reconnect: subscribe again to what is watched

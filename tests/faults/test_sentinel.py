@@ -1,0 +1,344 @@
+"""Redis Sentinel: discovery, a failover under load, and ``replicas=N`` (``WAIT``).
+
+Each test starts its own master, replica and three sentinels on free loopback ports (never the
+shared servers) and stops them afterwards. Every await is bounded; races are decided by
+conditions the test waits for, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from redis.asyncio import Redis
+
+from asynclock import AsyncLock, Deduper, LockNotOwnedError, RedisState, StateUnavailableError
+from asynclock.state import state_from_url
+from tests._matrix import IN_CI
+from tests.faults._server import START_BOUND, _ping, free_port, redis_server_binary
+from tests.faults._timing import bounded, report, until
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(90)]
+
+SERVICE = "asynclock-test"
+OP_TIMEOUT = 0.5
+#: sentinels call the master down after this long without an answer
+DOWN_AFTER_MS = 500
+
+
+class _Process:
+    """One redis-server (or sentinel) on 127.0.0.1:port, started and killed by the test."""
+
+    def __init__(self, binary: str, workdir: Path, name: str, args: list[str]) -> None:
+        self.port = free_port()
+        self.name = name
+        self._log = workdir / f"{name}.log"
+        self._argv = [binary, *args, "--port", str(self.port), "--bind", "127.0.0.1"]
+        self._argv += ["--daemonize", "no", "--dir", str(workdir), "--logfile", str(self._log)]
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            self._argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + START_BOUND
+        while not _ping(self.port, 0.2):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                text = self._log.read_text(errors="replace") if self._log.exists() else ""
+                raise RuntimeError(
+                    f"{self.name} on port {self.port} did not start:\n{text[-2000:]}"
+                )
+            time.sleep(0.005)
+
+    def kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(START_BOUND)
+
+
+@dataclass
+class SentinelSet:
+    master: _Process
+    replica: _Process
+    sentinels: list[_Process]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+    def client(self, port: int) -> Redis:
+        return Redis(host="127.0.0.1", port=port, socket_timeout=5.0, socket_connect_timeout=2.0)
+
+
+def _start_set(binary: str, workdir: Path) -> SentinelSet:
+    volatile = ["--save", "", "--appendonly", "no"]
+    master = _Process(binary, workdir, "master", volatile)
+    master.start()
+    replica = _Process(
+        binary, workdir, "replica", [*volatile, "--replicaof", "127.0.0.1", str(master.port)]
+    )
+    replica.start()
+    sentinels = []
+    for number in range(3):
+        conf = workdir / f"sentinel-{number}.conf"
+        conf.write_text(
+            f"sentinel monitor {SERVICE} 127.0.0.1 {master.port} 2\n"
+            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {SERVICE} 5000\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+        )
+        # the config file comes first (sentinel rewrites it): redis-server <conf> --sentinel ...
+        sentinel = _Process(binary, workdir, f"sentinel-{number}", [str(conf), "--sentinel"])
+        sentinel.start()
+        sentinels.append(sentinel)
+    return SentinelSet(master, replica, sentinels)
+
+
+async def _ready(topology: SentinelSet) -> bool:
+    """Every sentinel knows the replica (in sync) and the two other sentinels."""
+    for sentinel in topology.sentinels:
+        client = topology.client(sentinel.port)
+        try:
+            master: Any = await client.sentinel_master(SERVICE)
+            replicas: Any = await client.sentinel_slaves(SERVICE)
+        finally:
+            await client.aclose()
+        if int(master.get("num-other-sentinels", 0)) < 2:
+            return False
+        if not any(
+            int(r["port"]) == topology.replica.port and r.get("master-link-status") == "ok"
+            for r in replicas
+        ):
+            return False
+    return True
+
+
+@pytest.fixture
+async def topology() -> AsyncIterator[SentinelSet]:
+    binary = redis_server_binary()
+    if binary is None:
+        reason = "redis-server is not installed: the sentinel tests start their own servers"
+        if IN_CI:
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    with tempfile.TemporaryDirectory(prefix="asynclock-sentinel-") as workdir:
+        started = await asyncio.to_thread(_start_set, binary, Path(workdir))
+        try:
+            await until(partial(_ready, started), "the sentinels to see everyone", within=20.0)
+            yield started
+        finally:
+            for process in [*started.sentinels, started.replica, started.master]:
+                process.kill()
+
+
+@pytest.fixture
+async def open_state(topology: SentinelSet) -> AsyncIterator[Callable[..., RedisState]]:
+    opened: list[RedisState] = []
+
+    def make(**options: Any) -> RedisState:
+        options.setdefault("op_timeout", OP_TIMEOUT)
+        options.setdefault("connect_timeout", OP_TIMEOUT)
+        state = RedisState.from_url(topology.url, **options)
+        opened.append(state)
+        return state
+
+    yield make
+    for state in opened:
+        await state.aclose()
+
+
+async def serve(lock: AsyncLock) -> float:
+    assert await lock.acquire()
+    acquired_at = time.monotonic()
+    await lock.release()
+    return acquired_at
+
+
+async def test_round_trip_through_discovery(
+    topology: SentinelSet, open_state: Callable[..., RedisState]
+) -> None:
+    state = open_state()
+    before = state.master
+    assert before is None  # nothing connects before the first operation
+    lock = AsyncLock(state, "k", ttl=5.0)
+    assert await bounded(lock.acquire(blocking=False), "acquire", 5.0)
+    assert state.master == ("127.0.0.1", topology.master.port)
+    info = await state.inspect("k")
+    assert info is not None
+    assert info.token == lock.token
+    # a blocked waiter of another state is woken by the release (pub/sub on the master)
+    other = open_state()
+    waiting = asyncio.create_task(serve(AsyncLock(other, "k", ttl=5.0, timeout=10.0)))
+    admin = topology.client(topology.master.port)
+    try:
+
+        async def subscribed() -> bool:
+            reply: Any = await admin.pubsub_numsub(f"{state.lock_key('k')}:released")
+            return int(reply[0][1]) > 0
+
+        await until(subscribed, "the waiter's SUBSCRIBE", within=3.0)
+    finally:
+        await admin.aclose()
+    released_at = time.monotonic()
+    await lock.release()
+    acquired_at = await bounded(waiting, "the waiter", 5.0)
+    assert acquired_at - released_at < 1.0
+    # state_from_url knows the scheme
+    by_url = state_from_url(topology.url, op_timeout=OP_TIMEOUT)
+    try:
+        assert isinstance(by_url, RedisState)
+        assert await bounded(Deduper(by_url).first_seen("e1"), "first_seen", 5.0) is True
+    finally:
+        await by_url.aclose()
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://127.0.0.1:1", "redis+sentinel:///svc"])
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(ValueError, match="invalid Redis Sentinel URL"):
+        RedisState.from_url(url)
+
+
+@dataclass
+class Call:
+    name: str
+    start: float
+    end: float
+    error: BaseException | None
+
+
+async def timed(calls: list[Call], name: str, make: Callable[[], Awaitable[object]]) -> object:
+    start = time.monotonic()
+    try:
+        result = await make()
+    except Exception as exc:  # noqa: BLE001 - recorded; the test asserts on the kinds
+        calls.append(Call(name, start, time.monotonic(), exc))
+        return None
+    calls.append(Call(name, start, time.monotonic(), None))
+    return result
+
+
+@pytest.mark.parametrize("how", ["kill", "sentinel-failover"])
+async def test_failover_mid_load(
+    how: str, topology: SentinelSet, open_state: Callable[..., RedisState]
+) -> None:
+    """The master dies (SIGKILL) or is demoted (``SENTINEL FAILOVER``) under load."""
+    a, b = open_state(), open_state()
+    holder = AsyncLock(a, "held", ttl=3.0)
+    assert await bounded(holder.acquire(), "the holder", 5.0)
+    waiting = asyncio.create_task(serve(AsyncLock(b, "held", ttl=3.0, timeout=30.0)))
+    calls: list[Call] = []
+    stop = asyncio.Event()
+
+    async def load(n: int) -> None:
+        dedupe = Deduper(a, ttl=60.0, namespace=f"load{n}")
+        round_ = 0
+        while not stop.is_set():
+            round_ += 1
+            lock = AsyncLock(a, f"load-{n}", ttl=2.0)
+            if await timed(calls, "acquire", partial(lock.acquire, blocking=False)):
+                await timed(calls, "release", lock.release)
+            await timed(calls, "first_seen", partial(dedupe.first_seen, f"evt-{round_}"))
+            await asyncio.sleep(0.002)  # pacing only
+
+    loaders = [asyncio.create_task(load(n)) for n in range(8)]
+
+    async def succeeded_since(moment: float, count: int) -> bool:
+        return sum(c.error is None and c.start >= moment for c in calls) >= count
+
+    await until(partial(succeeded_since, 0.0, 50), "the load to run", within=5.0)
+
+    down_at = time.monotonic()
+    if how == "kill":
+        await asyncio.to_thread(topology.master.kill)  # SIGKILL: no goodbye to anyone
+    else:  # the master becomes a replica of the promoted one (READONLY to writes)
+        sentinel = topology.client(topology.sentinels[0].port)
+        try:
+            assert await sentinel.execute_command(  # type: ignore[no-untyped-call]
+                "SENTINEL", "FAILOVER", SERVICE
+            )
+        finally:
+            await sentinel.aclose()
+
+    async def switched() -> bool:
+        return a.master == ("127.0.0.1", topology.replica.port) and await succeeded_since(
+            time.monotonic() - 0.05, 1
+        )
+
+    await until(switched, "the state to follow the failover", within=30.0)
+    switched_at = time.monotonic()
+    await until(partial(succeeded_since, switched_at, 200), "the load to recover", within=10.0)
+
+    # the waiter blocked before the failover is served on the new master (the holder's lock
+    # may or may not have been replicated: at the latest when its TTL runs out)
+    acquired_at = await bounded(waiting, "the waiter blocked before the failover", 15.0)
+    # the same states work again, first call of every kind
+    assert await bounded(Deduper(a).first_seen("after"), "first_seen after", 2.0) is True
+    after = AsyncLock(b, "after", ttl=2.0)
+    assert await bounded(after.acquire(blocking=False), "acquire after", 2.0)
+    await bounded(after.release(), "release after", 2.0)
+    with contextlib.suppress(LockNotOwnedError):  # lost if the failover dropped it
+        await bounded(holder.release(), "the old holder's release", 2.0)
+    stop.set()
+    await bounded(asyncio.gather(*loaders), "the load tasks", 5.0)
+
+    failed = [c for c in calls if c.error is not None]
+    unexpected = [
+        c
+        for c in failed
+        if not isinstance(c.error, StateUnavailableError)
+        and not (c.name == "release" and isinstance(c.error, LockNotOwnedError))
+    ]
+    assert not unexpected, unexpected[:5]
+    late = [c for c in failed if c.start >= switched_at]
+    assert not late, f"calls failed after the switch: {late[:5]}"
+    window = max((c.end for c in failed), default=down_at) - down_at
+    report(
+        f"sentinel failover ({how})",
+        switch=switched_at - down_at,
+        last_failure=window,
+        waiter_served=acquired_at - down_at,
+        failed=str(len(failed)),
+        calls=str(len(calls)),
+    )
+
+
+async def test_replicas_wait(topology: SentinelSet, open_state: Callable[..., RedisState]) -> None:
+    state = open_state(replicas=1, replica_timeout=0.2)
+    replica = topology.client(topology.replica.port)
+    try:
+        for n in range(20):
+            lock = AsyncLock(state, f"w{n}", ttl=5.0)
+            assert await bounded(lock.acquire(blocking=False), "acquire", 5.0)
+            # on the replica before acquire returned: read it there, no waiting
+            assert await replica.exists(state.lock_key(f"w{n}")) == 1
+            await bounded(lock.extend(5.0), "extend", 5.0)
+            await lock.release()
+        assert state.replica_shortfalls == 0
+
+        # no replica to confirm: an acquire is undone and raises, the key stays free
+        await asyncio.to_thread(topology.replica.kill)
+        lock = AsyncLock(state, "alone", ttl=5.0)
+        with pytest.raises(StateUnavailableError, match="0 of 1 replicas"):
+            await bounded(lock.acquire(blocking=False), "acquire without a replica", 5.0)
+        assert state.replica_shortfalls == 1
+        assert await state.inspect("alone") is None
+        plain = open_state()  # replicas=0 still works on the master
+        assert await bounded(AsyncLock(plain, "alone", ttl=5.0).acquire(blocking=False), "", 5.0)
+    finally:
+        await replica.aclose()
