@@ -19,7 +19,8 @@ WITH cur AS (
            coalesce(l.owner = %(owner)s AND l.expires_at > now(), false) AS mine,
            l.expires_at > now() AND (l.owner IS NOT NULL OR l.flag IS NOT NULL) AS busy,
            l.flag IS NOT NULL OR %(waiter)s::text IS NULL AS nothing_to_flag,
-           coalesce(l.owner IS NULL AND l.flag = %(waiter)s, false) AS reserved_for_us
+           coalesce(l.owner IS NULL AND l.flag = %(waiter)s, false) AS reserved_for_us,
+           l.owner IS NULL AS reserved
     FROM {prefix}locks AS l
     WHERE l.id = %(id)s
 ), answered AS (
@@ -54,6 +55,10 @@ SELECT token, CASE WHEN token IS NULL THEN retry_after END AS retry_after FROM u
 UNION ALL
 SELECT CASE WHEN mine AND NOT gave_up THEN token END,
        CASE WHEN gave_up THEN %(ttl_ms)s::bigint / 1000.0
+            -- reserved for another state, which takes it without a NOTIFY: look again soon
+            -- (flag the new holder, be served next) rather than sleep out the reservation
+            WHEN NOT mine AND reserved
+                THEN least(greatest(extract(epoch FROM expires_at - now()), 0), 0.02)
             WHEN NOT mine THEN greatest(extract(epoch FROM expires_at - now()), 0) END::float8
 FROM answered
 

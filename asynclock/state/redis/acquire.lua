@@ -27,6 +27,12 @@ if value then
     if pttl < 0 then
       pttl = ttl_ms  -- no expiry set by someone else: bound the wait by our own TTL
     end
+    if holder == '' and pttl > 20 then
+      -- reserved for another process, which takes it within a round trip without publishing
+      -- anything: look again soon, so this waiter can flag the new holder and be served next
+      -- instead of sleeping out the whole reservation
+      pttl = 20
+    end
     return -pttl
   end
 end
