@@ -344,6 +344,17 @@ async def _cpu_seconds(clients: list[redis.asyncio.Redis]) -> float:
     return total
 
 
+def _machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (``/proc/stat``; 0.0 where there is none)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 async def _delete_cluster_keys(clients: list[redis.asyncio.Redis], run_id: str) -> int:
     """Delete this run's keys from every master (one DEL per key: keys of many slots)."""
     deleted = 0
@@ -419,10 +430,17 @@ async def _run(
                 per_round: dict[str, dict[str, float]] = {}
                 for target, n in order:
                     await asyncio.sleep(0.2)  # let the previous run's tail settle
-                    cpu0 = await _cpu_seconds(servers[target])
+                    cpu0, busy0 = await _cpu_seconds(servers[target]), _machine_busy()
+                    t0 = time.perf_counter()
                     metrics = await asyncio.to_thread(workers.run, target, n, window)
                     cpu = await _cpu_seconds(servers[target]) - cpu0
-                    metrics["server_cpu_us"] = cpu / max(metrics["pairs"], 1.0) * 1e6
+                    busy, spent = _machine_busy() - busy0, time.perf_counter() - t0
+                    pairs = max(metrics["pairs"], 1.0)
+                    metrics["server_cpu_us"] = cpu / pairs * 1e6
+                    # the machine's busy CPU not spent by the workers or the server(s): the
+                    # parent (little) and anything else running (a test suite, another run)
+                    ours = cpu + metrics["client_cpu_us"] * pairs / 1e6
+                    metrics["other_cpus"] = max(0.0, busy - ours) / spent
                     per_round[label(target, n)] = metrics
                     bar.advance()
                 for target in urls:
@@ -494,6 +512,7 @@ def _section(
         Column("÷ 1 process (same server)", "x_one", 2),
         Column("client CPU µs per pair", "client_cpu_us", 1),
         Column("server CPU µs per pair (all masters)", "server_cpu_us", 1),
+        Column("other CPU load (cores)", "other_cpus", 2),
     ]
     where = "private throwaway" if private else "shared"
     cluster = (
@@ -529,7 +548,9 @@ def _section(
             "- client CPU: `time.process_time()` of the worker processes over the window / "
             "pairs; server CPU: `INFO cpu` used_cpu_user + used_cpu_sys, summed over the "
             "server(s) (every master of the cluster) / pairs (a shared server also counts its "
-            "other clients)."
+            "other clients). Other CPU load: the machine's busy CPU time (`/proc/stat`) over "
+            "the measurement minus the workers' and the server(s)', per second of it: the "
+            "parent and anything else running on the machine (near 0 when it is quiet)."
         ),
         (
             f"- **What this machine can and cannot show.** It has {os.cpu_count()} CPUs, and "
