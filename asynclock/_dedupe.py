@@ -7,6 +7,8 @@ import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
+from asynclock._errors import StateUnavailableError
+from asynclock._line import finish_despite_cancellation
 from asynclock._validate import check_key, check_ttl
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ class Deduper:
         ttl: seconds an id is remembered; make it longer than the platform's redelivery window
             (Slack retries for minutes, Telegram for a day).
         namespace: keeps the records of different uses apart.
+        lease: seconds a :meth:`claim` stays "in progress" without renewal: the longest a
+            crashed worker's claim can hide a redelivery (capped at ``ttl``).
 
     Example:
         >>> import asyncio, asynclock
@@ -49,12 +53,20 @@ class Deduper:
         [True, False]
     """
 
-    __slots__ = ("_namespace", "_state", "_ttl")
+    __slots__ = ("_lease", "_namespace", "_state", "_ttl")
 
-    def __init__(self, state: State, ttl: float = 600.0, namespace: str = "dedupe") -> None:
+    def __init__(
+        self,
+        state: State,
+        ttl: float = 600.0,
+        namespace: str = "dedupe",
+        *,
+        lease: float = 30.0,
+    ) -> None:
         self._state = state
         self._ttl = check_ttl(ttl)
         self._namespace = check_key(namespace, "namespace")
+        self._lease = min(check_ttl(lease, "lease"), self._ttl)
 
     def __repr__(self) -> str:
         return f"<Deduper namespace={self._namespace!r} ttl={self._ttl} state={self._state!r}>"
@@ -80,29 +92,61 @@ class Deduper:
         """Forget ``event_id`` so it is processed again; ``True`` if it was recorded."""
         return await self._state.dedupe_forget(self._key(event_id))
 
+    @property
+    def lease(self) -> float:
+        """Seconds an "in progress" claim lives without renewal (see :meth:`claim`)."""
+        return self._lease
+
     @asynccontextmanager
     async def claim(self, event_id: str) -> AsyncIterator[bool]:
-        """Record ``event_id`` for the block; forget it if the block raises or is cancelled.
+        """Claim ``event_id`` for the block, in two phases; forget it if the block fails.
 
         Yields ``True`` for a fresh id and ``False`` for a duplicate (the body should then skip
-        the work). A duplicate's record is never forgotten by this block.
+        the work). A fresh claim is first recorded as *in progress* for ``lease`` seconds and
+        renewed every ``lease/3`` while the block runs; when the block succeeds it becomes
+        *done* for the full ``ttl``. If the block raises or is cancelled, the id is forgotten
+        so a redelivery is processed; if the process dies, the claim lapses after at most
+        ``lease`` seconds instead of hiding the redelivery for the whole ``ttl``. A duplicate's
+        record is never touched by this block.
         """
         key = self._key(event_id)
-        fresh = await self._state.dedupe_add(key, self._ttl)
+        fresh = await self._state.dedupe_add(key, self._lease)
+        if not fresh:
+            yield False
+            return
+        renewal = asyncio.get_running_loop().create_task(
+            self._renew_lease(key), name=f"asynclock-claim {event_id!r}"
+        )
         try:
-            yield fresh
+            yield True
         except BaseException:
-            if fresh:
-                forget = asyncio.ensure_future(self._state.dedupe_forget(key))
-                try:
-                    await asyncio.shield(forget)
-                except asyncio.CancelledError:
-                    pass  # the forget finishes in the background; the original error wins
-                except Exception:
-                    logger.warning(
-                        "asynclock: could not forget dedupe id %r after a failure; a "
-                        "redelivery will look like a duplicate until the TTL runs out",
-                        event_id,
-                        exc_info=True,
-                    )
+            renewal.cancel()
+            await finish_despite_cancellation(self._forget_after_failure(key, event_id))
             raise
+        renewal.cancel()
+        try:
+            await self._state.dedupe_keep(key, self._ttl)  # done: remembered for the full ttl
+        except StateUnavailableError as exc:
+            # the work is done; the id stays claimed for its lease, after which a redelivery
+            # would run again (at least once, never lost)
+            logger.warning("asynclock: could not mark %r done: %s", event_id, exc)
+
+    async def _renew_lease(self, key: str) -> None:
+        interval = self._lease / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._state.dedupe_keep(key, self._lease)
+            except StateUnavailableError as exc:  # the lease may lapse: a redelivery may run
+                logger.warning("asynclock: could not renew the claim lease of %r: %s", key, exc)
+
+    async def _forget_after_failure(self, key: str, event_id: str) -> None:
+        try:
+            await self._state.dedupe_forget(key)
+        except Exception:
+            logger.warning(
+                "asynclock: could not forget dedupe id %r after a failure; a redelivery will "
+                "look like a duplicate until its lease runs out",
+                event_id,
+                exc_info=True,
+            )

@@ -166,6 +166,14 @@ class State(Protocol):
         """
         ...
 
+    async def dedupe_keep(self, key: str, ttl: float) -> None:
+        """Set the record of ``key`` to expire ``ttl`` seconds from now, creating it if gone.
+
+        Used to renew an "in progress" claim's lease and to turn it into a "done" record with
+        the full dedupe TTL once the work succeeded. Atomic.
+        """
+        ...
+
     async def dedupe_forget(self, key: str) -> bool:
         """Delete the record of ``key``; ``True`` if there was one."""
         ...

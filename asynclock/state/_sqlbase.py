@@ -554,6 +554,16 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         self._maybe_purge()
         return self._claimed(answer)
 
+    async def dedupe_keep(self, key: str, ttl: float) -> None:
+        """See :meth:`asynclock.state.State.dedupe_keep` (one upsert, server clock)."""
+        check_key(key)
+        ident, full = self._ids(key)
+        await self._run(
+            "dedupe_keep",
+            {"id": self._id_param(ident), "name": full, "ttl_ms": ttl_ms(check_ttl(ttl, key=key))},
+            idempotent=True,
+        )
+
     async def dedupe_forget(self, key: str) -> bool:
         """See :meth:`asynclock.state.State.dedupe_forget` (one DELETE of a live record)."""
         ident, _ = self._ids(key)

@@ -272,6 +272,16 @@ class MemoryState(ClosesOnExit):
             self._schedule(now + ttl, False, key)
             return True
 
+    async def dedupe_keep(self, key: str, ttl: float) -> None:
+        """See :meth:`asynclock.state.State.dedupe_keep`."""
+        check_key(key)
+        check_ttl(ttl, key=key)
+        await asyncio.sleep(0)
+        with self._mutex:
+            expires_at = self._clock() + ttl
+            self._dedupe[key] = expires_at
+            self._schedule(expires_at, False, key)
+
     async def dedupe_forget(self, key: str) -> bool:
         """See :meth:`asynclock.state.State.dedupe_forget`."""
         await asyncio.sleep(0)

@@ -181,3 +181,43 @@ class TestDeduperYields:
             await ticker.assert_yields(
                 claim.__aexit__(KeyError, failure, None), "claim (exit after an error)"
             )
+
+
+class TestTwoPhaseClaim:
+    """``claim`` records "in progress" for a renewed lease, then "done" for the full TTL."""
+
+    async def test_a_long_body_keeps_its_claim_past_the_lease(self, state: State) -> None:
+        dedupe = Deduper(state, ttl=60.0, namespace="two-phase", lease=0.3)
+        async with dedupe.claim("long") as fresh:
+            assert fresh
+            await asyncio.sleep(0.8)  # well past the lease: renewals keep it claimed
+            assert not await dedupe.first_seen("long")
+
+    async def test_done_is_remembered_for_the_full_ttl(self, state: State) -> None:
+        dedupe = Deduper(state, ttl=60.0, namespace="two-phase", lease=0.2)
+        async with dedupe.claim("done") as fresh:
+            assert fresh
+        await asyncio.sleep(0.5)  # past the lease: only "done" can still be there
+        assert not await dedupe.first_seen("done")
+
+    async def test_an_abandoned_claim_lapses_after_the_lease(self, state: State) -> None:
+        # a crashed worker never renews nor completes: its in-progress record lapses
+        dedupe = Deduper(state, ttl=60.0, namespace="two-phase", lease=0.2)
+        assert await state.dedupe_add("two-phase:crashed", dedupe.lease)
+        assert not await dedupe.first_seen("crashed")
+        await asyncio.sleep(0.5)
+        assert await dedupe.first_seen("crashed")
+
+    async def test_a_failed_body_forgets_at_once(self, state: State) -> None:
+        dedupe = Deduper(state, ttl=60.0, namespace="two-phase", lease=5.0)
+        with pytest.raises(RuntimeError):
+            async with dedupe.claim("failed"):
+                raise RuntimeError("handler failed")
+        assert await dedupe.first_seen("failed")
+
+    def test_lease_is_capped_by_the_ttl_and_validated(self) -> None:
+        from asynclock import MemoryState
+
+        assert Deduper(MemoryState(), ttl=10.0, lease=30.0).lease == 10.0
+        with pytest.raises(ValueError, match="lease"):
+            Deduper(MemoryState(), lease=0)

@@ -17,6 +17,7 @@ QUERIES = {
     "inspect",
     "dedupe_add",
     "dedupe_forget",
+    "dedupe_keep",
     "purge_locks",
     "purge_dedupe",
     "held_locks",

@@ -30,7 +30,7 @@ async def _hold(
     url: str, prefix: str, keys: list[str], event_ids: list[str], ttl: float, ready: Event
 ) -> None:
     state = RedisState.from_url(url, prefix=prefix, op_timeout=1.0, connect_timeout=1.0)
-    dedupe = Deduper(state, ttl=DEDUPE_TTL, namespace="events")
+    dedupe = Deduper(state, ttl=DEDUPE_TTL, namespace="events", lease=ttl)
     held = 0
     all_held = asyncio.Event()
 

@@ -98,15 +98,6 @@ async def test_survivors_take_every_lock_over_within_the_ttl(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "two-phase dedupe claims (issue #7, 'Nothing lost') are not implemented yet: the claim "
-        "of a killed worker is a plain record that makes a redelivery look like a duplicate "
-        "for the whole dedupe TTL"
-    ),
-)
 async def test_redelivery_after_kill_is_processed_within_the_lease(
     killed_worker: float, open_state: Callable[..., RedisState]
 ) -> None:

@@ -157,3 +157,10 @@ SELECT name, owner, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), expires_at), to
 FROM {prefix}locks
 WHERE name LIKE %(pattern)s ESCAPE '!' AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)
 ORDER BY name
+
+-- dedupe_keep --
+-- Set the record's expiry to ttl_ms from now, creating it if it is gone (a claim whose work is
+-- done, or whose lease is renewed). Atomic: one INSERT ... ON DUPLICATE KEY UPDATE.
+INSERT INTO {prefix}dedupe (id, name, expires_at, claims)
+VALUES (UNHEX(%(id)s), %(name)s, UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND, 1)
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)

@@ -204,3 +204,11 @@ SELECT name, owner, greatest(extract(epoch FROM expires_at - now()), 0)::float8 
 FROM {prefix}locks
 WHERE name LIKE %(pattern)s ESCAPE '!' AND owner IS NOT NULL AND expires_at > now()
 ORDER BY name
+
+-- dedupe_keep --
+-- Set the record's expiry to ttl_ms from now, creating it if it is gone (a claim whose work is
+-- done, or whose lease is renewed). Atomic: one INSERT ... ON CONFLICT DO UPDATE.
+INSERT INTO {prefix}dedupe (id, name, expires_at)
+VALUES (%(id)s, %(name)s, now() + %(ttl_ms)s::bigint * interval '1 millisecond')
+ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+RETURNING 1

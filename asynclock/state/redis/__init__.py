@@ -761,6 +761,11 @@ class RedisState(ClosesOnExit):
         reply = await self._command(name, "SET", name, b"1", "NX", "PX", ttl_ms(ttl))
         return reply is not None
 
+    async def dedupe_keep(self, key: str, ttl: float) -> None:
+        """See :meth:`asynclock.state.State.dedupe_keep` (one ``SET PX``)."""
+        name = self._prefix + key
+        await self._command(name, "SET", name, b"1", "PX", ttl_ms(ttl))
+
     async def dedupe_forget(self, key: str) -> bool:
         """See :meth:`asynclock.state.State.dedupe_forget`."""
         name = self._prefix + key
