@@ -55,6 +55,9 @@ TASKS = 4  # per process
 KEYS = 10_000
 WINDOW, QUICK_WINDOW = 3.0, 1.5  # seconds of each measurement
 TTL = 30.0
+#: a round during which something else kept more than this many cores busy is measured again
+#: (at most twice as many times as there are rounds; the section says how many were discarded)
+DISTURBED = 0.3
 DEFAULT_CLUSTER_URL = os.environ.get(
     "ASYNCLOCK_BENCH_CLUSTER_URL", "redis+cluster://127.0.0.1:7000"
 )
@@ -423,45 +426,32 @@ async def _run(
     workers = Workers(cfg, urls, max(PROCESS_COUNTS))
     try:
         workers.collect("ready", max(PROCESS_COUNTS), 120)
-        with _progress.step("cluster rounds", rounds_n * len(configs)) as bar:
-            for r in range(rounds_n):
-                shift = r % len(configs)
+        discarded = 0
+        with _progress.step("cluster rounds", rounds_n) as bar:
+            attempt = 0
+            while rounds.rounds_of(rounds.variants[0]) < rounds_n:
+                shift = attempt % len(configs)
+                attempt += 1
                 order = configs[shift:] + configs[:shift]
-                per_round: dict[str, dict[str, float]] = {}
-                for target, n in order:
-                    await asyncio.sleep(0.2)  # let the previous run's tail settle
-                    cpu0, busy0 = await _cpu_seconds(servers[target]), _machine_busy()
-                    t0 = time.perf_counter()
-                    metrics = await asyncio.to_thread(workers.run, target, n, window)
-                    cpu = await _cpu_seconds(servers[target]) - cpu0
-                    busy, spent = _machine_busy() - busy0, time.perf_counter() - t0
-                    pairs = max(metrics["pairs"], 1.0)
-                    metrics["server_cpu_us"] = cpu / pairs * 1e6
-                    # the machine's busy CPU not spent by the workers or the server(s): the
-                    # parent (little) and anything else running (a test suite, another run)
-                    ours = cpu + metrics["client_cpu_us"] * pairs / 1e6
-                    metrics["other_cpus"] = max(0.0, busy - ours) / spent
-                    per_round[label(target, n)] = metrics
-                    bar.advance()
-                for target in urls:
-                    one = per_round[label(target, 1)]["pairs_s"]
-                    for n in PROCESS_COUNTS:
-                        per_round[label(target, n)]["x_one"] = (
-                            per_round[label(target, n)]["pairs_s"] / one
-                        )
-                if CLUSTER in urls:
-                    for n in PROCESS_COUNTS:
-                        mine = per_round[label(CLUSTER, n)]
-                        mine["x_single"] = mine["pairs_s"] / per_round[label(SINGLE, n)]["pairs_s"]
-                for variant in rounds.variants:
-                    if variant in per_round:
-                        rounds.add(variant, per_round[variant])
+                per_round = await _round(workers, servers, order, window)
+                _ratios(per_round, urls)
                 summary = ", ".join(
                     f"{t.split(',')[0]} N={n}: {per_round[label(t, n)]['pairs_s']:,.0f}/s"
                     for n in PROCESS_COUNTS
                     for t in urls
                 )
-                log(f"cluster round {r + 1}/{rounds_n}: {summary}")
+                other = max(m["other_cpus"] for m in per_round.values())
+                if other > DISTURBED and discarded < 2 * rounds_n:
+                    discarded += 1
+                    log(f"cluster: round discarded, other CPU load {other:.2f} cores: {summary}")
+                    continue
+                for variant in rounds.variants:
+                    if variant in per_round:
+                        rounds.add(variant, per_round[variant])
+                done = rounds.rounds_of(rounds.variants[0])
+                log(f"cluster round {done}/{rounds_n}: {summary}")
+                bar.advance()
+        facts["discarded"] = str(discarded)
     except RuntimeError as exc:
         log(f"cluster: stopped: {exc}")
         for variant in rounds.variants:
@@ -494,6 +484,43 @@ def _commit() -> str:
     return f"git {git('rev-parse', '--short', 'HEAD')}" + (
         " + uncommitted changes in asynclock/" if dirty else ""
     )
+
+
+async def _round(
+    workers: Workers,
+    servers: dict[str, list[redis.asyncio.Redis]],
+    order: list[tuple[str, int]],
+    window: float,
+) -> dict[str, dict[str, float]]:
+    """One measurement of every (server, N), in ``order``."""
+    per_round: dict[str, dict[str, float]] = {}
+    for target, n in order:
+        await asyncio.sleep(0.2)  # let the previous run's tail settle
+        cpu0, busy0 = await _cpu_seconds(servers[target]), _machine_busy()
+        t0 = time.perf_counter()
+        metrics = await asyncio.to_thread(workers.run, target, n, window)
+        cpu = await _cpu_seconds(servers[target]) - cpu0
+        busy, spent = _machine_busy() - busy0, time.perf_counter() - t0
+        pairs = max(metrics["pairs"], 1.0)
+        metrics["server_cpu_us"] = cpu / pairs * 1e6
+        # the machine's busy CPU not spent by the workers or the server(s): the parent
+        # (little) and anything else running (a test suite, another benchmark)
+        ours = cpu + metrics["client_cpu_us"] * pairs / 1e6
+        metrics["other_cpus"] = max(0.0, busy - ours) / spent
+        per_round[label(target, n)] = metrics
+    return per_round
+
+
+def _ratios(per_round: dict[str, dict[str, float]], urls: dict[str, str]) -> None:
+    """Add the within-round ratios: ÷ 1 process (same server), cluster ÷ single (same N)."""
+    for target in urls:
+        one = per_round[label(target, 1)]["pairs_s"]
+        for n in PROCESS_COUNTS:
+            per_round[label(target, n)]["x_one"] = per_round[label(target, n)]["pairs_s"] / one
+    if CLUSTER in urls:
+        for n in PROCESS_COUNTS:
+            mine = per_round[label(CLUSTER, n)]
+            mine["x_single"] = mine["pairs_s"] / per_round[label(SINGLE, n)]["pairs_s"]
 
 
 def _section(
@@ -533,7 +560,11 @@ def _section(
             f"workers (spawned once, both states open and warmed) run against the single Redis "
             f"`{cfg.url}` and the cluster {cluster}. {rounds_n} rounds, the "
             f"{len(PROCESS_COUNTS) * 2} (server, N) runs interleaved with the starting one "
-            f"rotating; ratios are taken within each round. Started {started}; asynclock "
+            f"rotating; ratios are taken within each round. A round during which other "
+            f"processes kept more than {DISTURBED:g} of a core busy (the last column) is "
+            f"measured again, at most {2 * rounds_n} times: "
+            f"{facts.get('discarded', '0')} round(s) discarded in this run. "
+            f"Started {started}; asynclock "
             f"{facts.get('asynclock', 'not run')}; the machine of the environment above."
         ),
         "",
