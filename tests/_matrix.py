@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -130,9 +132,30 @@ def not_ready_reason(backend: Backend) -> str | None:
     return None
 
 
+_SERVICES = Path(__file__).resolve().parents[1] / ".ci" / "services.sh"
+_started_services = False
+
+
+def _start_local_services() -> None:
+    """Run ``.ci/services.sh`` once per test session: it starts whichever loopback server
+    (Redis, the 3-master Redis Cluster, PostgreSQL, MariaDB) is not answering."""
+    global _started_services
+    if _started_services or not _SERVICES.is_file():
+        return
+    _started_services = True
+    subprocess.run(["bash", str(_SERVICES)], capture_output=True, timeout=180, check=False)
+    not_ready_reason.cache_clear()
+
+
 def require(backend: Backend) -> None:
-    """Skip (locally) or fail (in CI) the current test when the backend's server is down."""
+    """Skip (locally) or fail (in CI) the current test when the backend's server is down.
+
+    A loopback server that is down is started first (``.ci/services.sh``), once per session.
+    """
     reason = not_ready_reason(backend)
+    if reason is not None and urlsplit(backend.url).hostname in ("127.0.0.1", "localhost"):
+        _start_local_services()
+        reason = not_ready_reason(backend)
     if reason is None:
         return
     if IN_CI:
