@@ -88,7 +88,12 @@ class TestDispatchAcrossProcesses:
         outcomes = Counter(o for report in reports for _, o in report["outcomes"])
         assert set(outcomes) <= {"handled", "queued", "duplicate"}, outcomes
         assert outcomes["handled"] + outcomes["queued"] == THREADS * PER_THREAD
-        assert len({i[5] for r in reports for i in r["intervals"]}) >= 2  # several did work
+        # Which processes handle the events is up to the race for each claim (on a loaded
+        # machine the first process past the barrier may claim them all); exclusion and
+        # exactly-once hold either way, so this is reported, not asserted.
+        print(
+            f"queue: events handled by {len({i[5] for r in reports for i in r['intervals']})} processes"
+        )
         for t in range(THREADS):
             assert await server_state.inspect(f"slack:C1:T{t}") is None
 
