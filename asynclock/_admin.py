@@ -87,3 +87,25 @@ def format_locks(infos: list[LockInfo], *, as_json: bool = False) -> str:
     ]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return "\n".join(lines) + "\n"
+
+
+def print_locks(infos: list[LockInfo]) -> bool:
+    """Print ``infos`` as a rich table when rich is installed and stdout is a terminal.
+
+    Returns ``False`` (printing nothing) otherwise, so the caller prints the plain table.
+    """
+    import sys
+
+    if not sys.stdout.isatty():
+        return False
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        return False
+    table = Table("key", "host", "pid", "seconds left", "token", "owner", title="locks held")
+    for info in infos:
+        host, pid = _split_owner(info.owner)
+        table.add_row(info.key, host, pid, f"{info.remaining:.3f}", str(info.token), info.owner)
+    Console().print(table)
+    return True

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asynclock._admin import format_locks, held_locks, open_state, unlock
+from asynclock._admin import format_locks, held_locks, open_state, print_locks, unlock
 from asynclock._demo import format_result, run_demo
 from asynclock._errors import StateUnavailableError
 
@@ -168,7 +168,9 @@ def _admin_command(args: argparse.Namespace) -> int:
 
     async def listing() -> int:
         async with open_state(args.state, args.prefix) as state:
-            print(format_locks(await held_locks(state, args.match), as_json=args.json), end="")
+            infos = await held_locks(state, args.match)
+            if args.json or not infos or not print_locks(infos):
+                print(format_locks(infos, as_json=args.json), end="")
         return 0
 
     async def holder() -> LockInfo | None:
