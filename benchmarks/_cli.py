@@ -82,9 +82,9 @@ python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
 python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
 python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
 python -m benchmarks sql --quick     # ~20 s, stdout only
-python -m benchmarks cluster --private-server --write  # ~2 min: single Redis vs a private
-                                                       # 3-master Redis Cluster, 1/2/4 processes
-python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~40 s
+python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
+                                       # single Redis vs a private 3-master Redis Cluster
+python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
