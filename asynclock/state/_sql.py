@@ -156,6 +156,7 @@ class ConnectionPool(Generic[C]):
     """
 
     __slots__ = (
+        "_alive",
         "_close",
         "_closed",
         "_connect",
@@ -172,7 +173,9 @@ class ConnectionPool(Generic[C]):
         discard: Callable[[C], None],
         close: Callable[[C], Awaitable[None]],
         size: int,
+        alive: Callable[[C], bool] | None = None,
     ) -> None:
+        self._alive = alive
         self._connect = connect
         self._discard = discard
         self._close = close
@@ -191,8 +194,15 @@ class ConnectionPool(Generic[C]):
         """A connection, and whether it was reused (idle) rather than opened for this call."""
         if self._closed:
             raise RuntimeError("the state is closed")
-        if self._idle:
-            return self._idle.pop(), True
+        while self._idle:
+            idle = self._idle.pop()
+            if self._alive is None or self._alive(idle):
+                return idle, True
+            # the server closed it while it sat idle (terminated, KILLed, restarted): a
+            # statement on it would fail although the server is up, and a non-idempotent one
+            # could not be retried; drop it and use the next one, or open a new one
+            self._count -= 1
+            self._discard(idle)
         if self._count >= self._size:
             waiter: asyncio.Future[C | None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)

@@ -151,6 +151,7 @@ class MySQLState(SQLState[_Connection, str, _Result]):
     _UNAVAILABLE = (
         mysql_errors.OperationalError,  # 2003 cannot connect, 2006/2013 gone, 1205 lock wait, ...
         mysql_errors.InterfaceError,  # the connection is closed
+        EOFError,  # asyncio.IncompleteReadError: the server closed it mid-reply (KILL)
         ConnectionError,
         OSError,
     )
@@ -163,7 +164,9 @@ class MySQLState(SQLState[_Connection, str, _Result]):
         max_connections: int = 10,
         **options: Unpack[SQLOptions],
     ) -> None:
-        pool = ConnectionPool(connect, _discard, _close, check_max_connections(max_connections))
+        pool = ConnectionPool(
+            connect, _discard, _close, check_max_connections(max_connections), alive=_alive
+        )
         super().__init__(pool, where=where, **options)
 
     @classmethod
@@ -334,3 +337,10 @@ async def _close(conn: _Connection) -> None:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _alive(conn: aiomysql.Connection) -> bool:
+    """Whether the server's end of an idle connection is still open (no round trip): the EOF
+    of a connection the server closed reaches its stream reader without anyone reading."""
+    reader = getattr(conn, "_reader", None)
+    return not conn.closed and reader is not None and not reader.at_eof()

@@ -127,6 +127,8 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
         pg_errors.OperatorInterventionError,  # shutdown, "cannot connect now", statement_timeout
         pg_errors.TooManyConnectionsError,
         pg_errors.InterfaceError,  # "connection is closed"
+        # the protocol state of a connection the server terminated mid-exchange
+        pg_errors.InternalClientError,
         ConnectionError,
         OSError,
     )
@@ -179,7 +181,9 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
             return conn
 
         state = cls(None, **options)
-        state._source = ConnectionPool(open_connection, _terminate, _close, max_connections)
+        state._source = ConnectionPool(
+            open_connection, _terminate, _close, max_connections, alive=_alive
+        )
         state._connect_listener = open_connection
         state._release_listener = _close
         state._where = f"PostgreSQL at {redact(url)}"
@@ -422,3 +426,8 @@ async def _close(conn: _Connection) -> None:
         await conn.close(timeout=1.0)
     except Exception:  # noqa: BLE001 - the socket goes anyway
         conn.terminate()
+
+
+def _alive(conn: asyncpg.Connection) -> bool:
+    """Whether the server's end of an idle connection is still open (no round trip)."""
+    return not conn.is_closed()
