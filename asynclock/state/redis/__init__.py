@@ -245,30 +245,33 @@ class RedisState(ClosesOnExit):
         op = check_seconds(op_timeout, "op_timeout")
         if not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
+        client: Redis | RedisCluster
         if parsed.scheme == "redis+sentinel":
-            return cls._from_sentinel_url(
-                url,
-                prefix=prefix,
-                connect_timeout=connect_timeout,
-                op_timeout=op_timeout,
-                max_connections=max_connections,
-                token_retention=token_retention,
-                reservation=reservation,
-                replicas=replicas,
-                replica_timeout=replica_timeout,
-            )
-        if parsed.scheme == "redis+cluster":
+            client, where = cls._sentinel_client(url, connect_timeout, max_connections)
+        elif parsed.scheme == "redis+cluster":
             if replicas:
                 raise ValueError("replicas=N is not supported on Redis Cluster")
-            return cls._from_cluster_url(
-                url,
-                prefix=prefix,
-                connect_timeout=connect_timeout,
-                op_timeout=op_timeout,
-                max_connections=max_connections,
-                token_retention=token_retention,
-                reservation=reservation,
-            )
+            client, where = cls._cluster_client(url, connect_timeout, max_connections)
+        else:
+            client, where = cls._plain_client(url, connect_timeout, op, max_connections)
+        state = cls(
+            client,
+            prefix=prefix,
+            op_timeout=op_timeout,
+            token_retention=token_retention,
+            reservation=reservation,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+        )
+        state._owns_client = True
+        state._where = where
+        return state
+
+    @staticmethod
+    def _plain_client(
+        url: str, connect_timeout: float, op: float | None, max_connections: int
+    ) -> tuple[Redis, str]:
+        """A client for ``redis://``, ``rediss://`` or ``unix://``, and where it points."""
         try:
             pool = BlockingConnectionPool.from_url(
                 url,
@@ -281,34 +284,12 @@ class RedisState(ClosesOnExit):
         except ValueError as exc:
             raise ValueError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
         _check_connection_options(url, pool)
-        client = Redis(connection_pool=pool)
-        state = cls(
-            client,
-            prefix=prefix,
-            op_timeout=op_timeout,
-            token_retention=token_retention,
-            reservation=reservation,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
-        state._owns_client = True
-        state._where = f"Redis at {redact(url)}"
-        return state
+        return Redis(connection_pool=pool), f"Redis at {redact(url)}"
 
-    @classmethod
-    def _from_sentinel_url(
-        cls,
-        url: str,
-        *,
-        prefix: str,
-        connect_timeout: float,
-        op_timeout: float,
-        max_connections: int,
-        token_retention: float,
-        reservation: float,
-        replicas: int,
-        replica_timeout: float,
-    ) -> RedisState:
+    @staticmethod
+    def _sentinel_client(
+        url: str, connect_timeout: float, max_connections: int
+    ) -> tuple[Redis, str]:
         """``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?options]``.
 
         The host:port pairs are sentinels; the credentials, database and options are the
@@ -343,31 +324,12 @@ class RedisState(ClosesOnExit):
             **{**kwargs, "socket_connect_timeout": connect_timeout, "socket_timeout": None},
         )
         client = sentinel.master_for(service, max_connections=max_connections)
-        state = cls(
-            client,
-            prefix=prefix,
-            op_timeout=op_timeout,
-            token_retention=token_retention,
-            reservation=reservation,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
-        state._owns_client = True
-        state._where = f"Redis Sentinel service {service!r} at {redact(url)}"
-        return state
+        return client, f"Redis Sentinel service {service!r} at {redact(url)}"
 
-    @classmethod
-    def _from_cluster_url(
-        cls,
-        url: str,
-        *,
-        prefix: str,
-        connect_timeout: float,
-        op_timeout: float,
-        max_connections: int,
-        token_retention: float,
-        reservation: float,
-    ) -> RedisState:
+    @staticmethod
+    def _cluster_client(
+        url: str, connect_timeout: float, max_connections: int
+    ) -> tuple[RedisCluster, str]:
         """``redis+cluster://[user:password@]host:port[,host:port...]``: any node(s) of the cluster.
 
         ``max_connections`` is per master. Nothing connects before the first operation.
@@ -399,16 +361,7 @@ class RedisState(ClosesOnExit):
             )
         except (ValueError, redis_errors.RedisClusterException) as exc:
             raise ValueError(f"invalid Redis Cluster URL {redact(url)!r}: {exc}") from None
-        state = cls(
-            client,
-            prefix=prefix,
-            op_timeout=op_timeout,
-            token_retention=token_retention,
-            reservation=reservation,
-        )
-        state._owns_client = True
-        state._where = f"Redis Cluster at {redact(url)}"
-        return state
+        return client, f"Redis Cluster at {redact(url)}"
 
     def __repr__(self) -> str:
         if self._sentinel is not None:
