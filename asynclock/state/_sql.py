@@ -19,16 +19,12 @@ statements separated by ``;`` at the end of a line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import re
-from collections import deque
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Generic, TypeVar
 
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+from asynclock.state._pool import ConnectionPool
 
 __all__ = [
     "ConnectionPool",
@@ -41,8 +37,6 @@ __all__ = [
     "load_schema",
     "mark_of",
 ]
-
-C = TypeVar("C")
 
 _BLOCK = re.compile(r"^-- ([a-z_][a-z0-9_]*) --[ \t]*$", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
@@ -143,124 +137,6 @@ def mark_of(owner: str) -> str:
     Owner ids never contain a newline, so a mark matches whole entries only.
     """
     return f"\n{owner}\n"
-
-
-class ConnectionPool(Generic[C]):
-    """Idle connections handed out LIFO, with FIFO waiting when all ``size`` are busy.
-
-    asyncpg's own pool runs a reset query on every release (one more round trip per operation)
-    and aiomysql's pool pings; the states need neither: every operation is one autocommit
-    statement, so a connection between two statements carries no transaction, and a connection
-    whose statement was interrupted (error, cancellation, timeout) is discarded, never reused,
-    because the statement may still be running and its reply would reach the next user.
-    """
-
-    __slots__ = (
-        "_alive",
-        "_close",
-        "_closed",
-        "_connect",
-        "_count",
-        "_discard",
-        "_idle",
-        "_size",
-        "_waiters",
-    )
-
-    def __init__(
-        self,
-        connect: Callable[[], Awaitable[C]],
-        discard: Callable[[C], None],
-        close: Callable[[C], Awaitable[None]],
-        size: int,
-        alive: Callable[[C], bool] | None = None,
-    ) -> None:
-        self._alive = alive
-        self._connect = connect
-        self._discard = discard
-        self._close = close
-        self._size = size
-        self._idle: list[C] = []
-        self._count = 0
-        self._waiters: deque[asyncio.Future[C | None]] = deque()
-        self._closed = False
-
-    @property
-    def opened(self) -> int:
-        """Connections open right now (idle or in use)."""
-        return self._count
-
-    async def checkout(self) -> tuple[C, bool]:
-        """A connection, and whether it was reused (idle) rather than opened for this call."""
-        if self._closed:
-            raise RuntimeError("the state is closed")
-        while self._idle:
-            idle = self._idle.pop()
-            if self._alive is None or self._alive(idle):
-                return idle, True
-            # the server closed it while it sat idle (terminated, KILLed, restarted): a
-            # statement on it would fail although the server is up, and a non-idempotent one
-            # could not be retried; drop it and use the next one, or open a new one
-            self._count -= 1
-            self._discard(idle)
-        if self._count >= self._size:
-            waiter: asyncio.Future[C | None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                conn = await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self.checkin(waiter.result(), broken=False)
-                else:
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
-                raise
-            if conn is not None:
-                return conn, True
-            # a broken connection was dropped: its slot is ours, open a new one below
-        else:
-            self._count += 1
-        try:
-            conn = await self._connect()
-        except BaseException:
-            self.checkin(None, broken=True)
-            raise
-        return conn, False
-
-    def checkin(self, conn: C | None, *, broken: bool) -> None:
-        """Give ``conn`` back; a ``broken`` one is closed and its slot handed on."""
-        if broken or self._closed:
-            if conn is not None:
-                self._discard(conn)
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    return
-            self._count -= 1
-            return
-        assert conn is not None
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(conn)
-                return
-        self._idle.append(conn)
-
-    async def aclose(self) -> None:
-        """Close every idle connection; busy ones are closed when they come back."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        self._count -= len(idle)
-        for conn in idle:
-            try:
-                await self._close(conn)
-            except Exception:  # noqa: BLE001, PERF203 - closing anyway; the socket is dropped here
-                self._discard(conn)
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.cancel()
 
 
 class Deadline:
