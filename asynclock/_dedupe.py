@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
 from asynclock._errors import StateUnavailableError
+from asynclock._lease import LeaseKeeper
 from asynclock._line import finish_despite_cancellation
 from asynclock._validate import check_key, check_ttl
 
@@ -114,16 +114,13 @@ class Deduper:
         if not fresh:
             yield False
             return
-        renewal = asyncio.get_running_loop().create_task(
-            self._renew_lease(key), name=f"asynclock-claim {event_id!r}"
-        )
+        keeper = LeaseKeeper(self._state, key, self._lease)
         try:
             yield True
         except BaseException:
-            renewal.cancel()
-            await finish_despite_cancellation(self._forget_after_failure(key, event_id))
+            await finish_despite_cancellation(self._forget_after_failure(keeper, event_id))
             raise
-        renewal.cancel()
+        await keeper.stop()
         try:
             await self._state.dedupe_keep(key, self._ttl)  # done: remembered for the full ttl
         except StateUnavailableError as exc:
@@ -131,18 +128,10 @@ class Deduper:
             # would run again (at least once, never lost)
             logger.warning("asynclock: could not mark %r done: %s", event_id, exc)
 
-    async def _renew_lease(self, key: str) -> None:
-        interval = self._lease / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._state.dedupe_keep(key, self._lease)
-            except StateUnavailableError as exc:  # the lease may lapse: a redelivery may run
-                logger.warning("asynclock: could not renew the claim lease of %r: %s", key, exc)
-
-    async def _forget_after_failure(self, key: str, event_id: str) -> None:
+    async def _forget_after_failure(self, keeper: LeaseKeeper, event_id: str) -> None:
+        await keeper.stop()
         try:
-            await self._state.dedupe_forget(key)
+            await self._state.dedupe_forget(keeper.key)
         except Exception:
             logger.warning(
                 "asynclock: could not forget dedupe id %r after a failure; a redelivery will "

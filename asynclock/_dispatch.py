@@ -10,8 +10,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
 from asynclock import metrics as _metrics
-from asynclock._errors import LockAcquisitionError
+from asynclock._errors import LockAcquisitionError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
+from asynclock._lease import LeaseKeeper
 from asynclock._line import finish_despite_cancellation
 from asynclock._lock import AsyncLock
 from asynclock._owner import granted_reason
@@ -74,13 +75,23 @@ class _Registered:
 
 
 class _Claim:
-    """An event's dedupe record, and whether this dispatch recorded it (so may forget it)."""
+    """An event's dedupe record, in two phases: *in progress* under a lease, then *done*.
 
-    __slots__ = ("key", "recorded")
+    The lease (the dispatcher's ``lock_ttl``) is renewed while the dispatch runs, waiting or
+    handling; a dispatcher that dies mid-event therefore hides the platform's redelivery for at
+    most one lease. Once the event is handled the record gets the full dedupe TTL, in the lock's
+    release when the state allows (a ClaimingState), else by a call of its own.
+    """
+
+    __slots__ = ("done", "keeper", "key", "recorded")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        #: this dispatch may have recorded the claim, so it forgets it if the event is not handled
         self.recorded = False
+        #: the lock's release marks the claim done
+        self.done = False
+        self.keeper: LeaseKeeper | None = None
 
     @classmethod
     def of(cls, event: Event, lock_key: str) -> _Claim | None:
@@ -90,6 +101,49 @@ class _Claim:
         check_key(event.dedupe_key, "event dedupe key")
         # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
         return cls(f"event:{{{lock_key}}}:{event.adapter}:{event.dedupe_key}")
+
+    def keep(self, state: State, lease: float) -> None:
+        """The claim is recorded (in progress): renew its lease until the dispatch ends."""
+        self.recorded = True
+        if self.keeper is None:
+            self.keeper = LeaseKeeper(state, self.key, lease)
+
+    async def _stop_keeping(self) -> None:
+        if self.keeper is not None:
+            await self.keeper.stop()
+
+    async def settle_in_release(self, lock: AsyncLock, ttl: float) -> None:
+        """Handled under ``lock``: mark the claim done (``ttl``) in the lock's release."""
+        await self._stop_keeping()
+        self.done = lock._settle_claim(self.key, ttl)
+
+    async def finish(self, state: State, ttl: float) -> None:
+        """Handled: remember the event for the full dedupe ``ttl``."""
+        await self._stop_keeping()
+        if not self.recorded or self.done:
+            return
+        try:
+            await state.dedupe_keep(self.key, ttl)
+        except StateUnavailableError as exc:
+            # handled, but remembered only until the lease runs out: a later redelivery would
+            # run again (at least once, never lost)
+            logger.warning("asynclock: could not mark event claim %r done: %s", self.key, exc)
+
+    async def forget(self, state: State) -> None:
+        """Not handled (dropped, failed, cancelled): let the platform's redelivery through."""
+        await self._stop_keeping()
+        if not self.recorded:
+            return
+        self.recorded = False
+        try:
+            await state.dedupe_forget(self.key)
+        except StateUnavailableError as exc:
+            logger.warning(
+                "asynclock: could not forget event claim %r: a redelivery looks like a duplicate "
+                "until its lease runs out (%s)",
+                self.key,
+                exc,
+            )
 
 
 class _Backlog:
@@ -355,18 +409,21 @@ class EventDispatcher:
         try:
             outcome = await self._route(event, lock_key, claim)
         except asyncio.CancelledError:
-            if claim is not None and claim.recorded:  # not handled: let a redelivery through
-                await finish_despite_cancellation(self._state.dedupe_forget(claim.key))
+            if claim is not None:  # not handled: let a redelivery through
+                await finish_despite_cancellation(claim.forget(self._state))
             raise
         except Exception as error:
-            if claim is not None and claim.recorded:
-                await finish_despite_cancellation(self._state.dedupe_forget(claim.key))
+            if claim is not None:
+                await finish_despite_cancellation(claim.forget(self._state))
             await self._record(event, Outcome.FAILED, lock_key, error, started)
             if self._raise_errors:
                 raise
             return Outcome.FAILED
-        if outcome is Outcome.DROPPED and claim is not None and claim.recorded:
-            await self._state.dedupe_forget(claim.key)
+        if claim is not None:
+            if outcome is Outcome.DROPPED:
+                await claim.forget(self._state)
+            else:
+                await claim.finish(self._state, self._dedupe_ttl)
         return await self._record(event, outcome, lock_key, started=started)
 
     async def _route(self, event: Event, lock_key: str, claim: _Claim | None) -> Outcome:
@@ -379,17 +436,18 @@ class EventDispatcher:
             and self._policy != "concurrent"
             and granted_reason() is None
         )
+        lease = self._lock_ttl
         if claim is not None and not combined:
-            if not await self._state.dedupe_add(claim.key, self._dedupe_ttl):
+            if not await self._state.dedupe_add(claim.key, lease):
                 return Outcome.DUPLICATE
-            claim.recorded = True
+            claim.keep(self._state, lease)
         if self._policy == "concurrent":
             await self._call(handlers, event, HandlerContext(lock_key))
             return Outcome.HANDLED
         lock = AsyncLock(self._state, lock_key, self._lock_ttl, blocking=False, auto_renew=True)
         if combined:
             assert claim is not None
-            lock._arm_claim(claim.key, self._dedupe_ttl)
+            lock._arm_claim(claim.key, lease)
             # from here the claim may be recorded (even if the call fails): forget it on failure,
             # preferring a possible second delivery to a lost event
             claim.recorded = True
@@ -397,7 +455,7 @@ class EventDispatcher:
         try:
             async with lock:
                 entered = True
-                await self._call(handlers, event, HandlerContext(lock_key, lock.token))
+                await self._handle_locked(handlers, event, lock, claim)
             return Outcome.HANDLED
         except LockAcquisitionError:
             if entered:  # raised by a handler, not by our lock
@@ -406,6 +464,8 @@ class EventDispatcher:
                 assert claim is not None
                 claim.recorded = False  # somebody else's record: never forget it
                 return Outcome.DUPLICATE
+        if claim is not None:
+            claim.keep(self._state, lease)  # waits or runs under a policy from here
         policy = await self._conflict_policy(lock_key, event)
         if policy == "drop":
             return Outcome.DROPPED
@@ -413,8 +473,18 @@ class EventDispatcher:
             await self._call(handlers, event, HandlerContext(lock_key, forced=True))
             return Outcome.FORCED
         if policy == "queue":
-            return await self._queue(handlers, event, lock_key)
+            return await self._queue(handlers, event, lock_key, claim)
         return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
+
+    async def _handle_locked(
+        self, handlers: list[_Registered], event: Event, lock: AsyncLock, claim: _Claim | None
+    ) -> None:
+        """Run the handlers under ``lock``; if they succeed, its release marks the claim done."""
+        if claim is not None:
+            claim.keep(self._state, self._lock_ttl)
+        await self._call(handlers, event, HandlerContext(lock.key, lock.token))
+        if claim is not None and self._claiming:
+            await claim.settle_in_release(lock, self._dedupe_ttl)
 
     async def _conflict_policy(self, lock_key: str, event: Event) -> PolicyName:
         policy = self._policy
@@ -434,7 +504,9 @@ class EventDispatcher:
         for handler in handlers:
             await handler(event, ctx)
 
-    async def _queue(self, handlers: list[_Registered], event: Event, lock_key: str) -> Outcome:
+    async def _queue(
+        self, handlers: list[_Registered], event: Event, lock_key: str, claim: _Claim | None
+    ) -> Outcome:
         lock = AsyncLock(
             self._state, lock_key, self._lock_ttl, timeout=self._queue_timeout, auto_renew=True
         )
@@ -442,7 +514,7 @@ class EventDispatcher:
         try:
             async with lock:
                 entered = True
-                await self._call(handlers, event, HandlerContext(lock_key, lock.token))
+                await self._handle_locked(handlers, event, lock, claim)
         except LockAcquisitionError:
             if entered:
                 raise

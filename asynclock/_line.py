@@ -25,12 +25,12 @@ import logging
 import math
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Awaitable, Coroutine
 
-    from asynclock.state._protocol import Release, State
+    from asynclock.state._protocol import ClaimingState, Release, State
 
 logger = logging.getLogger("asynclock")
 
@@ -38,11 +38,13 @@ logger = logging.getLogger("asynclock")
 class Ticket:
     """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on."""
 
-    __slots__ = ("asked_at", "expires", "future", "owner", "ttl")
+    __slots__ = ("asked_at", "expires", "future", "owner", "settle", "ttl")
 
     def __init__(self, owner: str, ttl: float) -> None:
         self.owner = owner
         self.ttl = ttl
+        #: a dedupe claim and the TTL to give it in this ticket's release (ClaimingState)
+        self.settle: tuple[str, float] | None = None
         #: loop time when this ticket's last acquire was sent
         self.asked_at = 0.0
         self.future: asyncio.Future[int | None] | None = None
@@ -121,14 +123,12 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
         while True:
             successor = line.next_waiter() if line.member is current else None
             if successor is None:
-                result = await state.release(line.key, current.owner)
+                result = await _send_release(state, line.key, current, None)
                 if line.member is current:
                     line.promote()
                 return first or result
             sent = asyncio.get_running_loop().time()
-            result = await state.release(
-                line.key, current.owner, successor=successor.owner, ttl=successor.ttl
-            )
+            result = await _send_release(state, line.key, current, successor)
             first = first or result
             if not result.owned or result.handoff_token is None:
                 # our lock was lost, or the backend let a waiter of another process go first
@@ -155,6 +155,20 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
         elif line.member is current:
             line.promote()
         raise
+
+
+def _send_release(
+    state: State, key: str, current: Ticket, successor: Ticket | None
+) -> Awaitable[Release]:
+    """``current``'s release (a handoff to ``successor`` if given), settling its claim if any."""
+    owner, ttl = (successor.owner, successor.ttl) if successor is not None else (None, None)
+    settle, current.settle = current.settle, None
+    if settle is None:
+        return state.release(key, current.owner, successor=owner, ttl=ttl)
+    claiming = cast("ClaimingState", state)
+    return claiming.release_claimed(
+        key, current.owner, claim=settle[0], claim_ttl=settle[1], successor=owner, ttl=ttl
+    )
 
 
 async def finish_despite_cancellation(work: Coroutine[object, object, object]) -> None:

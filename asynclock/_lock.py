@@ -430,6 +430,19 @@ class AsyncLock:
 
         self._first_attempt = claim_and_acquire
 
+    def _settle_claim(self, claim: str, claim_ttl: float) -> bool:
+        """Make the coming release also set dedupe ``claim`` to expire in ``claim_ttl`` seconds.
+
+        For the dispatcher, which checked that the state is a ClaimingState: a handled event's
+        claim is marked done in its lock's release (one round trip). ``False`` when the lock is
+        not held through the state (granted); the caller then marks it done itself.
+        """
+        ticket = self._ticket
+        if self._token is None or ticket is None:
+            return False
+        ticket.settle = (claim, claim_ttl)
+        return True
+
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
         """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
         ticket.asked_at = asyncio.get_running_loop().time()

@@ -21,6 +21,7 @@ from tests._workers import redis_client
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
     from multiprocessing.synchronize import Barrier
+    from multiprocessing.synchronize import Event as EventFlag
 
     from asynclock._dispatch import PolicyName
 
@@ -116,3 +117,28 @@ async def _dispatch_all(
         "most_inside": most_inside,
         "pid": os.getpid(),
     }
+
+
+def dispatch_until_killed(
+    url: str, options: dict[str, object], spec: Spec, lock_ttl: float, inside: EventFlag
+) -> None:
+    """Dispatch one event whose handler sets ``inside`` and then never returns.
+
+    The parent SIGKILLs this process while the handler runs: the lock and the event's claim
+    are left to their TTLs, with nobody to release or forget them.
+    """
+    asyncio.run(_hang_in_handler(url, options, spec, lock_ttl, inside))
+
+
+async def _hang_in_handler(
+    url: str, options: dict[str, object], spec: Spec, lock_ttl: float, inside: EventFlag
+) -> None:
+    state = state_from_url(url, **options)
+    bot = EventDispatcher(state, lock_ttl=lock_ttl, dedupe_ttl=600.0)
+
+    @bot.on("message")
+    async def hang(event: Event) -> None:
+        inside.set()
+        await asyncio.Event().wait()
+
+    await bot.dispatch(event_of(spec))

@@ -209,7 +209,8 @@ class ClaimingState(Protocol):
     """Optional capability: a dedupe claim and a lock acquire in one atomic step.
 
     The dispatcher uses it so a fresh event costs one round trip before its handler runs
-    (claim + lock) and one after (release). States without it get two separate calls.
+    (claim + lock) and one after (release + marking the claim done). States without it get
+    separate calls (two before the handler, two after).
     """
 
     async def acquire_claimed(
@@ -221,6 +222,25 @@ class ClaimingState(Protocol):
         and nothing changes); otherwise exactly what :meth:`State.acquire` would return for a
         non-waiting caller, with the claim recorded whether or not the lock was free. Atomic.
         On a cluster, ``claim`` must share ``key``'s hash tag (``"...{key}..."``).
+        """
+        ...
+
+    async def release_claimed(
+        self,
+        key: str,
+        owner: str,
+        *,
+        claim: str,
+        claim_ttl: float,
+        successor: str | None = None,
+        ttl: float | None = None,
+    ) -> Release:
+        """:meth:`State.release`, and in the same atomic step :meth:`State.dedupe_keep` of ``claim``.
+
+        The dispatcher marks a handled event's claim *done* (the full dedupe TTL) with the
+        release of its lock, so a fresh event still costs two round trips. The claim's record is
+        set to expire ``claim_ttl`` seconds from now (created if gone) whether or not ``owner``
+        still held the lock; the answer is what :meth:`State.release` would return.
         """
         ...
 

@@ -210,17 +210,38 @@ class MemoryState(ClosesOnExit):
         """See :meth:`asynclock.state.State.release`."""
         await asyncio.sleep(0)
         with self._mutex:
+            return self._release(key, owner, successor, ttl, self._clock())
+
+    async def release_claimed(
+        self,
+        key: str,
+        owner: str,
+        *,
+        claim: str,
+        claim_ttl: float,
+        successor: str | None = None,
+        ttl: float | None = None,
+    ) -> Release:
+        """See :meth:`asynclock.state.ClaimingState.release_claimed`."""
+        await asyncio.sleep(0)
+        with self._mutex:
             now = self._clock()
-            held = self._live(key, now)
-            if held is None or held.owner != owner:
-                return Release(owned=False)
-            loop_id = id(asyncio.get_running_loop())
-            if successor is not None and held.flagged_by in (0, loop_id):
-                assert ttl is not None
-                return Release(True, self._grant(key, successor, now + ttl))
-            del self._locks[key]
-            self._notify(key)
-            return Release(owned=True)
+            self._keep(claim, now + claim_ttl)
+            return self._release(key, owner, successor, ttl, now)
+
+    def _release(
+        self, key: str, owner: str, successor: str | None, ttl: float | None, now: float
+    ) -> Release:
+        held = self._live(key, now)
+        if held is None or held.owner != owner:
+            return Release(owned=False)
+        loop_id = id(asyncio.get_running_loop())
+        if successor is not None and held.flagged_by in (0, loop_id):
+            assert ttl is not None
+            return Release(True, self._grant(key, successor, now + ttl))
+        del self._locks[key]
+        self._notify(key)
+        return Release(owned=True)
 
     async def abandon(self, key: str, owner: str) -> None:
         """See :meth:`asynclock.state.State.abandon`.
@@ -278,9 +299,11 @@ class MemoryState(ClosesOnExit):
         check_ttl(ttl, key=key)
         await asyncio.sleep(0)
         with self._mutex:
-            expires_at = self._clock() + ttl
-            self._dedupe[key] = expires_at
-            self._schedule(expires_at, False, key)
+            self._keep(key, self._clock() + ttl)
+
+    def _keep(self, key: str, expires_at: float) -> None:
+        self._dedupe[key] = expires_at
+        self._schedule(expires_at, False, key)
 
     async def dedupe_forget(self, key: str) -> bool:
         """See :meth:`asynclock.state.State.dedupe_forget`."""

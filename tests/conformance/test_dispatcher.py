@@ -27,6 +27,7 @@ from asynclock import (
     HandlerContext,
     LockLostError,
     Outcome,
+    StateUnavailableError,
 )
 from asynclock.state._protocol import ClaimingState
 from tests._helpers import finish
@@ -189,10 +190,12 @@ def spy_on_state(monkeypatch: pytest.MonkeyPatch, state: State) -> Counter[str]:
         "acquire",
         "acquire_claimed",
         "release",
+        "release_claimed",
         "extend",
         "abandon",
         "inspect",
         "dedupe_add",
+        "dedupe_keep",
         "dedupe_forget",
         "watch",
     )
@@ -891,6 +894,119 @@ class TestRenewal:
 # -- callable policy -----------------------------------------------------------------------------
 
 
+class TestTwoPhaseClaims:
+    """An event's claim is *in progress* for a lease of ``lock_ttl`` while its dispatch runs
+    (renewed), and *done* for ``dedupe_ttl`` once handled (``kill -9`` mid-event: see
+    test_dispatcher_processes.py)."""
+
+    LEASE = 0.3
+
+    async def test_a_slow_handler_keeps_its_claim_past_the_lease(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, lock_ttl=self.LEASE, dedupe_ttl=60.0)
+        other = bot_with(state, lambda e: None, lock_ttl=self.LEASE, on_lock_conflict="queue")
+        holder = await hold_key(bot, gate, ev("m1"))
+        await asyncio.sleep(3 * self.LEASE)  # the lease ran out three times over: renewed
+        # a redelivery elsewhere (a queueing worker would handle it a second time)
+        assert await other.dispatch(ev("m1")) is Outcome.DUPLICATE
+        gate.open()
+        assert await soon(holder) is Outcome.HANDLED
+        await asyncio.sleep(2 * self.LEASE)  # past the lease: now it is remembered for good
+        assert await other.dispatch(ev("m1")) is Outcome.DUPLICATE
+        assert gate.ids == ["m1"]
+
+    async def test_a_queued_event_keeps_its_claim_while_it_waits(self, state: State) -> None:
+        gate = Gate()
+        bot = bot_with(state, gate, lock_ttl=self.LEASE, on_lock_conflict="queue")
+        conflicts = Conflicts("queue")
+        other = bot_with(state, gate, lock_ttl=self.LEASE, on_lock_conflict=conflicts)
+        holder = await hold_key(bot, gate, ev("m1"))
+        waiter = asyncio.create_task(bot.dispatch(ev("m2")))
+        await asyncio.sleep(3 * self.LEASE)  # m2 waited through three leases
+        assert await other.dispatch(ev("m2")) is Outcome.DUPLICATE
+        assert not conflicts.seen  # a duplicate before any lock
+        gate.open()
+        assert await soon(holder) is Outcome.HANDLED
+        assert await soon(waiter) is Outcome.QUEUED
+        assert gate.ids == ["m1", "m2"]
+
+    async def test_a_failed_event_is_forgotten_and_a_handled_one_kept(self, state: State) -> None:
+        fail = {"m1"}
+
+        def handler(event: Event) -> None:
+            if event.message_id in fail:
+                raise RuntimeError("boom")
+
+        bot = bot_with(state, handler, lock_ttl=self.LEASE, raise_errors=False)
+        assert await bot.dispatch(ev("m1")) is Outcome.FAILED
+        fail.clear()
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED  # the redelivery runs
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE
+
+    async def test_a_done_mark_that_cannot_be_written_leaves_the_lease(
+        self, state: State, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # the non-claiming path marks done with its own call; if that fails the event is still
+        # HANDLED (the work happened) and the record lapses with its lease: at least once
+        async def unavailable(*args: Any, **kwargs: Any) -> None:
+            raise StateUnavailableError("down")
+
+        monkeypatch.setattr(type(state), "dedupe_keep", unavailable)
+        bot = bot_with(state, lambda e: None, lock_ttl=self.LEASE, on_lock_conflict="concurrent")
+        with caplog.at_level(logging.WARNING, logger="asynclock"):
+            assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        assert "could not mark event claim" in caplog.text
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE  # within the lease
+        await asyncio.sleep(2 * self.LEASE)
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED  # lapsed: handled again
+
+
+class TestClaimingStateCapability:
+    """``acquire_claimed``/``release_claimed``: the claim rides on the lock's round trips."""
+
+    async def test_release_marks_the_claim_done_owned_or_not(self, state: State) -> None:
+        if not isinstance(state, ClaimingState):
+            # documented: the SQL states make separate calls (covered by the dispatcher tests)
+            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            return
+        grant = await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=0.2)
+        assert grant is not None
+        assert grant.token is not None
+        assert await state.acquire_claimed("k", "b", 5.0, claim="c1", claim_ttl=0.2) is None
+        done = await state.release_claimed("k", "a", claim="c1", claim_ttl=60.0)
+        assert done.owned
+        assert done.handoff_token is None
+        assert await state.inspect("k") is None
+        await asyncio.sleep(0.4)  # past the claim's lease: the release made it last
+        assert not await state.dedupe_add("c1", 1.0)
+        # not the owner: nothing released, the claim set all the same
+        assert (await state.acquire("k", "b", 5.0)).token is not None
+        lost = await state.release_claimed("k", "a", claim="c2", claim_ttl=60.0)
+        assert not lost.owned
+        info = await state.inspect("k")
+        assert info is not None
+        assert info.owner == "b"
+        assert not await state.dedupe_add("c2", 1.0)
+
+    async def test_release_with_a_successor_hands_over_and_marks(self, state: State) -> None:
+        if not isinstance(state, ClaimingState):
+            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            return
+        grant = await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=5.0)
+        assert grant is not None
+        assert grant.token is not None
+        handed = await state.release_claimed(
+            "k", "a", claim="c1", claim_ttl=60.0, successor="b", ttl=5.0
+        )
+        assert handed.owned
+        assert handed.handoff_token is not None
+        assert handed.handoff_token > grant.token
+        info = await state.inspect("k")
+        assert info is not None
+        assert (info.owner, info.token) == ("b", handed.handoff_token)
+        assert not await state.dedupe_add("c1", 1.0)
+
+
 class TestCallablePolicy:
     @pytest.mark.parametrize("flavour", ["sync", "async"])
     async def test_asked_per_conflict_with_thread_key_and_event(
@@ -1215,11 +1331,12 @@ class TestRoundTrips:
         commands = _count_redis_commands(monkeypatch, state)
         assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
         if isinstance(state, ClaimingState):
-            assert calls == Counter({"acquire_claimed": 1, "release": 1})
+            # claim (in progress) + lock; release + claim done
+            assert calls == Counter({"acquire_claimed": 1, "release_claimed": 1})
         else:
-            assert calls == Counter({"dedupe_add": 1, "acquire": 1, "release": 1})
+            assert calls == Counter({"dedupe_add": 1, "acquire": 1, "release": 1, "dedupe_keep": 1})
         if commands is not None:
-            assert commands == [b"EVALSHA", b"EVALSHA"]  # claim+lock, release: 2 round trips
+            assert commands == [b"EVALSHA", b"EVALSHA"]  # 2 round trips
 
 
 def _count_redis_commands(monkeypatch: pytest.MonkeyPatch, state: State) -> list[bytes] | None:

@@ -7,7 +7,10 @@ event is thus delivered at least three times, as a platform retrying across work
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import multiprocessing
+import time
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -130,3 +133,53 @@ class TestDispatchAcrossProcesses:
         for message_id in sorted(was_handled)[:10]:
             assert await bot.dispatch(event_of(specs[message_id])) is Outcome.DUPLICATE
         assert sorted(late, key=str) == sorted(only_dropped)
+
+
+class TestDispatcherKilledMidEvent:
+    #: seconds of the dead worker's lock and claim lease
+    LOCK_TTL = 1.0
+    #: a spawned interpreter importing asynclock and a driver is slow on a loaded machine
+    SPAWN_BOUND = 30.0
+    #: how late after the lease's end the redelivery may run, on a loaded machine
+    MARGIN = 3.0
+
+    async def test_the_redelivery_runs_once_the_lease_lapses_not_after_the_dedupe_ttl(
+        self, server_target: Target, server_state: State
+    ) -> None:
+        # Two-phase claims: the dead worker's claim was "in progress" (a lease of lock_ttl,
+        # renewed by the dead process only), not "done" for dedupe_ttl=600 s: the platform's
+        # redelivery is handled within about one lease instead of being a duplicate for 10 min.
+        spec = ("K", "K-m1")
+        ctx = multiprocessing.get_context("spawn")
+        inside = ctx.Event()
+        proc = ctx.Process(
+            target=_dispatch_workers.dispatch_until_killed,
+            args=(server_target.url, server_target.options, spec, self.LOCK_TTL, inside),
+            daemon=True,
+        )
+        proc.start()
+        try:
+            assert await asyncio.to_thread(inside.wait, self.SPAWN_BOUND), "never got inside"
+            proc.kill()
+            await asyncio.to_thread(proc.join, 10.0)
+            killed = time.monotonic()
+        finally:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        handled: list[str | None] = []
+        bot = EventDispatcher(server_state, lock_ttl=self.LOCK_TTL, dedupe_ttl=600.0)
+        bot.add_handler("*", lambda event: handled.append(event.message_id))
+        seen: list[Outcome] = []
+        while (outcome := await bot.dispatch(event_of(spec))) is not Outcome.HANDLED:
+            # the dead worker's claim (duplicate) or its lock (dropped) have not lapsed yet
+            assert outcome in (Outcome.DUPLICATE, Outcome.DROPPED), outcome
+            seen.append(outcome)
+            waited = time.monotonic() - killed
+            assert waited < self.LOCK_TTL + self.MARGIN, (waited, seen[-5:])
+            await asyncio.sleep(0.05)  # the platform's redelivery interval
+        took = time.monotonic() - killed
+        assert handled == ["K-m1"]
+        # handled now: remembered for the full dedupe TTL, past the lease
+        assert await bot.dispatch(event_of(spec)) is Outcome.DUPLICATE
+        print(f"redelivery handled {took:.2f} s after the kill ({Counter(seen)})")

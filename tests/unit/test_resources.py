@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
     "_value.lua",
     "_claim.lua",
+    "_settle.lua",
     "acquire.lua",
     "release.lua",
     "extend.lua",

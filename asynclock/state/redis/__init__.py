@@ -95,6 +95,7 @@ def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
     names = ("acquire", "release", "extend", "inspect", "abandon", "force_release")
     scripts = {name: _Script(name, sharded=sharded) for name in names}
     scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire", sharded=sharded)
+    scripts["release_claimed"] = _Script("release_claimed", "_settle", "release", sharded=sharded)
     return scripts
 
 
@@ -613,20 +614,55 @@ class RedisState(ClosesOnExit):
         self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
     ) -> Release:
         """See :meth:`asynclock.state.State.release`."""
+        return await self._release(key, owner, successor, ttl)
+
+    async def release_claimed(
+        self,
+        key: str,
+        owner: str,
+        *,
+        claim: str,
+        claim_ttl: float,
+        successor: str | None = None,
+        ttl: float | None = None,
+    ) -> Release:
+        """See :meth:`asynclock.state.ClaimingState.release_claimed` (one EVALSHA)."""
+        claim_key = self._prefix + claim
+        if self._router is not None and slot_of(claim_key) != slot_of(self.lock_key(key)):
+            await self.dedupe_keep(claim, claim_ttl)  # not under the lock's hash tag: two steps
+            return await self._release(key, owner, successor, ttl)
+        return await self._release(key, owner, successor, ttl, (claim_key, ttl_ms(claim_ttl)))
+
+    async def _release(
+        self,
+        key: str,
+        owner: str,
+        successor: str | None,
+        ttl: float | None,
+        settle: tuple[str, int] | None = None,
+    ) -> Release:
         lock_key = self.lock_key(key)
-        keys = (lock_key, f"{lock_key}:released", f"{lock_key}:abandoned:{successor or ''}")
-        args = (
+        keys: tuple[str, ...] = (
+            lock_key,
+            f"{lock_key}:released",
+            f"{lock_key}:abandoned:{successor or ''}",
+        )
+        args: tuple[str | int, ...] = (
             owner,
             successor or "",
             ttl_ms(ttl) if successor and ttl else 0,
             self._retention_ms,
             self._reservation_ms,
         )
+        script = "release"
+        if settle is not None:
+            script = "release_claimed"
+            keys, args = (*keys, settle[0]), (*args, settle[1])
         acks = None
         if successor and self._replicas:
-            reply, acks = await self._eval_waited("release", keys, *args)
+            reply, acks = await self._eval_waited(script, keys, *args)
         else:
-            reply = await self._eval("release", keys, *args)
+            reply = await self._eval(script, keys, *args)
         result = _as_int(reply)
         if result < 0:
             return Release(owned=False)
