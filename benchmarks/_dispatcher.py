@@ -642,7 +642,7 @@ def _section(
             "handler, `await bot.dispatch(Event(...))` per event; `drop` (the default) in serial, "
             "where it never triggers, `queue` in the burst. `RedisState.from_url(url)` (a lean "
             f"pool of at most {POOL} connections). A fresh event is one EVALSHA of "
-            "`claim_acquire` (dedupe claim + lock) and one EVALSHA of `release`."
+            "`claim_acquire` (dedupe claim in progress + lock) and one EVALSHA of `release_claimed` (release + claim done)."
         ),
         (
             "- floor: per event, EVALSHA of a 5-line script (`SET dedupe 1 NX PX 600000`, then, "
@@ -691,7 +691,7 @@ def _reading(mem: Rounds, red: Rounds, trips: Rounds) -> list[str]:
         lines.append(
             f"- Round trips: a fresh uncontended event costs asynclock "
             f"**{fmt(uncontended.median, 2)}** round trips on Redis, which {verdict} the target "
-            "of at most 2 (dedupe claim + lock in one script, then release), as many as the "
+            "of at most 2 (dedupe claim + lock in one script, then release + claim done in one), as many as the "
             f"floor; a redelivered duplicate costs {med(trips, R_ASYNCLOCK, 'trips_duplicate', 2)} "
             f"(the claim script answers at once). chat-sdk needs "
             f"{med(trips, R_CHAT, 'trips_event', 2)} (dedupe, lock, subscription check, "
