@@ -95,7 +95,9 @@ class ConnectionPool(Generic[C]):
                 conn = await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
-                    self.checkin(waiter.result(), broken=False)
+                    # handed a connection, or (``None``) the slot of a broken one: pass it on
+                    handed = waiter.result()
+                    self.checkin(handed, broken=handed is None)
                 else:
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)
@@ -131,6 +133,19 @@ class ConnectionPool(Generic[C]):
                 waiter.set_result(conn)
                 return
         self._idle.append(conn)
+
+    def discard_idle(self) -> None:
+        """Close every idle connection now: the next checkout opens a new one.
+
+        For when one idle connection turned out dead although ``alive`` passed it: the server
+        closed it while it sat idle, and most likely the others with it (a restart, every
+        session of the application terminated). They may not show it yet: the server's goodbye
+        can be read before its end of stream, and a statement on such a connection fails.
+        """
+        idle, self._idle = self._idle, []
+        self._count -= len(idle)
+        for conn in idle:
+            self._discard(conn)
 
     async def aclose(self) -> None:
         """Close every idle connection; busy ones are closed when they come back."""

@@ -87,6 +87,9 @@ class Source(Protocol[C]):
     def checkin(self, conn: C | None, *, broken: bool) -> None:
         """Give ``conn`` back; a ``broken`` one is closed, never handed out again."""
 
+    def discard_idle(self) -> None:
+        """An idle connection was found dead: drop the other idle ones (if the source can)."""
+
     async def aclose(self) -> None:
         """Close what the source opened."""
 
@@ -354,6 +357,10 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
                     # cancelled, timed out or lost mid-statement: never reuse
                     source.checkin(conn, broken=True)
                     if stale_retry and reused and isinstance(exc, self._UNAVAILABLE):
+                        # The server closed it while it sat idle, and most likely every other
+                        # idle one with it, some of which may not show it yet: run the retry on
+                        # a new connection, never on one of them.
+                        source.discard_idle()
                         stale_retry = False
                         continue
                     raise

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import asyncpg  # type: ignore[import-untyped]
 from asyncpg import exceptions as pg_errors
@@ -150,6 +150,7 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
         connect_timeout: float = 5.0,
         max_connections: int = 10,
         durable: bool = True,
+        application_name: str | None = None,
         **options: Unpack[SQLOptions],
     ) -> PostgresState:
         """Build a state with its own connections from a ``postgresql://`` or ``postgres://`` URL.
@@ -164,13 +165,26 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
         longer waits for its WAL flush (more lock operations per second), and a server crash
         may forget the last fraction of a second of lock changes (see
         ``docs/backends-sql.md``). The default keeps the server's own setting.
+
+        ``application_name`` is what the connections show in ``pg_stat_activity`` (and the
+        server log), so an operator can find, or terminate, the sessions of one application:
+        by default the URL's ``?application_name=``, else ``"asynclock"``.
         """
         parsed = StateURL(url)
         if parsed.scheme not in ("postgresql", "postgres"):
             raise ValueError(f"not a PostgreSQL URL: {redact(url)!r}")
         _check_ports(url)
         connect = check_connect_options(connect_timeout, max_connections)
-        settings = {"application_name": "asynclock"}
+        if application_name is None:
+            application_name = dict(parse_qsl(urlsplit(url).query)).get(
+                "application_name", "asynclock"
+            )
+        elif not isinstance(application_name, str):
+            raise TypeError(
+                f"application_name must be a str, got {type(application_name).__name__}"
+            )
+        # asyncpg lets server_settings override the DSN's own query options
+        settings = {"application_name": application_name}
         if not durable:
             settings["synchronous_commit"] = "off"
 
@@ -268,8 +282,9 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
     async def _listen(self) -> None:
         """Connected and LISTENing (within ``op_timeout``) before the watch is handed out.
 
-        If the listener's connection drops, every watcher is woken (it re-checks the key) and
-        the listener reconnects in the background.
+        If the listener's connection drops, it reconnects in the background, and once it
+        LISTENs again every watcher is woken (it re-checks the key: a release may have gone
+        unheard meanwhile). Until then a watcher waits at most the holder's remaining TTL.
         """
         if self._listener is None:
             self._listener = _Listener(self)
@@ -332,6 +347,9 @@ class _UserPool:
         with contextlib.suppress(Exception):
             await self._pool.release(conn)
 
+    def discard_idle(self) -> None:
+        pass  # the user's pool decides which of its connections to reuse
+
     async def aclose(self) -> None:
         if self._releases:
             await asyncio.wait(set(self._releases))
@@ -342,6 +360,9 @@ class _NoSource:
         raise RuntimeError("PostgresState needs an asyncpg pool, or use PostgresState.from_url()")
 
     def checkin(self, conn: _Connection | None, *, broken: bool) -> None:
+        pass
+
+    def discard_idle(self) -> None:
         pass
 
     async def aclose(self) -> None:
@@ -372,6 +393,13 @@ class _Listener:
             except BaseException:
                 conn.terminate()
                 raise
+            self._adopt(conn)
+
+    def _adopt(self, conn: _Connection) -> None:
+        """Keep the new LISTEN connection, unless :meth:`aclose` ran while it was opened."""
+        if self._closed:
+            conn.terminate()  # nobody would ever close it
+        else:
             self._conn = conn
 
     def _on_notify(self, conn: object, pid: object, channel: object, payload: object) -> None:
@@ -381,8 +409,13 @@ class _Listener:
         if conn is not self._conn or self._closed:
             return
         self._conn = None
-        # A release may have gone unheard: let every watcher re-check now, and listen again.
-        self._state._wake_all()
+        # A release may have gone unheard: every watcher re-checks its key, but only once the
+        # listener LISTENs again (the reconnect loop wakes them). Woken now, they would retry
+        # when the state's other connections were most likely cut too (a restart, the
+        # application's sessions terminated): on a pooled connection whose termination is
+        # half-read (asyncpg: "cannot switch to state 12; another operation (2) is in
+        # progress"), or against a server that is down, and fail a blocking acquire with
+        # StateUnavailableError; and a release before the new LISTEN would still go unheard.
         if self._reconnect is None:
             self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
 

@@ -1,0 +1,442 @@
+"""PostgreSQL and MariaDB kill the sessions of live SQL states (issue #7).
+
+The servers are the shared loopback ones of the backend matrix: nothing here stops a server
+or touches a session of anyone else. Each test's states carry a tag of their own (an
+``application_name`` on PostgreSQL, a user of their own on MariaDB, see ``_sql.py``), and the
+injection is ``pg_terminate_backend`` / ``KILL`` of every session with that tag at once:
+
+* ``TestKillAll``: while a holder (plain or auto-renewed) holds a lock and a waiter of another
+  state waits for it: the pooled connections of both states, and on PostgreSQL the waiter
+  state's LISTEN connection; then three times under a load of lock and dedupe calls.
+* ``TestOutage``: the same kill, with a proxy in front of the holder's state that blackholes
+  its reconnections for longer than the lock's TTL.
+
+Expected, on both servers:
+
+* no call hangs past its timeout (every await is bounded); one that fails raises
+  StateUnavailableError chained to the driver's error, never a driver error;
+* the states recover by themselves: the next calls work, on new sessions; the PostgreSQL
+  listener reconnects and LISTENs again on its own, and the blocked waiter is served (at worst
+  once the holder's TTL ran out);
+* with the server up, a statement that may safely run twice (inspect, acquire) never fails:
+  a killed idle connection is replaced and the statement retried on a new one; only release
+  and ``first_seen`` may surface the kill as StateUnavailableError;
+* a holder whose lock expired during the outage learns it: ``LockNotOwnedError`` on release or
+  extend, ``LockLostError`` with ``auto_renew``;
+* ``Deduper.first_seen`` and ``claim`` fail with StateUnavailableError during the outage and
+  work again after it.
+
+Races are decided by conditions with deadlines (the waiter's row is flagged, a new LISTEN
+session exists, a call succeeds again), never by sleeping. ``pytest -s`` prints the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from asynclock import (
+    AsyncLock,
+    Deduper,
+    LockLostError,
+    LockNotOwnedError,
+    StateUnavailableError,
+)
+from tests._matrix import MYSQL, POSTGRES, require
+from tests.faults._proxy import FaultProxy
+from tests.faults._sql import SQLTarget
+from tests.faults._timing import bounded, report, until
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from tests.faults._sql import AnySQLState
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(60)]
+
+#: op_timeout / connect_timeout of the states under test
+OP_TIMEOUT = 0.5
+#: scheduling slack on a loaded machine, on top of a configured timeout or TTL
+MARGIN = 0.3
+#: past this, a call hangs: op_timeout covers its reconnection too, this leaves room to spare
+CALL_BOUND = 2 * OP_TIMEOUT + MARGIN
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(POSTGRES, id="postgres", marks=pytest.mark.postgres),
+        pytest.param(MYSQL, id="mysql", marks=pytest.mark.mysql),
+    ]
+)
+async def sql(request: pytest.FixtureRequest) -> AsyncIterator[SQLTarget]:
+    require(request.param)
+    target = SQLTarget(request.param)
+    await target.start()
+    try:
+        yield target
+    finally:
+        await target.aclose()
+
+
+def open_state(sql: SQLTarget, port: int | None = None, **options: Any) -> AnySQLState:
+    options.setdefault("op_timeout", OP_TIMEOUT)
+    options.setdefault("connect_timeout", OP_TIMEOUT)
+    return sql.open(port, **options)
+
+
+async def serve(lock: AsyncLock) -> float:
+    """Acquire ``lock`` (blocking), release it; the loop time it was acquired at.
+
+    Runs as the waiter's own task: a lock belongs to the task that acquired it.
+    """
+    assert await lock.acquire()
+    acquired_at = time.monotonic()
+    await lock.release()
+    return acquired_at
+
+
+async def outcome(make: Callable[[], Awaitable[object]], what: str) -> BaseException | None:
+    """Run one call within CALL_BOUND: ``None`` if it worked, else its StateUnavailableError.
+
+    Any other exception (a raw driver error above all) fails the test.
+    """
+    try:
+        await bounded(make(), what, CALL_BOUND)
+    except StateUnavailableError as exc:
+        failure = exc
+    else:
+        return None
+    assert failure.__cause__ is not None, "the driver's error is not chained"
+    return failure
+
+
+async def assert_unavailable(make: Callable[[], Awaitable[object]], what: str) -> float:
+    """``make()`` raises StateUnavailableError within op_timeout (+ MARGIN); the seconds taken."""
+    start = time.monotonic()
+    with pytest.raises(StateUnavailableError) as caught:
+        await bounded(make(), what, CALL_BOUND + 1.0)
+    elapsed = time.monotonic() - start
+    assert elapsed <= OP_TIMEOUT + MARGIN, f"{what} took {elapsed:.3f} s to fail"
+    assert caught.value.__cause__ is not None, "the driver's error is not chained"
+    return elapsed
+
+
+async def claim_once(dedupe: Deduper, event_id: str) -> bool:
+    async with dedupe.claim(event_id) as fresh:
+        return fresh
+
+
+def works(make: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[bool]]:
+    """A predicate for ``until``: the call succeeds (a StateUnavailableError: not yet)."""
+
+    async def check() -> bool:
+        return await outcome(make, "a call while recovering") is None
+
+    return check
+
+
+@dataclass
+class Call:
+    name: str
+    start: float
+    end: float
+    error: BaseException | None
+
+
+async def timed(calls: list[Call], name: str, make: Callable[[], Awaitable[object]]) -> object:
+    """Run one public call, recording how long it took and how it failed (never raises)."""
+    start = time.monotonic()
+    try:
+        result = await make()
+    except Exception as exc:  # noqa: BLE001 - recorded; the test asserts on the kinds
+        calls.append(Call(name, start, time.monotonic(), exc))
+        return None
+    calls.append(Call(name, start, time.monotonic(), None))
+    return result
+
+
+async def waiting(sql: SQLTarget, state: AnySQLState, key: str) -> None:
+    """Until the waiter on ``state`` is registered: its row flagged, its LISTEN active."""
+
+    async def registered() -> bool:
+        if not await sql.flagged(state, key):
+            return False
+        return not sql.postgres or bool(await sql.listeners())
+
+    await until(registered, "the waiter to register", within=3.0)
+
+
+class TestKillAll:
+    """Every session of the holder's and the waiter's states is killed at once."""
+
+    HOLD_TTL = 2.0
+    PROMPT = 1.0  # "promptly": well below HOLD_TTL
+
+    @pytest.mark.parametrize("auto_renew", [False, True], ids=["plain", "renewing"])
+    async def test_kill_while_held_and_waited(self, sql: SQLTarget, auto_renew: bool) -> None:
+        a, b = open_state(sql), open_state(sql)
+        key = "held"
+        holder = AsyncLock(a, key, ttl=self.HOLD_TTL, auto_renew=auto_renew)
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> float:
+            """Hold the lock (renewed: only ``async with`` renews) until told; release it."""
+            async with holder:
+                holding.set()
+                await release.wait()
+                return time.monotonic()
+
+        held = asyncio.create_task(hold())
+        await bounded(holding.wait(), "the holder's acquire", CALL_BOUND)
+        # a waiter of another state (another process): only the server can tell it of a release
+        waiter = AsyncLock(b, key, ttl=self.HOLD_TTL, timeout=10.0)
+        served = asyncio.create_task(serve(waiter))
+        await waiting(sql, b, key)
+        sessions = await sql.sessions()
+        listening = await sql.listeners() if sql.postgres else set()
+
+        killed = await sql.kill_all()
+        killed_at = time.monotonic()
+        # a's pooled connection, b's pooled one, and on PostgreSQL b's LISTEN connection
+        assert len(killed) >= (3 if sql.postgres else 2), (killed, sessions)
+        assert listening <= killed
+
+        # right after the kill: a statement that may run twice works (the dead connection is
+        # replaced); first_seen may not run twice, so it may fail, as StateUnavailableError
+        info = await bounded(a.inspect(key), "inspect after the kill", CALL_BOUND)
+        assert info is not None
+        expiry = time.monotonic() + info.remaining
+        assert info.owner == holder.owner
+        first_seen_failed = await outcome(
+            lambda: Deduper(a).first_seen("after-kill"), "first_seen after the kill"
+        )
+        recovered = await until(
+            works(lambda: b.inspect(key)), "the states to work again", within=3.0
+        )
+        relistened = 0.0
+        if sql.postgres:
+
+            async def listening_again() -> bool:
+                return bool(await sql.listeners())
+
+            # the listener reconnects and LISTENs again by itself
+            await until(listening_again, "a new LISTEN session", within=3.0)
+            relistened = time.monotonic() - killed_at
+        renewed = 0.0
+        if auto_renew:
+
+            async def extended() -> bool:
+                now = await a.inspect(key)
+                return now is not None and time.monotonic() + now.remaining > expiry + 0.1
+
+            # the renewer's next extend goes through on a new connection
+            await until(extended, "a renewal after the kill", within=self.HOLD_TTL)
+            renewed = time.monotonic() - killed_at
+        assert not holder.lost
+        assert not served.done(), f"the waiter stopped waiting: {served!r}"
+
+        release.set()
+        release_failed = await outcome(lambda: held, "the holder's release")
+        acquired_at = await bounded(served, "the waiter", self.HOLD_TTL + 3.0)
+        if release_failed is None:
+            delay = acquired_at - held.result()
+            assert delay <= self.PROMPT, f"served {delay:.3f} s after the release"
+        else:
+            # the release could not reach the server: the lock expires by its TTL
+            delay = acquired_at - killed_at
+            assert delay <= self.HOLD_TTL + MARGIN + CALL_BOUND
+        assert (waiter.token or 0) > (holder.token or 0)
+
+        # the same states keep working, on sessions opened after the kill
+        dedupe = Deduper(b, namespace="after")
+        assert await bounded(dedupe.first_seen("e1"), "first_seen", CALL_BOUND) is True
+        assert await bounded(dedupe.first_seen("e1"), "first_seen again", CALL_BOUND) is False
+        async with dedupe.claim("e2") as fresh:
+            assert fresh
+        new_sessions = await sql.sessions()
+        assert new_sessions, "no session was opened after the kill"
+        assert not new_sessions & killed
+        report(
+            f"kill-all[{sql.backend.name}, {'renewing' if auto_renew else 'plain'}]",
+            killed=len(killed),
+            first_seen="failed" if first_seen_failed else "ok",
+            recovered_after=recovered,
+            relisten_after=relistened,
+            renewed_after=renewed,
+            release="failed" if release_failed else "ok",
+            waiter_delay=delay,
+            new_sessions=len(new_sessions),
+        )
+
+    LOAD_TASKS = 6
+    ROUNDS = 3
+
+    async def test_kill_under_load(self, sql: SQLTarget) -> None:
+        """Three kills of every session while six tasks inspect, lock and dedupe non-stop."""
+        # more connections than tasks: a retry never queues for a connection handed back
+        state = open_state(sql, max_connections=self.LOAD_TASKS + 4)
+        calls: list[Call] = []
+        stop = asyncio.Event()
+
+        async def load(n: int) -> None:
+            dedupe = Deduper(state, ttl=60.0, namespace=f"load{n}")
+            round_ = 0
+            while not stop.is_set():
+                round_ += 1
+                await timed(calls, "inspect", partial(state.inspect, f"load-{n}"))
+                lock = AsyncLock(state, f"load-{n}", ttl=1.0)
+                if await timed(calls, "acquire", partial(lock.acquire, blocking=False)):
+                    await timed(calls, "release", lock.release)
+                await timed(calls, "first_seen", partial(dedupe.first_seen, f"evt-{round_}"))
+
+        def succeeded_since(moment: float, count: int) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                return sum(c.error is None and c.start >= moment for c in calls) >= count
+
+            return check
+
+        loaders = [asyncio.create_task(load(n)) for n in range(self.LOAD_TASKS)]
+        killed: list[int] = []
+        recovered: list[float] = []
+        try:
+            await until(succeeded_since(0.0, 50), "the load to run", within=5.0)
+            for _ in range(self.ROUNDS):
+                killed.append(len(await sql.kill_all()))
+                moment = time.monotonic()
+                recovered.append(
+                    await until(succeeded_since(moment, 50), "the load to recover", within=5.0)
+                )
+        finally:
+            stop.set()
+            await bounded(asyncio.gather(*loaders), "the load tasks", 5.0)
+
+        failed = [c for c in calls if c.error is not None]
+        unexpected = [
+            c
+            for c in failed
+            if not isinstance(c.error, StateUnavailableError)
+            and not (c.name == "release" and isinstance(c.error, LockNotOwnedError))
+        ]
+        assert not unexpected, unexpected[:5]
+        # the server stayed up: a statement that may run twice is retried on a new connection,
+        # so only those that may not (release, first_seen) can fail
+        retried = [c for c in failed if c.name in ("inspect", "acquire")]
+        assert not retried, retried[:5]
+        longest = max(c.end - c.start for c in calls)
+        assert longest <= OP_TIMEOUT + MARGIN, f"a call took {longest:.3f} s"
+        assert min(killed) >= 1
+        report(
+            f"kill-under-load[{sql.backend.name}]",
+            rounds=self.ROUNDS,
+            killed=sum(killed),
+            calls=len(calls),
+            failed=len(failed),
+            failed_kinds=",".join(sorted({c.name for c in failed})) or "-",
+            recovered_max=max(recovered),
+            longest_call=longest,
+        )
+
+
+class TestOutage:
+    """The kill, with the way back blocked for longer than the lock's TTL.
+
+    The holder's state reaches the server through a proxy; the proxy starts dropping every
+    byte (new connections hang in their handshake) and then every session of the test is
+    killed. The waiter's state reaches the server directly: it is killed too, but recovers at
+    once, and takes the lock when the holder's TTL runs out.
+    """
+
+    TTL = 1.0
+
+    @pytest.mark.parametrize("auto_renew", [False, True], ids=["plain", "renewing"])
+    async def test_lock_expires_during_the_outage(self, sql: SQLTarget, auto_renew: bool) -> None:
+        key = "held"
+        async with FaultProxy(sql.port) as proxy:
+            cut_off, direct = open_state(sql, proxy.port), open_state(sql)
+            dedupe = Deduper(cut_off, namespace="outage")
+            holding = asyncio.Event()
+            seen: dict[str, Any] = {}
+            holder = AsyncLock(cut_off, key, ttl=self.TTL, auto_renew=auto_renew)
+
+            async def hold() -> None:
+                try:
+                    async with holder:
+                        holding.set()
+                        try:
+                            await asyncio.Event().wait()
+                        except asyncio.CancelledError:
+                            seen["cancelled_at"] = time.monotonic()
+                            raise
+                except LockLostError as exc:
+                    seen["lost"] = exc
+
+            if auto_renew:
+                holding_task = asyncio.create_task(hold())
+                await bounded(holding.wait(), "the renewed holder", CALL_BOUND)
+            else:
+                assert await bounded(holder.acquire(), "the holder's acquire", CALL_BOUND)
+            waiter = AsyncLock(direct, key, ttl=self.TTL, timeout=self.TTL + 5.0)
+            served = asyncio.create_task(serve(waiter))
+            await waiting(sql, direct, key)
+
+            proxy.blackhole = True
+            killed = await sql.kill_all()
+            down_at = time.monotonic()
+            assert len(killed) >= (3 if sql.postgres else 2), killed
+
+            during: dict[str, Callable[[], Awaitable[object]]] = {
+                "inspect": lambda: cut_off.inspect(key),
+                "first_seen": lambda: dedupe.first_seen("during"),
+                "claim": lambda: claim_once(dedupe, "during"),
+                "acquire": lambda: AsyncLock(cut_off, "other", ttl=1.0).acquire(blocking=False),
+            }
+            if not auto_renew:
+                during["extend"] = holder.extend
+            surfaced = await asyncio.gather(
+                *(assert_unavailable(call, name) for name, call in during.items())
+            )
+
+            # the holder's TTL runs out during the outage: the waiter takes the lock
+            acquired_at = await bounded(served, "the waiter", self.TTL + CALL_BOUND + 2.0)
+            takeover = acquired_at - down_at
+            assert takeover <= self.TTL + MARGIN + CALL_BOUND
+            assert (waiter.token or 0) > (holder.token or 0)
+            if auto_renew:
+                # renewals failed until the TTL ran out: the body was cancelled by then
+                await bounded(holding_task, "the renewed holder's exit", self.TTL + CALL_BOUND)
+                assert isinstance(seen.get("lost"), LockLostError), seen
+                assert seen["cancelled_at"] - down_at <= self.TTL + MARGIN
+
+            proxy.blackhole = False
+            up_at = time.monotonic()
+            recovered = await until(
+                works(lambda: cut_off.inspect(key)), "the state to work again", within=5.0
+            )
+            if not auto_renew:
+                # the holder learns that its lock expired during the outage
+                with pytest.raises(LockNotOwnedError):
+                    await bounded(holder.extend(), "extend after", CALL_BOUND)
+                with pytest.raises(LockNotOwnedError):
+                    await bounded(holder.release(), "release after", CALL_BOUND)
+            assert holder.lost
+            assert await bounded(dedupe.first_seen("after"), "first_seen after", CALL_BOUND)
+            assert await bounded(claim_once(dedupe, "after-claim"), "claim after", CALL_BOUND)
+            # the claim that failed during the outage recorded nothing
+            assert await bounded(claim_once(dedupe, "during"), "claim again", CALL_BOUND)
+            lock = AsyncLock(cut_off, key, ttl=self.TTL)
+            assert await bounded(lock.acquire(blocking=False), "acquire after", CALL_BOUND)
+            await bounded(lock.release(), "release after", CALL_BOUND)
+        report(
+            f"outage[{sql.backend.name}, {'renewing' if auto_renew else 'plain'}]",
+            ttl=self.TTL,
+            killed=len(killed),
+            surfaced_max=max(surfaced),
+            takeover_after=takeover,
+            outage=up_at - down_at,
+            recovered_after=recovered,
+        )
