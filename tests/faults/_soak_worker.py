@@ -1,0 +1,230 @@
+"""Entry point of the worker processes of the chaos soak (``test_soak.py``), and its effect store.
+
+Imported by a *spawned* interpreter: only asynclock and redis here, no pytest. A worker is what
+a webhook service runs: an :class:`EventDispatcher` over a :class:`RedisState` of the *lock*
+server (the one the test injects faults into), ``on_lock_conflict="queue"``. It takes
+deliveries from its inbox (a list on the *store* server, which is never faulted: the platform's
+HTTP, so to speak), dispatches each one concurrently and reports the outcome to the platform.
+
+The handler writes to the **effect store** (plain redis-py on the store server) with the fencing
+token of its lock, in three steps, each one ``STAMP`` script stamped with the store's clock
+(one clock for every process):
+
+* ``begin``: enters the critical section; fenced (a token lower than the highest one seen for
+  the key is rejected, an accepted one becomes the highest);
+* a short await (a few ms, sometimes a few hundred: a slow handler), so faults can land inside;
+* ``apply``: fenced; if accepted, appends the event to the thread's list and counts one
+  application of the event;
+* ``end``: leaves the critical section (also when cancelled: a lost lock cancels the handler).
+
+A rejected ``begin`` or ``apply`` makes the handler raise :class:`StaleTokenError`, as a
+fenced store's error would: the dispatch reports ``failed`` and the platform redelivers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+from typing import TYPE_CHECKING
+
+import anyio
+from redis.asyncio import Redis
+
+from asynclock import Event, EventDispatcher, HandlerContext, Outcome, RedisState
+from tests.faults._soak_history import RAISED
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+#: the dispatcher's settings (the test's figures and delays depend on them)
+LOCK_TTL = 1.0
+DEDUPE_TTL = 600.0
+QUEUE_TIMEOUT = 5.0
+#: op_timeout and connect_timeout of the lock state
+OP_TIMEOUT = 0.5
+#: the handler's await between begin and apply: usually a few ms, sometimes a slow handler
+SLOW_SHARE = 0.15
+FAST = (0.002, 0.015)
+SLOW = (0.15, 0.4)
+
+#: keys of the store server
+RESULTS = "soak:results"
+LOG = "soak:log"
+APPLIED = "soak:applied"
+
+
+def inbox(worker: str) -> str:
+    return f"soak:inbox:{worker}"
+
+
+def highest(lock_key: str) -> str:
+    return f"soak:highest:{lock_key}"
+
+
+def thread_list(lock_key: str) -> str:
+    return f"soak:thread:{lock_key}"
+
+
+#: KEYS: highest token of the key, the log, the per-event counts, the thread's list;
+#: ARGV: kind, lock key, token, event, delivery, pid, status. Returns 1 (accepted) or 0.
+STAMP = """
+local now = redis.call('TIME')
+local at = now[1] .. string.format('%06d', tonumber(now[2]))
+local kind = ARGV[1]
+local ok = 1
+if kind ~= 'end' then
+  local seen = redis.call('GET', KEYS[1])
+  if seen and tonumber(ARGV[3]) < tonumber(seen) then
+    ok = 0
+  else
+    redis.call('SET', KEYS[1], ARGV[3])
+    if kind == 'apply' then
+      redis.call('RPUSH', KEYS[4], ARGV[4])
+      redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+    end
+  end
+end
+redis.call('RPUSH', KEYS[2], cjson.encode({kind = kind, key = ARGV[2], token = ARGV[3],
+  event = ARGV[4], delivery = ARGV[5], pid = ARGV[6], status = ARGV[7], at = at, ok = ok}))
+return ok
+"""
+
+
+class StaleTokenError(Exception):
+    """The effect store rejected a write: a newer holder of the key has written already."""
+
+
+def event_of(message: dict[str, str]) -> Event:
+    """The event of one delivery (``message_id`` is the dedupe key; ``raw`` names the delivery)."""
+    return Event(
+        type="message",
+        adapter="soak",
+        channel_id="C1",
+        thread_id=message["thread"],
+        message_id=message["event"],
+        raw={"delivery": message["delivery"]},
+    )
+
+
+def serve(worker: str, lock_url: str, store_url: str, prefix: str, seed: str, log: str) -> None:
+    """Serve the inbox of ``worker`` until a ``stop`` message (or SIGKILL).
+
+    The dispatcher's log lines (one per outcome, the warnings) go to the file ``log``.
+    """
+    handler = logging.FileHandler(log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    library = logging.getLogger("asynclock")
+    library.addHandler(handler)
+    library.setLevel(logging.INFO)
+    library.propagate = False
+    asyncio.run(_serve(worker, lock_url, store_url, prefix, seed))
+
+
+class _Worker:
+    def __init__(self, worker: str, store: Redis, stamp: AsyncScript, seed: str) -> None:
+        self.worker = worker
+        self.store = store
+        self.stamp_script = stamp
+        self.pid = os.getpid()
+        self.rng = random.Random(f"{seed}-{worker}")
+        #: delivery -> the error a failed dispatch reported to ``on_outcome``
+        self.errors: dict[str, str] = {}
+
+    async def on_outcome(self, event: Event, outcome: Outcome, error: BaseException | None) -> None:
+        if error is not None:
+            self.errors[str(event.raw["delivery"])] = f"{type(error).__name__}: {error}"
+
+    async def stamp(
+        self, kind: str, event: Event, ctx: HandlerContext, token: int, status: str = ""
+    ) -> bool:
+        keys = [highest(ctx.lock_key), LOG, APPLIED, thread_list(ctx.lock_key)]
+        args: list[str | int] = [
+            kind,
+            ctx.lock_key,
+            token,
+            str(event.message_id),
+            str(event.raw["delivery"]),
+            self.pid,
+        ]
+        return bool(await self.stamp_script(keys=keys, args=[*args, status]))
+
+    async def handle(self, event: Event, ctx: HandlerContext) -> None:
+        token = ctx.token
+        if token is None:
+            raise AssertionError(f"no fencing token for {event.message_id} under {ctx.lock_key}")
+        status = "cancelled"
+        try:
+            if not await self.stamp("begin", event, ctx, token):
+                status = "stale"
+                raise StaleTokenError(f"begin {event.message_id} with token {token}")
+            slow = self.rng.random() < SLOW_SHARE
+            await asyncio.sleep(self.rng.uniform(*(SLOW if slow else FAST)))
+            if not await self.stamp("apply", event, ctx, token):
+                status = "stale"
+                raise StaleTokenError(f"apply {event.message_id} with token {token}")
+            status = "ok"
+        except Exception:
+            if status == "cancelled":
+                status = "error"
+            raise
+        finally:
+            # a lost lock cancels the handler through the lock's (level-triggered) cancel scope:
+            # shield the end stamp, or it would be cancelled too
+            with anyio.CancelScope(shield=True):
+                await self.stamp("end", event, ctx, token, status)
+
+    async def deliver(self, bot: EventDispatcher, message: dict[str, str]) -> None:
+        error: str | None = None
+        seconds, micros = await self.store.time()
+        received = int(seconds) * 1_000_000 + int(micros)
+        try:
+            outcome: str = (await bot.dispatch(event_of(message))).value
+            error = self.errors.pop(message["delivery"], None)
+        except Exception as exc:  # noqa: BLE001 - raise_errors=False: reported as a finding
+            outcome, error = RAISED, f"{type(exc).__name__}: {exc}"
+        report: dict[str, object] = {"kind": "outcome", "delivery": message["delivery"]}
+        report |= {"outcome": outcome, "error": error, "received": received}
+        report |= {"worker": self.worker, "pid": self.pid}
+        await self.store.rpush(RESULTS, json.dumps(report))
+
+
+async def _serve(worker: str, lock_url: str, store_url: str, prefix: str, seed: str) -> None:
+    store = Redis.from_url(store_url, socket_timeout=10.0, socket_connect_timeout=5.0)
+    state = RedisState.from_url(
+        lock_url, prefix=prefix, op_timeout=OP_TIMEOUT, connect_timeout=OP_TIMEOUT
+    )
+    me = _Worker(worker, store, store.register_script(STAMP), seed)
+    bot = EventDispatcher(
+        state,
+        on_lock_conflict="queue",
+        lock_ttl=LOCK_TTL,
+        dedupe_ttl=DEDUPE_TTL,
+        raise_errors=False,
+        queue_timeout=QUEUE_TIMEOUT,
+        on_outcome=me.on_outcome,
+    )
+    bot.add_handler("message", me.handle)
+    tasks: set[asyncio.Task[None]] = set()
+    await store.rpush(RESULTS, json.dumps({"kind": "ready", "worker": worker, "pid": me.pid}))
+    try:
+        while True:
+            item = await store.blpop([inbox(worker)], timeout=1)
+            if item is None:
+                continue
+            message: dict[str, str] = json.loads(item[1])
+            if message["kind"] == "stop":
+                break
+            task = asyncio.create_task(me.deliver(bot, message))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=QUEUE_TIMEOUT + 5.0)
+    finally:
+        with contextlib.suppress(Exception):
+            await bot.aclose()
+            await state.aclose()
+            await store.aclose()

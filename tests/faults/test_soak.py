@@ -1,0 +1,561 @@
+"""A bounded chaos soak (issue #7, "Nothing lost"): worker processes, faults at random times.
+
+Set-up:
+
+* two throwaway Redis servers: the **lock server** (``redis_server``), where the workers' locks
+  and dedupe records live and every fault lands, and the **store server**, never faulted, with
+  the effect store the handlers write to (fenced by their tokens), the stamps of their critical
+  sections, the workers' inboxes and their reports (see ``_soak_worker.py``);
+* ``WORKERS`` spawned worker processes, each an ``EventDispatcher(on_lock_conflict="queue",
+  lock_ttl=1 s, dedupe_ttl=600 s, raise_errors=False)`` over a ``RedisState`` of the lock server
+  (op/connect timeouts 0.5 s);
+* the **platform** (this test): ``THREADS`` x ``MESSAGES`` events with unique dedupe keys, sent
+  in bursts per thread, out of order, to random workers, some of them sent twice on purpose. Like
+  a webhook platform it redelivers what was not acknowledged (a ``dropped``/``failed`` answer, a
+  dispatch that raised, or a worker that died before answering) after a delay longer than the
+  lock TTL, at most ``REDELIVERIES`` times; a send that is still not acknowledged then is
+  *reported failed*. ``handled``, ``queued``, ``duplicate`` and ``skipped`` acknowledge.
+
+Faults, from a seeded RNG (the seed is printed; ``ASYNCLOCK_SOAK_SEED`` replays a plan), at random
+times during ``ASYNCLOCK_SOAK_SECONDS`` (default 35), every kind in turn:
+
+* ``kill-9``: SIGKILL of a random worker that has deliveries in flight (if one has within a
+  second; a replacement is started at once);
+* ``client-kill``: ``CLIENT KILL TYPE normal`` and ``TYPE pubsub`` on the lock server (every
+  connection of every worker, the wake-up listeners included);
+* ``pause<ttl`` / ``pause>ttl``: ``CLIENT PAUSE <ms> ALL``, shorter (200-600 ms) or longer
+  (1.2-2 s) than the lock TTL;
+* ``restart``: the lock server is stopped and started on the same port (all its data is gone:
+  locks and dedupe records; nothing is persisted).
+
+Then the platform waits until every send has a final fate, stops the workers and checks the
+history with :func:`tests.faults._soak_history.check`:
+
+* fencing: no two holders of a key both wrote while their critical sections overlapped; tokens
+  grow; every write the store rejected was overtaken by a newer holder;
+* exactly once in effect: an event is applied twice only after a ``kill -9`` of the worker that
+  applied it first (the documented at-least-once case), or when its dedupe record was lost in a
+  restart of the lock server; both are counted apart. Anything else is a violation, a dispatch
+  that answered ``failed`` after its handler had written included (the platform redelivers it);
+* nothing vanished: every event was applied or reported failed; none was acknowledged (e.g.
+  answered ``duplicate``) without ever being applied, and every send has a final fate.
+
+Per-thread order is not checked: the platform delivers out of order. The figures are printed
+(``pytest -s``): faults per kind, deliveries and redeliveries, outcomes, events handled / failed
+/ lost, double applications by cause, overlapping sections, writes rejected by fencing. Each
+worker's dispatcher log and the list of injected faults are kept in the test's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import json
+import multiprocessing
+import os
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tests.faults import _soak_worker as W
+from tests.faults._server import RedisServer, redis_server_binary
+from tests.faults._soak_history import (
+    ACKNOWLEDGED,
+    Delivery,
+    History,
+    Send,
+    SendFate,
+    Stamp,
+    Verdict,
+    check,
+)
+from tests.faults._timing import report, until
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator
+    from multiprocessing.context import SpawnProcess
+    from pathlib import Path
+
+SOAK_SECONDS = float(os.environ.get("ASYNCLOCK_SOAK_SECONDS") or 35.0)
+SEED = int(os.environ.get("ASYNCLOCK_SOAK_SEED") or random.SystemRandom().randrange(2**32))
+
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.processes,
+    pytest.mark.slow,
+    pytest.mark.timeout(int(SOAK_SECONDS) + 90),
+]
+
+WORKERS = 3
+#: 40 threads for the CI run; a longer soak gets proportionally more (the same traffic rate)
+THREADS = max(40, round(40 * SOAK_SECONDS / 35.0))
+MESSAGES = 8
+#: share of the events the platform sends twice on purpose
+DUPLICATE_SHARE = 0.15
+#: redeliveries of one send before it is reported failed
+REDELIVERIES = 8
+#: seconds before a redelivery: longer than the lock TTL (and the dispatcher's claim lease, which
+#: is the lock TTL), as a platform retries after seconds
+REDELIVER_AFTER = (1.5, 2.5)
+#: seconds before the platform redelivers what a dead worker had in flight
+AFTER_DEATH = (2.0, 3.0)
+#: the originals are sent during this share of the soak; the faults go on to its end
+FEED_SHARE = 0.75
+#: seconds between two faults (from the end of one to the start of the next)
+FAULT_GAP = (2.0, 4.0)
+PAUSE_SHORT = (0.2, 0.6)
+PAUSE_LONG = (1.2, 2.0)
+FAULT_KINDS = ("kill-9", "client-kill", "pause<ttl", "pause>ttl", "restart")
+#: a spawned interpreter imports asynclock and redis first: slow on a loaded machine
+SPAWN_BOUND = 30.0
+#: after the soak, every send must have a final fate within this many seconds
+DRAIN_BOUND = 40.0
+
+
+def us(reply: Any) -> int:
+    """A ``TIME`` reply in microseconds."""
+    seconds, micros = reply
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@pytest.fixture
+def store_server() -> Iterator[RedisServer]:
+    """The store server: a second throwaway Redis that no fault ever touches."""
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@dataclass
+class Worker:
+    name: str
+    proc: SpawnProcess
+    pid: int | None = None
+    ready: bool = False
+    #: ended: killed by the test, or found dead
+    gone: bool = False
+    in_flight: set[str] = field(default_factory=set)
+
+
+@dataclass
+class SendState:
+    event: str
+    thread: str
+    deliveries: list[str] = field(default_factory=list)
+    fate: SendFate = "unsettled"
+    #: a (re)delivery is waiting in the platform's schedule
+    scheduled: bool = False
+
+
+@dataclass
+class DeliveryState:
+    send: int
+    worker: str
+    outcome: str | None = None
+    error: str | None = None
+    received: int | None = None
+    #: in flight in a worker that was killed (it may still have reported before it died)
+    killed_in_flight: bool = False
+
+
+class Platform:
+    """The webhook platform: sends, redelivers, starts and kills workers, injects faults."""
+
+    def __init__(
+        self, lock_server: RedisServer, store_url: str, admin: Redis, prefix: str, logs: Path
+    ) -> None:
+        self.logs = logs
+        self.lock_server = lock_server
+        self.store_url = store_url
+        self.store = Redis.from_url(store_url, socket_timeout=10.0)
+        self.admin = admin
+        self.prefix = prefix
+        self.rng = random.Random(SEED)
+        self.spawn = multiprocessing.get_context("spawn")
+        self.workers: dict[str, Worker] = {}
+        self.sends: list[SendState] = []
+        self.deliveries: dict[str, DeliveryState] = {}
+        self.schedule: list[tuple[float, int, int]] = []
+        self.seq = 0
+        self.faults: Counter[str] = Counter()
+        self.redelivered: Counter[str] = Counter()
+        self.connections_killed = 0
+        self.kills: dict[int, int] = {}
+        self.restarts: list[tuple[int, int]] = []
+        self.problems: list[str] = []
+        self.started = time.monotonic()
+        #: "<seconds since start> <kind> <detail>" per fault, written to faults.log
+        self.fault_log: list[str] = []
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def start_worker(self) -> Worker:
+        name = f"w{len(self.workers)}"
+        proc = self.spawn.Process(
+            target=W.serve,
+            args=(
+                name,
+                self.lock_server.url,
+                self.store_url,
+                self.prefix,
+                str(SEED),
+                str(self.logs / f"{name}.log"),
+            ),
+            daemon=True,
+        )
+        proc.start()
+        worker = self.workers[name] = Worker(name, proc)
+        return worker
+
+    def ready(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.ready and not w.gone]
+
+    async def worker_gone(self, worker: Worker) -> None:
+        """The worker is dead: what it had in flight is redelivered later, by a survivor."""
+        worker.gone = True
+        await self.store.delete(W.inbox(worker.name))
+        for delivery in worker.in_flight:
+            state = self.deliveries[delivery]
+            state.killed_in_flight = True
+            send = self.sends[state.send]
+            latest = delivery == send.deliveries[-1]
+            if send.fate == "unsettled" and latest and not send.scheduled:
+                self.redelivered["after a worker died"] += 1
+                self.plan(state.send, self.rng.uniform(*AFTER_DEATH))
+        worker.in_flight.clear()
+
+    async def watch(self) -> None:
+        """A worker that exits on its own is a problem (recorded); it is replaced all the same."""
+        while True:
+            for worker in list(self.workers.values()):
+                if not worker.gone and worker.proc.exitcode is not None:
+                    self.problems.append(f"worker {worker.name} exited ({worker.proc.exitcode})")
+                    await self.worker_gone(worker)
+                    self.start_worker()
+            await asyncio.sleep(0.25)
+
+    # -- sends and reports ------------------------------------------------------------------
+
+    def plan(self, send: int, delay: float) -> None:
+        """(Re)deliver ``send`` in ``delay`` seconds."""
+        self.sends[send].scheduled = True
+        self.seq += 1
+        heapq.heappush(self.schedule, (time.monotonic() + delay, self.seq, send))
+
+    def plan_all(self, feed_seconds: float) -> None:
+        """Every event once, some twice; a thread's messages in two bursts, out of order."""
+        for thread in range(THREADS):
+            bursts = [self.rng.uniform(0.2, feed_seconds) for _ in range(2)]
+            for message in range(MESSAGES):
+                at = self.rng.choice(bursts) + self.rng.uniform(0.0, 0.15)
+                event = f"t{thread:02d}-m{message}"
+                copies = 2 if self.rng.random() < DUPLICATE_SHARE else 1
+                for copy in range(copies):
+                    self.sends.append(SendState(event, f"t{thread:02d}"))
+                    later = self.rng.choice((0.0, self.rng.uniform(0.0, 3.0))) if copy else 0.0
+                    self.plan(len(self.sends) - 1, at + later)
+
+    async def pump(self) -> None:
+        """Deliver every send that is due to a random ready worker."""
+        n = 0
+        while True:
+            now = time.monotonic()
+            ready = self.ready()
+            while self.schedule and self.schedule[0][0] <= now and ready:
+                _, _, index = heapq.heappop(self.schedule)
+                send = self.sends[index]
+                send.scheduled = False
+                if send.fate != "unsettled":
+                    continue
+                worker = self.rng.choice(ready)
+                n += 1
+                delivery = f"d{n}"
+                send.deliveries.append(delivery)
+                self.deliveries[delivery] = DeliveryState(index, worker.name)
+                worker.in_flight.add(delivery)
+                message = {"kind": "event", "delivery": delivery}
+                message |= {"thread": send.thread, "event": send.event}
+                await self.store.rpush(W.inbox(worker.name), json.dumps(message))
+            await asyncio.sleep(0.01)  # pacing only
+
+    async def collect(self) -> None:
+        """Read the workers' reports: ``ready``, and each dispatch's outcome."""
+        results = Redis.from_url(self.store_url, socket_timeout=10.0)
+        try:
+            while True:
+                item = await results.blpop([W.RESULTS], timeout=1)
+                if item is not None:
+                    self.on_report(json.loads(item[1]))
+        finally:
+            await results.aclose()
+
+    def on_report(self, report: dict[str, Any]) -> None:
+        worker = self.workers[report["worker"]]
+        if report["kind"] == "ready":
+            worker.pid, worker.ready = report["pid"], True
+            return
+        delivery = report["delivery"]
+        state = self.deliveries[delivery]
+        worker.in_flight.discard(delivery)
+        if state.outcome is not None:
+            self.problems.append(f"delivery {delivery} reported twice")
+        state.outcome, state.error = report["outcome"], report["error"]
+        state.received = report["received"]
+        send = self.sends[state.send]
+        if send.fate != "unsettled":
+            return  # a late report (the send was acknowledged meanwhile)
+        if state.outcome in ACKNOWLEDGED:
+            send.fate = "acked"
+        elif send.scheduled or delivery != send.deliveries[-1]:
+            return  # a newer delivery of the send is on its way already
+        elif len(send.deliveries) > REDELIVERIES:
+            send.fate = "failed"
+        else:
+            self.redelivered[f"after {state.outcome}"] += 1
+            self.plan(state.send, self.rng.uniform(*REDELIVER_AFTER))
+
+    def settled(self) -> bool:
+        return all(send.fate != "unsettled" for send in self.sends)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    async def now(self) -> int:
+        """The store server's clock, which every stamp of the history uses."""
+        return us(await self.store.time())
+
+    async def on_lock_server(self, command: Callable[[], Awaitable[Any]]) -> Any:
+        """An admin command; once more on a fresh connection if the server was restarted."""
+        try:
+            return await command()
+        except RedisConnectionError:
+            return await command()
+
+    async def inject(self, kind: str) -> tuple[float, str]:
+        """Inject one fault: how many seconds it lasts (the next one starts after), what it did."""
+        if kind == "kill-9":
+            # a worker with deliveries in flight, if one gets busy within a second: a kill
+            # mid-event is the case that matters (its dedupe claims outlive it)
+            deadline = time.monotonic() + 1.0
+            while not (busy := [w for w in self.ready() if w.in_flight]):
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.01)  # polling the platform's own bookkeeping
+            victim = self.rng.choice(busy or self.ready())
+            assert victim.pid is not None
+            in_flight = len(victim.in_flight)
+            os.kill(victim.pid, signal.SIGKILL)
+            await asyncio.to_thread(victim.proc.join, 10.0)
+            self.kills[victim.pid] = await self.now()
+            await self.worker_gone(victim)
+            replacement = self.start_worker()
+            return 0.0, (
+                f"{victim.name} (pid {victim.pid}) killed with {in_flight} deliveries "
+                f"in flight, {replacement.name} started"
+            )
+        if kind == "client-kill":
+            killed = 0
+            for client_type in ("normal", "pubsub"):
+                killed += int(
+                    await self.on_lock_server(
+                        partial(self.admin.client_kill_filter, _type=client_type, skipme=True)
+                    )
+                )
+            self.connections_killed += killed
+            return 0.0, f"{killed} connections killed"
+        if kind in ("pause<ttl", "pause>ttl"):
+            seconds = self.rng.uniform(*(PAUSE_SHORT if kind == "pause<ttl" else PAUSE_LONG))
+            await self.on_lock_server(
+                partial(self.admin.client_pause, int(seconds * 1000), all=True)
+            )
+            return seconds, f"{seconds * 1000:.0f} ms"
+        assert kind == "restart"
+        stopped = await self.now()
+        await asyncio.to_thread(self.lock_server.restart)
+        back = await self.now()
+        self.restarts.append((stopped, back))
+        return 0.0, f"down for {(back - stopped) / 1000:.0f} ms"
+
+    async def chaos(self, seconds: float) -> None:
+        """Faults at random times until ``seconds`` from now, every kind in turn (shuffled)."""
+        end = time.monotonic() + seconds
+        kinds: list[str] = []
+        while True:
+            await asyncio.sleep(self.rng.uniform(*FAULT_GAP))  # pacing of the plan
+            if time.monotonic() >= end:
+                return
+            if not kinds:
+                kinds = self.rng.sample(FAULT_KINDS, len(FAULT_KINDS))
+            kind = kinds.pop()
+            if kind == "kill-9" and len(self.ready()) < 2:
+                kinds.insert(0, kind)  # keep a survivor: kill once a replacement is ready
+                continue
+            self.faults[kind] += 1
+            at, clock = time.monotonic() - self.started, await self.now()
+            lasts, what = await self.inject(kind)
+            self.fault_log.append(f"{at:6.2f}s (store clock {clock}) {kind}: {what}")
+            await asyncio.sleep(lasts)  # the pause runs its course before the next fault
+
+    # -- the end -----------------------------------------------------------------------------
+
+    async def stop_workers(self) -> None:
+        for worker in self.workers.values():
+            if not worker.gone:
+                await self.store.rpush(W.inbox(worker.name), json.dumps({"kind": "stop"}))
+        for worker in self.workers.values():
+            await asyncio.to_thread(worker.proc.join, 20.0)
+            if worker.proc.exitcode is None:
+                self.problems.append(f"worker {worker.name} did not stop")
+
+    def kill_leftovers(self) -> None:
+        for worker in self.workers.values():
+            if worker.proc.is_alive():
+                worker.proc.kill()
+                worker.proc.join(5.0)
+
+    async def history(self) -> History:
+        stamps = tuple(
+            Stamp(
+                kind=r["kind"],
+                key=r["key"],
+                token=int(r["token"]),
+                event=r["event"],
+                delivery=r["delivery"],
+                pid=int(r["pid"]),
+                at=int(r["at"]),
+                accepted=r["ok"] == 1,
+            )
+            for r in map(json.loads, await self.store.lrange(W.LOG, 0, -1))
+        )
+        counts = await self.store.hgetall(W.APPLIED)
+        applied = {text(k): int(v) for k, v in counts.items()}
+        deliveries = {
+            name: Delivery(
+                name,
+                self.sends[d.send].event,
+                d.outcome,
+                d.error,
+                killed=d.killed_in_flight and d.outcome is None,
+                received=d.received,
+            )
+            for name, d in self.deliveries.items()
+        }
+        return History(
+            events=frozenset(send.event for send in self.sends),
+            sends=tuple(Send(s.event, tuple(s.deliveries), s.fate) for s in self.sends),
+            deliveries=deliveries,
+            stamps=stamps,
+            applied=applied,
+            kills=self.kills,
+            restarts=tuple(self.restarts),
+        )
+
+    def summary(self, verdict: Verdict, soak: float, drain: float) -> None:
+        report(
+            "soak",
+            seed=SEED,
+            soak=f"{soak:.1f}s",
+            drain=f"{drain:.1f}s",
+            total=f"{time.monotonic() - self.started:.1f}s",
+            workers_started=len(self.workers),
+            faults=",".join(f"{k}:{self.faults[k]}" for k in FAULT_KINDS),
+            connections_killed=self.connections_killed,
+            events=verdict.events,
+            sends=len(self.sends),
+            deliveries=len(self.deliveries),
+            redeliveries=",".join(f"{k}:{n}" for k, n in sorted(self.redelivered.items())),
+        )
+        report(
+            "soak history",
+            outcomes=",".join(f"{k}:{n}" for k, n in sorted(verdict.outcomes.items())),
+            handled=verdict.handled,
+            reported_failed=verdict.reported_failed,
+            lost=verdict.lost,
+            lost_after_kill=verdict.lost_after_kill,
+            unsettled=verdict.unsettled,
+            applied_twice_after_kill=verdict.applied_twice_after_kill,
+            applied_twice_after_restart=verdict.applied_twice_after_restart,
+            applied_twice_unexplained=verdict.applied_twice_unexplained,
+            holders=verdict.holders,
+            overlapping_sections=verdict.overlapping_sections,
+            rejected_by_fencing=verdict.rejected_writes,
+        )
+
+
+async def test_chaos_soak_loses_nothing_and_fences_every_write(
+    redis_server: RedisServer, store_server: RedisServer, admin: Redis, prefix: str, tmp_path: Path
+) -> None:
+    print(
+        f"\n[faults] soak: seed={SEED} (ASYNCLOCK_SOAK_SEED replays the plan), logs in {tmp_path}"
+    )
+    platform = Platform(redis_server, store_server.url, admin, prefix, tmp_path)
+    background: list[asyncio.Task[None]] = []
+    finished = False
+    try:
+        background.append(asyncio.create_task(platform.collect()))
+        for _ in range(WORKERS):
+            platform.start_worker()
+
+        async def all_ready() -> bool:
+            return len(platform.ready()) == WORKERS
+
+        await until(all_ready, "the workers to start", within=SPAWN_BOUND, interval=0.05)
+        background += [
+            asyncio.create_task(platform.pump()),
+            asyncio.create_task(platform.watch()),
+        ]
+        platform.plan_all(FEED_SHARE * SOAK_SECONDS)
+        started = time.monotonic()
+        await platform.chaos(SOAK_SECONDS)
+        soak = time.monotonic() - started
+
+        async def settled() -> bool:
+            return platform.settled()
+
+        drain_start = time.monotonic()
+        # an unsettled send is reported by the history check, with the rest
+        with contextlib.suppress(AssertionError):
+            await until(settled, "the sends to settle", within=DRAIN_BOUND, interval=0.05)
+        drain = time.monotonic() - drain_start
+        finished = True
+    finally:
+        for task in background:
+            task.cancel()
+        for task in background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if finished:  # every send settled: the workers have nothing left to do
+            await platform.stop_workers()
+        platform.kill_leftovers()
+    try:
+        history = await platform.history()
+    finally:
+        await platform.store.aclose()
+        (tmp_path / "faults.log").write_text("\n".join(platform.fault_log) + "\n")
+    verdict = check(history)
+    platform.summary(verdict, soak, drain)
+    problems = platform.problems + verdict.violations
+    assert not problems, (
+        f"seed {SEED}: {len(problems)} violations (logs in {tmp_path}):\n"
+        + "\n".join(problems[:30])
+    )
+    for kind in FAULT_KINDS:
+        assert platform.faults[kind] > 0 or SOAK_SECONDS < 20, f"no {kind} was injected"

@@ -1,0 +1,222 @@
+"""The chaos soak's history checker (``tests/faults/_soak_history.py``) on hand-made histories.
+
+A checker that passes everything proves nothing: each broken history here must be flagged
+(overlapping holders that both wrote, a token that went backwards, a vanished event, a double
+application), and each sound one, including the documented at-least-once cases, must pass.
+"""
+
+from __future__ import annotations
+
+from tests.faults._soak_history import Delivery, History, Send, SendFate, Stamp, check
+
+KEY = "soak:C1:t1"
+
+
+def section(
+    token: int,
+    event: str,
+    delivery: str,
+    begin: int,
+    write: int | None,
+    end: int | None,
+    *,
+    pid: int = 100,
+    begin_ok: bool = True,
+    write_ok: bool = True,
+) -> list[Stamp]:
+    """The stamps of one handler call: begin, apply (unless ``write`` is None), end."""
+    stamps = [Stamp("begin", KEY, token, event, delivery, pid, begin, begin_ok)]
+    if write is not None:
+        stamps.append(Stamp("apply", KEY, token, event, delivery, pid, write, write_ok))
+    if end is not None:
+        stamps.append(Stamp("end", KEY, token, event, delivery, pid, end))
+    return stamps
+
+
+def history(
+    stamps: list[Stamp],
+    answers: dict[str, list[Delivery]],
+    *,
+    fates: dict[str, SendFate] | None = None,
+    kills: dict[int, int] | None = None,
+    restarts: tuple[tuple[int, int], ...] = (),
+) -> History:
+    """One send per key of ``answers`` (``"event/n"``), delivered as listed."""
+    applied: dict[str, int] = {}
+    for stamp in stamps:
+        if stamp.kind == "apply" and stamp.accepted:
+            applied[stamp.event] = applied.get(stamp.event, 0) + 1
+    sends = tuple(
+        Send(name.split("/")[0], tuple(d.id for d in ds), (fates or {}).get(name, "acked"))
+        for name, ds in answers.items()
+    )
+    return History(
+        events=frozenset(send.event for send in sends),
+        sends=sends,
+        deliveries={d.id: d for ds in answers.values() for d in ds},
+        stamps=tuple(stamps),
+        applied=applied,
+        kills=kills or {},
+        restarts=restarts,
+    )
+
+
+def test_a_sound_history_passes() -> None:
+    stamps = section(10, "e1", "d1", 100, 110, 120) + section(11, "e2", "d2", 130, 140, 150)
+    verdict = check(
+        history(
+            stamps,
+            {
+                "e1/0": [Delivery("d1", "e1", "handled")],
+                "e1/1": [Delivery("d3", "e1", "duplicate")],
+                "e2/0": [Delivery("d2", "e2", "queued")],
+            },
+        )
+    )
+    assert verdict.ok, verdict.violations
+    assert (verdict.events, verdict.handled, verdict.holders) == (2, 2, 2)
+    assert verdict.overlapping_sections == verdict.rejected_writes == 0
+
+
+def test_overlapping_holders_that_both_wrote_are_flagged() -> None:
+    # holder 11 entered at 115, before holder 10 wrote at 118: both writes accepted
+    stamps = section(10, "e1", "d1", 100, 118, 120) + section(11, "e2", "d2", 115, 125, 130)
+    answers = {"e1/0": [Delivery("d1", "e1", "handled")], "e2/0": [Delivery("d2", "e2", "handled")]}
+    verdict = check(history(stamps, answers))
+    assert verdict.overlapping_sections == 1
+    assert any("both wrote" in v for v in verdict.violations), verdict.violations
+
+
+def test_an_overlap_resolved_by_fencing_passes() -> None:
+    # holder 10 lost its lock; holder 11 entered at 115; 10's write at 118 was rejected
+    stamps = section(10, "e1", "d1", 100, 118, 120, write_ok=False)
+    stamps += section(11, "e2", "d2", 115, 125, 130) + section(12, "e1", "d3", 140, 145, 150)
+    answers = {
+        "e1/0": [
+            Delivery("d1", "e1", "failed", "StaleTokenError"),
+            Delivery("d3", "e1", "handled"),
+        ],
+        "e2/0": [Delivery("d2", "e2", "handled")],
+    }
+    verdict = check(history(stamps, answers))
+    assert verdict.ok, verdict.violations
+    assert (verdict.overlapping_sections, verdict.rejected_writes) == (1, 1)
+
+
+def test_an_overlap_after_the_older_holder_wrote_is_counted_not_flagged() -> None:
+    # holder 10 wrote at 105, then holder 11 entered at 115 while 10 was still inside
+    stamps = section(10, "e1", "d1", 100, 105, 120) + section(11, "e2", "d2", 115, 125, 130)
+    answers = {"e1/0": [Delivery("d1", "e1", "handled")], "e2/0": [Delivery("d2", "e2", "handled")]}
+    verdict = check(history(stamps, answers))
+    assert verdict.ok, verdict.violations
+    assert verdict.overlapping_sections == 1
+
+
+def test_a_token_that_went_backwards_is_flagged() -> None:
+    stamps = section(11, "e1", "d1", 100, 110, 120)
+    stamps += section(10, "e2", "d2", 130, 140, 150, begin_ok=False)
+    answers = {
+        "e1/0": [Delivery("d1", "e1", "handled")],
+        "e2/0": [Delivery("d2", "e2", "failed", "StaleTokenError")],
+    }
+    verdict = check(history(stamps, answers, fates={"e2/0": "failed"}))
+    assert any("entered after holder 11 left" in v for v in verdict.violations)
+    assert any("no newer holder had overtaken it" in v for v in verdict.violations)
+
+
+def test_a_vanished_event_is_flagged() -> None:
+    # killed mid-handler before it wrote; the redelivery was answered "duplicate": nothing applied
+    stamps = section(10, "e1", "d1", 100, None, None, pid=7)
+    answers = {"e1/0": [Delivery("d1", "e1", None, killed=True), Delivery("d2", "e1", "duplicate")]}
+    verdict = check(history(stamps, answers, kills={7: 105}))
+    assert (verdict.lost, verdict.lost_after_kill) == (1, 1)
+    assert any("lost" in v and "killed worker" in v for v in verdict.violations)
+
+
+def test_an_event_without_a_final_fate_is_flagged() -> None:
+    answers = {"e1/0": [Delivery("d1", "e1", None)]}
+    verdict = check(history([], answers, fates={"e1/0": "unsettled"}))
+    assert verdict.unsettled == 1
+    assert any("no final fate" in v for v in verdict.violations)
+
+
+def test_an_event_reported_failed_passes() -> None:
+    answers = {
+        "e1/0": [Delivery(f"d{n}", "e1", "failed", "StateUnavailableError") for n in range(9)]
+    }
+    verdict = check(history([], answers, fates={"e1/0": "failed"}))
+    assert verdict.ok, verdict.violations
+    assert verdict.reported_failed == 1
+
+
+def test_a_double_application_is_flagged() -> None:
+    # the first dispatch wrote, then reported failed (its release failed); the redelivery wrote too
+    stamps = section(10, "e1", "d1", 100, 110, 120) + section(11, "e1", "d2", 200, 210, 220)
+    answers = {
+        "e1/0": [
+            Delivery("d1", "e1", "failed", "StateUnavailableError", received=90),
+            Delivery("d2", "e1", "handled", received=190),
+        ]
+    }
+    verdict = check(history(stamps, answers))
+    assert verdict.applied_twice_unexplained == 1
+    assert any("applied twice" in v and "d1 (failed" in v for v in verdict.violations)
+
+
+def test_a_double_application_after_a_kill_is_counted_apart() -> None:
+    # the documented at-least-once case: the worker wrote, then was killed before it answered
+    stamps = section(10, "e1", "d1", 100, 110, None, pid=7) + section(11, "e1", "d2", 300, 310, 320)
+    answers = {"e1/0": [Delivery("d1", "e1", None, killed=True), Delivery("d2", "e1", "handled")]}
+    verdict = check(history(stamps, answers, kills={7: 115}))
+    assert verdict.ok, verdict.violations
+    assert verdict.applied_twice_after_kill == 1
+
+
+def test_a_double_application_across_a_restart_is_counted_apart() -> None:
+    # the lock server forgot the dedupe record in a restart (150-160); the duplicate ran again
+    stamps = section(10, "e1", "d1", 100, 110, 120) + section(11, "e1", "d2", 200, 210, 220)
+    answers = {
+        "e1/0": [Delivery("d1", "e1", "handled", received=90)],
+        "e1/1": [Delivery("d2", "e1", "handled", received=190)],
+    }
+    verdict = check(history(stamps, answers, restarts=((150, 160),)))
+    assert verdict.ok, verdict.violations
+    assert verdict.applied_twice_after_restart == 1
+    # the same history without the restart is a violation
+    assert check(history(stamps, answers)).applied_twice_unexplained == 1
+
+
+def test_a_failed_dispatch_that_wrote_is_not_excused_by_a_restart() -> None:
+    # the first dispatch wrote, then its release hit the restart and it reported failed
+    stamps = section(10, "e1", "d1", 100, 110, 120) + section(11, "e1", "d2", 200, 210, 220)
+    answers = {
+        "e1/0": [
+            Delivery("d1", "e1", "failed", "StateUnavailableError", received=90),
+            Delivery("d2", "e1", "handled", received=190),
+        ]
+    }
+    verdict = check(history(stamps, answers, restarts=((150, 160),)))
+    assert verdict.applied_twice_unexplained == 1
+
+
+def test_handled_without_an_effect_and_a_miscount_are_flagged() -> None:
+    stamps = section(10, "e1", "d1", 100, 110, 120, write_ok=False)
+    answers = {"e1/0": [Delivery("d1", "e1", "handled")]}
+    broken = history(stamps, answers)
+    verdict = check(
+        History(broken.events, broken.sends, broken.deliveries, broken.stamps, applied={"e1": 1})
+    )
+    assert any("applied nothing" in v for v in verdict.violations)
+    assert any("the store counts 1 applications, its log 0" in v for v in verdict.violations)
+
+
+def test_a_dispatch_that_raised_is_flagged() -> None:
+    stamps = section(10, "e1", "d2", 100, 110, 120)
+    answers = {
+        "e1/0": [
+            Delivery("d1", "e1", "raised", "StateUnavailableError: ..."),
+            Delivery("d2", "e1", "handled"),
+        ]
+    }
+    verdict = check(history(stamps, answers))
+    assert any("raise_errors=False" in v for v in verdict.violations), verdict.violations
