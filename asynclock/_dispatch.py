@@ -83,7 +83,7 @@ class _Claim:
     release when the state allows (a ClaimingState), else by a call of its own.
     """
 
-    __slots__ = ("done", "keeper", "key", "recorded")
+    __slots__ = ("done", "handled", "keeper", "key", "recorded")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -91,6 +91,8 @@ class _Claim:
         self.recorded = False
         #: the lock's release marks the claim done
         self.done = False
+        #: the handlers ran to completion (a failure after that does not make it unhandled)
+        self.handled = False
         self.keeper: LeaseKeeper | None = None
 
     @classmethod
@@ -409,8 +411,12 @@ class EventDispatcher:
         try:
             outcome = await self._route(event, lock_key, claim)
         except asyncio.CancelledError:
-            if claim is not None:  # not handled: let a redelivery through
-                await finish_despite_cancellation(claim.forget(self._state))
+            if claim is not None:  # handled: keep it; not handled: let a redelivery through
+                await finish_despite_cancellation(
+                    claim.finish(self._state, self._dedupe_ttl)
+                    if claim.handled
+                    else claim.forget(self._state)
+                )
             raise
         except Exception as error:
             if claim is not None:
@@ -451,19 +457,12 @@ class EventDispatcher:
             # from here the claim may be recorded (even if the call fails): forget it on failure,
             # preferring a possible second delivery to a lost event
             claim.recorded = True
-        entered = False
-        try:
-            async with lock:
-                entered = True
-                await self._handle_locked(handlers, event, lock, claim)
+        if await self._under_lock(lock, handlers, event, claim):
             return Outcome.HANDLED
-        except LockAcquisitionError:
-            if entered:  # raised by a handler, not by our lock
-                raise
-            if lock._duplicate:
-                assert claim is not None
-                claim.recorded = False  # somebody else's record: never forget it
-                return Outcome.DUPLICATE
+        if lock._duplicate:
+            assert claim is not None
+            claim.recorded = False  # somebody else's record: never forget it
+            return Outcome.DUPLICATE
         if claim is not None:
             claim.keep(self._state, lease)  # waits or runs under a policy from here
         policy = await self._conflict_policy(lock_key, event)
@@ -476,15 +475,51 @@ class EventDispatcher:
             return await self._queue(handlers, event, lock_key, claim)
         return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
 
-    async def _handle_locked(
-        self, handlers: list[_Registered], event: Event, lock: AsyncLock, claim: _Claim | None
-    ) -> None:
-        """Run the handlers under ``lock``; if they succeed, its release marks the claim done."""
-        if claim is not None:
-            claim.keep(self._state, self._lock_ttl)
-        await self._call(handlers, event, HandlerContext(lock.key, lock.token))
-        if claim is not None and self._claiming:
-            await claim.settle_in_release(lock, self._dedupe_ttl)
+    async def _under_lock(
+        self, lock: AsyncLock, handlers: list[_Registered], event: Event, claim: _Claim | None
+    ) -> bool:
+        """Take ``lock``, run the handlers under it, release it; ``False`` if it was busy.
+
+        Once the handlers have returned, the event is handled, whatever the release then says:
+        a release that fails (the state unreachable, the lock expired meanwhile) is logged, the
+        lock expires by its TTL, and the claim is marked done by a call of its own. Reporting
+        it failed would make the platform redeliver an event whose effects already happened.
+        """
+        entered = handled = False
+        try:
+            async with lock:
+                entered = True
+                if claim is not None:
+                    claim.keep(self._state, self._lock_ttl)
+                await self._call(handlers, event, HandlerContext(lock.key, lock.token))
+                handled = True
+                if claim is not None:
+                    claim.handled = True
+                    if self._claiming:  # the release marks it done too
+                        await claim.settle_in_release(lock, self._dedupe_ttl)
+        except LockAcquisitionError:
+            if entered:  # raised by a handler, not by our lock
+                raise
+            return False
+        except Exception as error:
+            if not handled:
+                raise
+            if claim is not None:
+                claim.done = False  # the release may not have marked it: mark it on its own
+            logger.warning(
+                "asynclock: event %s handled, but releasing lock %r failed (%s: %s); the lock "
+                "expires by its TTL",
+                event.message_id,
+                lock.key,
+                type(error).__name__,
+                error,
+                extra={"lock_key": lock.key, "message_id": event.message_id},
+            )
+        except BaseException:
+            if handled and claim is not None:
+                claim.done = False
+            raise
+        return True
 
     async def _conflict_policy(self, lock_key: str, event: Event) -> PolicyName:
         policy = self._policy
@@ -510,16 +545,9 @@ class EventDispatcher:
         lock = AsyncLock(
             self._state, lock_key, self._lock_ttl, timeout=self._queue_timeout, auto_renew=True
         )
-        entered = False
-        try:
-            async with lock:
-                entered = True
-                await self._handle_locked(handlers, event, lock, claim)
-        except LockAcquisitionError:
-            if entered:
-                raise
-            return Outcome.DROPPED  # queue_timeout ran out
-        return Outcome.QUEUED
+        if await self._under_lock(lock, handlers, event, claim):
+            return Outcome.QUEUED
+        return Outcome.DROPPED  # queue_timeout ran out
 
     # -- latest / debounce --------------------------------------------------------------------
 

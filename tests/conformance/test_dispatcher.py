@@ -943,6 +943,28 @@ class TestTwoPhaseClaims:
         assert await bot.dispatch(ev("m1")) is Outcome.HANDLED  # the redelivery runs
         assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE
 
+    async def test_a_failed_release_after_the_handler_returned_is_still_handled(
+        self, state: State, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # the handler's effects happened: FAILED would make the platform redeliver it and the
+        # effects happen twice (found by the chaos soak)
+        async def unavailable(*args: Any, **kwargs: Any) -> None:
+            raise StateUnavailableError("down")
+
+        handled: list[str | None] = []
+        bot = bot_with(state, lambda e: handled.append(e.message_id), lock_ttl=self.LEASE)
+        for name in ("release", "release_claimed"):
+            if hasattr(type(state), name):
+                monkeypatch.setattr(type(state), name, unavailable)
+        with caplog.at_level(logging.WARNING, logger="asynclock"):
+            assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        assert "handled, but releasing lock" in caplog.text
+        monkeypatch.undo()
+        await asyncio.sleep(2 * self.LEASE)  # the lock expired by its TTL; the lease ran out
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE  # marked done on its own
+        assert await bot.dispatch(ev("m2")) is Outcome.HANDLED
+        assert handled == ["m1", "m2"]
+
     async def test_a_done_mark_that_cannot_be_written_leaves_the_lease(
         self, state: State, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
