@@ -83,7 +83,7 @@ class _Claim:
     release when the state allows (a ClaimingState), else by a call of its own.
     """
 
-    __slots__ = ("done", "handled", "keeper", "key", "recorded")
+    __slots__ = ("done", "handled", "keeper", "key", "recorded", "via")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -93,6 +93,8 @@ class _Claim:
         self.done = False
         #: the handlers ran to completion (a failure after that does not make it unhandled)
         self.handled = False
+        #: the lock whose acquire_claimed recorded the claim as its owner's (ClaimingState)
+        self.via: AsyncLock | None = None
         self.keeper: LeaseKeeper | None = None
 
     @classmethod
@@ -138,7 +140,12 @@ class _Claim:
             return
         self.recorded = False
         try:
-            await state.dedupe_forget(self.key)
+            if self.via is not None:
+                # only if it is ours: our claim attempt may not have landed, and the record may
+                # be that of a delivery that was handled
+                await cast("ClaimingState", state).forget_claimed(self.key, self.via.owner)
+            else:
+                await state.dedupe_forget(self.key)
         except StateUnavailableError as exc:
             logger.warning(
                 "asynclock: could not forget event claim %r: a redelivery looks like a duplicate "
@@ -454,9 +461,10 @@ class EventDispatcher:
         if combined:
             assert claim is not None
             lock._arm_claim(claim.key, lease)
-            # from here the claim may be recorded (even if the call fails): forget it on failure,
-            # preferring a possible second delivery to a lost event
+            # from here the claim may be recorded as the lock owner's (even if the call fails):
+            # forget it on failure if it is, preferring a possible second delivery to a lost event
             claim.recorded = True
+            claim.via = lock
         if await self._under_lock(lock, handlers, event, claim):
             return Outcome.HANDLED
         if lock._duplicate:

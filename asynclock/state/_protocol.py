@@ -170,7 +170,8 @@ class State(Protocol):
         """Set the record of ``key`` to expire ``ttl`` seconds from now, creating it if gone.
 
         Used to renew an "in progress" claim's lease and to turn it into a "done" record with
-        the full dedupe TTL once the work succeeded. Atomic.
+        the full dedupe TTL once the work succeeded. Atomic; a record made by
+        :meth:`ClaimingState.acquire_claimed` keeps its owner.
         """
         ...
 
@@ -221,7 +222,18 @@ class ClaimingState(Protocol):
         Returns ``None`` when the claim was already recorded (a duplicate: nothing is acquired
         and nothing changes); otherwise exactly what :meth:`State.acquire` would return for a
         non-waiting caller, with the claim recorded whether or not the lock was free. Atomic.
-        On a cluster, ``claim`` must share ``key``'s hash tag (``"...{key}..."``).
+        The claim is recorded as ``owner``'s (see :meth:`forget_claimed`). On a cluster,
+        ``claim`` must share ``key``'s hash tag (``"...{key}..."``).
+        """
+        ...
+
+    async def forget_claimed(self, claim: str, owner: str) -> bool:
+        """Delete dedupe ``claim`` only if ``owner``'s :meth:`acquire_claimed` recorded it.
+
+        Compare-and-delete, atomic; ``True`` when it was deleted. The dispatcher forgets an
+        unhandled event's claim with it even when it does not know whether its own
+        ``acquire_claimed`` landed (cancelled, timed out): a duplicate delivery then never
+        erases the record of the delivery that was handled.
         """
         ...
 

@@ -77,6 +77,7 @@ class MemoryState(ClosesOnExit):
 
     __slots__ = (
         "__weakref__",
+        "_claim_owners",
         "_clock",
         "_closed",
         "_dedupe",
@@ -92,6 +93,8 @@ class MemoryState(ClosesOnExit):
         self._mutex = threading.Lock()
         self._locks: dict[str, _Held] = {}
         self._dedupe: dict[str, float] = {}
+        #: the owner of each dedupe record made by acquire_claimed (for forget_claimed)
+        self._claim_owners: dict[str, str] = {}
         self._heap: list[tuple[float, bool, str]] = []  # (deadline, is_lock, key)
         self._watchers: dict[str, set[EventWatch]] = {}
         self._tokens = itertools.count(1)
@@ -128,6 +131,7 @@ class MemoryState(ClosesOnExit):
                 expires_at = self._dedupe.get(key)
                 if expires_at is not None and expires_at <= now:
                     del self._dedupe[key]
+                    self._claim_owners.pop(key, None)
 
     def _live(self, key: str, now: float) -> _Held | None:
         held = self._locks.get(key)
@@ -196,6 +200,7 @@ class MemoryState(ClosesOnExit):
             if expires_at is not None and expires_at > now:
                 return None
             self._dedupe[claim] = now + claim_ttl
+            self._claim_owners[claim] = owner
             self._schedule(now + claim_ttl, False, claim)
             held = self._live(key, now)
             if held is None:
@@ -226,7 +231,7 @@ class MemoryState(ClosesOnExit):
         await asyncio.sleep(0)
         with self._mutex:
             now = self._clock()
-            self._keep(claim, now + claim_ttl)
+            self._keep(claim, now, now + claim_ttl)
             return self._release(key, owner, successor, ttl, now)
 
     def _release(
@@ -290,6 +295,7 @@ class MemoryState(ClosesOnExit):
             if expires_at is not None and expires_at > now:
                 return False
             self._dedupe[key] = now + ttl
+            self._claim_owners.pop(key, None)
             self._schedule(now + ttl, False, key)
             return True
 
@@ -299,9 +305,14 @@ class MemoryState(ClosesOnExit):
         check_ttl(ttl, key=key)
         await asyncio.sleep(0)
         with self._mutex:
-            self._keep(key, self._clock() + ttl)
+            now = self._clock()
+            self._keep(key, now, now + ttl)
 
-    def _keep(self, key: str, expires_at: float) -> None:
+    def _keep(self, key: str, now: float, expires_at: float) -> None:
+        """Set the record's expiry, keeping its owner; one that is gone is made without."""
+        previous = self._dedupe.get(key)
+        if previous is None or previous <= now:
+            self._claim_owners.pop(key, None)
         self._dedupe[key] = expires_at
         self._schedule(expires_at, False, key)
 
@@ -309,8 +320,21 @@ class MemoryState(ClosesOnExit):
         """See :meth:`asynclock.state.State.dedupe_forget`."""
         await asyncio.sleep(0)
         with self._mutex:
+            self._claim_owners.pop(key, None)
             expires_at = self._dedupe.pop(key, None)
             return expires_at is not None and expires_at > self._clock()
+
+    async def forget_claimed(self, claim: str, owner: str) -> bool:
+        """See :meth:`asynclock.state.ClaimingState.forget_claimed`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            expires_at = self._dedupe.get(claim)
+            if expires_at is None or expires_at <= self._clock():
+                return False
+            if self._claim_owners.get(claim) != owner:
+                return False
+            del self._dedupe[claim], self._claim_owners[claim]
+            return True
 
     @asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[EventWatch]:

@@ -965,6 +965,52 @@ class TestTwoPhaseClaims:
         assert await bot.dispatch(ev("m2")) is Outcome.HANDLED
         assert handled == ["m1", "m2"]
 
+    async def test_a_duplicate_whose_claim_attempt_failed_keeps_the_handled_record(
+        self, state: State, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Found by the chaos soak: a duplicate's claim + lock timed out (CLIENT PAUSE), the
+        # dispatch failed and forgot "its" claim, which was the handled delivery's done record,
+        # and the next redelivery was handled a second time.
+        handled: list[str | None] = []
+        bot = bot_with(state, lambda e: handled.append(e.message_id), raise_errors=False)
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        cls = type(state)
+        name = "acquire_claimed" if isinstance(state, ClaimingState) else "dedupe_add"
+        original = getattr(cls, name)
+
+        async def lands_then_times_out(self: State, *args: Any, **kwargs: Any) -> Any:
+            await original(self, *args, **kwargs)
+            raise StateUnavailableError("timed out")
+
+        monkeypatch.setattr(cls, name, lands_then_times_out)
+        assert await bot.dispatch(ev("m1")) is Outcome.FAILED
+        monkeypatch.undo()
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE
+        assert handled == ["m1"]
+
+    async def test_a_fresh_claim_that_landed_before_a_failure_is_forgotten(
+        self, state: State, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if not isinstance(state, ClaimingState):
+            # the separate dedupe_add either answered (then it is forgotten on failure) or its
+            # outcome is unknown: then it is left to lapse with its lease (lock_ttl)
+            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            return
+        handled: list[str | None] = []
+        bot = bot_with(state, lambda e: handled.append(e.message_id), raise_errors=False)
+        original = type(state).acquire_claimed
+
+        async def lands_then_times_out(self: State, *args: Any, **kwargs: Any) -> Any:
+            await original(self, *args, **kwargs)
+            raise StateUnavailableError("timed out")
+
+        monkeypatch.setattr(type(state), "acquire_claimed", lands_then_times_out)
+        assert await bot.dispatch(ev("m1")) is Outcome.FAILED
+        monkeypatch.undo()
+        # our own claim (and the lock it may have taken) were undone: the redelivery runs
+        assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+        assert handled == ["m1"]
+
     async def test_a_done_mark_that_cannot_be_written_leaves_the_lease(
         self, state: State, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
@@ -1009,6 +1055,19 @@ class TestClaimingStateCapability:
         assert info is not None
         assert info.owner == "b"
         assert not await state.dedupe_add("c2", 1.0)
+
+    async def test_forget_claimed_deletes_only_the_owners_claim(self, state: State) -> None:
+        if not isinstance(state, ClaimingState):
+            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            return
+        assert await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=5.0) is not None
+        await state.dedupe_keep("c1", 60.0)  # renewals and "done" keep the claim's owner
+        assert not await state.forget_claimed("c1", "b")
+        assert not await state.dedupe_add("c1", 1.0)  # still there
+        assert await state.forget_claimed("c1", "a")
+        assert await state.dedupe_add("c1", 1.0)  # gone
+        assert not await state.forget_claimed("c1", "a")  # a plain record has no owner
+        assert not await state.forget_claimed("absent", "a")
 
     async def test_release_with_a_successor_hands_over_and_marks(self, state: State) -> None:
         if not isinstance(state, ClaimingState):

@@ -15,6 +15,8 @@ SCRIPTS = {
     "_value.lua",
     "_claim.lua",
     "_settle.lua",
+    "dedupe_keep.lua",
+    "forget_claim.lua",
     "acquire.lua",
     "release.lua",
     "extend.lua",

@@ -92,7 +92,16 @@ class _Script:
 
 
 def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
-    names = ("acquire", "release", "extend", "inspect", "abandon", "force_release")
+    names = (
+        "acquire",
+        "release",
+        "extend",
+        "inspect",
+        "abandon",
+        "force_release",
+        "dedupe_keep",
+        "forget_claim",
+    )
     scripts = {name: _Script(name, sharded=sharded) for name in names}
     scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire", sharded=sharded)
     scripts["release_claimed"] = _Script("release_claimed", "_settle", "release", sharded=sharded)
@@ -592,7 +601,10 @@ class RedisState(ClosesOnExit):
         claim_key = self._prefix + claim
         if self._router is not None and slot_of(claim_key) != slot_of(lock_key):
             # a claim not sharing the lock's hash tag (a key starting with a brace): two steps
-            if not await self.dedupe_add(claim, claim_ttl):
+            reply = await self._command(
+                claim_key, "SET", claim_key, owner, "NX", "PX", ttl_ms(claim_ttl)
+            )
+            if reply is None:
                 return None
             return await self.acquire(key, owner, ttl)
         keys = (lock_key, f"{lock_key}:abandoned:{owner}", claim_key)
@@ -751,9 +763,12 @@ class RedisState(ClosesOnExit):
         return reply is not None
 
     async def dedupe_keep(self, key: str, ttl: float) -> None:
-        """See :meth:`asynclock.state.State.dedupe_keep` (one ``SET PX``)."""
-        name = self._prefix + key
-        await self._command(name, "SET", name, b"1", "PX", ttl_ms(ttl))
+        """See :meth:`asynclock.state.State.dedupe_keep` (``dedupe_keep.lua``)."""
+        await self._eval("dedupe_keep", (self._prefix + key,), ttl_ms(ttl), idempotent=True)
+
+    async def forget_claimed(self, claim: str, owner: str) -> bool:
+        """See :meth:`asynclock.state.ClaimingState.forget_claimed` (``forget_claim.lua``)."""
+        return _as_int(await self._eval("forget_claim", (self._prefix + claim,), owner)) > 0
 
     async def dedupe_forget(self, key: str) -> bool:
         """See :meth:`asynclock.state.State.dedupe_forget`."""
