@@ -1000,7 +1000,7 @@ class TestTwoPhaseClaims:
         bot = bot_with(state, lambda e: handled.append(e.message_id), raise_errors=False)
         original = type(state).acquire_claimed
 
-        async def lands_then_times_out(self: State, *args: Any, **kwargs: Any) -> Any:
+        async def lands_then_times_out(self: Any, *args: Any, **kwargs: Any) -> Any:
             await original(self, *args, **kwargs)
             raise StateUnavailableError("timed out")
 

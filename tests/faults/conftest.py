@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 OP_TIMEOUT = 0.5
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
+def throwaway_redis() -> Iterator[RedisServer]:
+    """Start a throwaway server, yield it, stop it (the body of the server fixtures)."""
     binary = redis_server_binary()
     if binary is None:
         reason = "redis-server is not installed: the fault tests start their own servers"
@@ -41,6 +41,11 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    yield from throwaway_redis()
 
 
 @pytest.fixture

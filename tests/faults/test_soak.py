@@ -67,7 +67,6 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.faults import _soak_worker as W
-from tests.faults._server import RedisServer, redis_server_binary
 from tests.faults._soak_history import (
     ACKNOWLEDGED,
     Delivery,
@@ -79,11 +78,14 @@ from tests.faults._soak_history import (
     check,
 )
 from tests.faults._timing import report, until
+from tests.faults.conftest import throwaway_redis
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
     from multiprocessing.context import SpawnProcess
     from pathlib import Path
+
+    from tests.faults._server import RedisServer
 
 SOAK_SECONDS = float(os.environ.get("ASYNCLOCK_SOAK_SECONDS") or 35.0)
 SEED = int(os.environ.get("ASYNCLOCK_SOAK_SEED") or random.SystemRandom().randrange(2**32))
@@ -134,15 +136,7 @@ def text(value: bytes | str) -> str:
 @pytest.fixture
 def store_server() -> Iterator[RedisServer]:
     """The store server: a second throwaway Redis that no fault ever touches."""
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(binary)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from throwaway_redis()
 
 
 @dataclass
