@@ -11,7 +11,9 @@ which is never faulted):
   duplicates the platform sends on purpose) is redelivered until a worker acknowledges it
   (``handled``, ``queued``, ``duplicate``, ``skipped``) or the redelivery cap is reached (the
   send is *reported failed*). A delivery that was in flight in a worker killed before it
-  reported it is marked ``killed``.
+  reported it is marked ``killed``; one whose dispatcher could not keep the event's dedupe
+  claim (it logged that a renewal of the claim's lease, or marking it done, failed: the lock
+  state was unreachable) carries which (``unkept``).
 
 :func:`check` turns that into figures and violations:
 
@@ -26,10 +28,12 @@ which is never faulted):
    application was made by a worker that was killed before it could report it (the documented
    at-least-once case of ``kill -9`` mid-handler), or a restart of the lock server (which
    forgets every dedupe record: nothing is persisted) came between the two deliveries (see
-   :func:`_across_a_restart`). Both are counted separately. An event applied again because a
-   dispatch reported ``failed`` after its handler had written is a violation: the platform can
-   only redeliver what it is told failed. So is a dispatch that reported ``handled`` or
-   ``queued`` without an accepted write, and one that raised although ``raise_errors=False``.
+   :func:`_across_a_restart`), or the lock state was out of reach when one of the two had to
+   keep its dedupe claim, so the claim lapsed with its lease (see :func:`_unkept_claim`). Each
+   is counted separately. An event applied again because a dispatch reported ``failed`` after
+   its handler had written is a violation: the platform can only redeliver what it is told
+   failed. So is a dispatch that reported ``handled`` or ``queued`` without an accepted write,
+   and one that raised although ``raise_errors=False``.
 3. **Nothing vanishes.** Every send ended (acknowledged or reported failed), and an event that
    was never applied must have been reported failed: one whose every send was acknowledged
    (e.g. answered ``duplicate``) without ever being applied is *lost*.
@@ -84,6 +88,9 @@ class Delivery:
     killed: bool = False
     #: store time at which the worker took it, before it dispatched it
     received: int | None = None
+    #: its dispatcher could not keep the event's claim: ``renew`` (a renewal of its lease
+    #: failed) and/or ``mark`` (marking it done failed), as its log says
+    unkept: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,7 @@ class Verdict:
     lost_after_kill: int = 0
     applied_twice_after_kill: int = 0
     applied_twice_after_restart: int = 0
+    applied_twice_after_unkept_claim: int = 0
     applied_twice_unexplained: int = 0
     holders: int = 0
     overlapping_sections: int = 0
@@ -301,6 +309,8 @@ def _check_events(history: History, verdict: Verdict) -> None:
                 verdict.applied_twice_after_kill += 1
             elif _across_a_restart(history, one, other):
                 verdict.applied_twice_after_restart += 1
+            elif _unkept_claim(one, other):
+                verdict.applied_twice_after_unkept_claim += 1
             else:
                 verdict.applied_twice_unexplained += 1
                 verdict.violations.append(
@@ -334,6 +344,35 @@ def _across_a_restart(history: History, one: Delivery | None, other: Delivery | 
     return any(early < back < late for _, back in history.restarts)
 
 
+def _unkept_claim(one: Delivery | None, other: Delivery | None) -> bool:
+    """Whether a claim that could not be kept explains that both deliveries were applied.
+
+    A claim is *in progress* for a lease (the lock TTL), renewed while its dispatch runs, and
+    marked done once the event is handled. With the lock state out of reach (a stall, a
+    partition) neither can be written: the claim lapses with its lease and a later delivery of
+    the event claims it anew. That is the dispatcher's documented at-least-once (it logs it at
+    WARNING, and the soak's worker reports it with the delivery). It explains the pair when:
+
+    * the first one applied reported ``handled``/``queued`` and could not keep its claim (a
+      renewal or the done mark failed), so the second claimed it after it lapsed; or
+    * the second one applied could not renew its claim while it waited, and had reached its
+      worker before the first one: its claim lapsed, the first claimed the event and handled it,
+      then the second got the lock.
+
+    A failed dispatch that had written is never excused (the platform redelivers what failed).
+    """
+    if one is None or other is None or one.outcome not in HANDLED:
+        return False
+    if one.unkept:
+        return True
+    return (
+        "renew" in other.unkept
+        and other.received is not None
+        and one.received is not None
+        and other.received < one.received
+    )
+
+
 def _send_of(history: History, stamp: Stamp) -> tuple[str, ...]:
     return next(s.deliveries for s in history.sends if stamp.delivery in s.deliveries)
 
@@ -347,6 +386,8 @@ def _answers(history: History, deliveries: Iterable[str]) -> str:
             answer = "killed" if delivery is not None and delivery.killed else "no answer"
         else:
             answer = delivery.outcome + (f": {delivery.error}" if delivery.error else "")
+            if delivery.unkept:
+                answer += f"; claim not kept: {', '.join(sorted(delivery.unkept))}"
         parts.append(f"{name} ({answer})")
     return ", ".join(parts)
 

@@ -1,10 +1,14 @@
 """Entry point of the worker processes of the chaos soak (``test_soak.py``), and its effect store.
 
-Imported by a *spawned* interpreter: only asynclock and redis here, no pytest. A worker is what
-a webhook service runs: an :class:`EventDispatcher` over a :class:`RedisState` of the *lock*
-server (the one the test injects faults into), ``on_lock_conflict="queue"``. It takes
-deliveries from its inbox (a list on the *store* server, which is never faulted: the platform's
-HTTP, so to speak), dispatches each one concurrently and reports the outcome to the platform.
+Imported by a *spawned* interpreter: only asynclock and the drivers here, no pytest. A worker
+is what a webhook service runs: an :class:`EventDispatcher` with ``on_lock_conflict="queue"``
+over a state of the *lock* server (the one the test injects faults into), built from a
+:class:`LockSpec`: a :class:`RedisState` of a throwaway Redis, or a :class:`PostgresState` /
+:class:`MySQLState` of the shared loopback server, reached through the test's fault proxy, with
+the key prefix and session tag (``application_name`` on PostgreSQL, a user of its own on
+MariaDB) of this test alone. It takes deliveries from its inbox (a list on the *store* server,
+a Redis that is never faulted: the platform's HTTP, so to speak), dispatches each one
+concurrently and reports the outcome to the platform.
 
 The handler writes to the **effect store** (plain redis-py on the store server) with the fencing
 token of its lock, in three steps, each one ``STAMP`` script stamped with the store's clock
@@ -19,6 +23,12 @@ token of its lock, in three steps, each one ``STAMP`` script stamped with the st
 
 A rejected ``begin`` or ``apply`` makes the handler raise :class:`StaleTokenError`, as a
 fenced store's error would: the dispatch reports ``failed`` and the platform redelivers.
+
+With its outcome, a worker reports whether the dispatcher could not keep the event's dedupe
+claim (it logged that renewing the claim's lease, or marking it done, failed): the history
+check needs it to tell the documented at-least-once of an unreachable state from a bug. The
+dispatcher's warnings are matched to the delivery by a context variable set around
+``dispatch()`` (the lease's renewal task inherits it).
 """
 
 from __future__ import annotations
@@ -29,16 +39,22 @@ import json
 import logging
 import os
 import random
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import anyio
 from redis.asyncio import Redis
 
-from asynclock import Event, EventDispatcher, HandlerContext, Outcome, RedisState
+from asynclock import Event, EventDispatcher, HandlerContext, Outcome
+from asynclock.state import MySQLState, PostgresState, RedisState
 from tests.faults._soak_history import RAISED
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
+
+    from asynclock.state import State
 
 #: the dispatcher's settings (the test's figures and delays depend on them)
 LOCK_TTL = 1.0
@@ -46,6 +62,8 @@ DEDUPE_TTL = 600.0
 QUEUE_TIMEOUT = 5.0
 #: op_timeout and connect_timeout of the lock state
 OP_TIMEOUT = 0.5
+#: connections of a worker's SQL state (the shared servers' connection slots are finite)
+SQL_CONNECTIONS = 8
 #: the handler's await between begin and apply: usually a few ms, sometimes a slow handler
 SLOW_SHARE = 0.15
 FAST = (0.002, 0.015)
@@ -94,6 +112,71 @@ return ok
 """
 
 
+@dataclass(frozen=True)
+class LockSpec:
+    """How a worker reaches the lock state (picklable: it is handed to spawned processes).
+
+    Attributes:
+        url: ``redis://``, ``postgresql://`` or ``mysql://`` (on MariaDB with the test's own
+            user and password, the tag of its sessions).
+        prefix: the key prefix of this test's locks and dedupe records.
+        application_name: PostgreSQL: the tag of this test's sessions.
+    """
+
+    url: str
+    prefix: str
+    application_name: str | None = None
+
+    def open(self) -> State:
+        """A new state with the soak's timeouts (op and connect: ``OP_TIMEOUT``)."""
+        scheme = urlsplit(self.url).scheme
+        if scheme in ("postgresql", "postgres"):
+            return PostgresState.from_url(
+                self.url,
+                prefix=self.prefix,
+                application_name=self.application_name,
+                max_connections=SQL_CONNECTIONS,
+                op_timeout=OP_TIMEOUT,
+                connect_timeout=OP_TIMEOUT,
+            )
+        if scheme == "mysql":
+            return MySQLState.from_url(
+                self.url,
+                prefix=self.prefix,
+                max_connections=SQL_CONNECTIONS,
+                op_timeout=OP_TIMEOUT,
+                connect_timeout=OP_TIMEOUT,
+            )
+        return RedisState.from_url(
+            self.url, prefix=self.prefix, op_timeout=OP_TIMEOUT, connect_timeout=OP_TIMEOUT
+        )
+
+
+#: the delivery being dispatched in this task (and in the tasks it starts)
+DELIVERY: ContextVar[str | None] = ContextVar("soak_delivery", default=None)
+#: the dispatcher's warnings that say an event's claim could not be kept, by their templates
+UNKEPT = {
+    "renew": "asynclock: could not renew the claim lease of",
+    "mark": "asynclock: could not mark event claim",
+}
+
+
+class ClaimWarnings(logging.Handler):
+    """Collects, per delivery, which of the ``UNKEPT`` warnings its dispatch logged."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.unkept: dict[str, set[str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        delivery = DELIVERY.get()
+        if delivery is None or not isinstance(record.msg, str):
+            return
+        for kind, template in UNKEPT.items():
+            if record.msg.startswith(template):
+                self.unkept.setdefault(delivery, set()).add(kind)
+
+
 class StaleTokenError(Exception):
     """The effect store rejected a write: a newer holder of the key has written already."""
 
@@ -110,7 +193,7 @@ def event_of(message: dict[str, str]) -> Event:
     )
 
 
-def serve(worker: str, lock_url: str, store_url: str, prefix: str, seed: str, log: str) -> None:
+def serve(worker: str, lock: LockSpec, store_url: str, seed: str, log: str) -> None:
     """Serve the inbox of ``worker`` until a ``stop`` message (or SIGKILL).
 
     The dispatcher's log lines (one per outcome, the warnings) go to the file ``log``.
@@ -121,12 +204,17 @@ def serve(worker: str, lock_url: str, store_url: str, prefix: str, seed: str, lo
     library.addHandler(handler)
     library.setLevel(logging.INFO)
     library.propagate = False
-    asyncio.run(_serve(worker, lock_url, store_url, prefix, seed))
+    warnings = ClaimWarnings()
+    library.addHandler(warnings)
+    asyncio.run(_serve(worker, lock, store_url, seed, warnings))
 
 
 class _Worker:
-    def __init__(self, worker: str, store: Redis, stamp: AsyncScript, seed: str) -> None:
+    def __init__(
+        self, worker: str, store: Redis, stamp: AsyncScript, seed: str, warnings: ClaimWarnings
+    ) -> None:
         self.worker = worker
+        self.warnings = warnings
         self.store = store
         self.stamp_script = stamp
         self.pid = os.getpid()
@@ -181,23 +269,26 @@ class _Worker:
         error: str | None = None
         seconds, micros = await self.store.time()
         received = int(seconds) * 1_000_000 + int(micros)
+        delivery = message["delivery"]
+        DELIVERY.set(delivery)  # this task's own context: the dispatch's warnings name it
         try:
             outcome: str = (await bot.dispatch(event_of(message))).value
-            error = self.errors.pop(message["delivery"], None)
+            error = self.errors.pop(delivery, None)
         except Exception as exc:  # noqa: BLE001 - raise_errors=False: reported as a finding
             outcome, error = RAISED, f"{type(exc).__name__}: {exc}"
-        report: dict[str, object] = {"kind": "outcome", "delivery": message["delivery"]}
-        report |= {"outcome": outcome, "error": error, "received": received}
+        unkept = sorted(self.warnings.unkept.pop(delivery, ()))
+        report: dict[str, object] = {"kind": "outcome", "delivery": delivery}
+        report |= {"outcome": outcome, "error": error, "received": received, "unkept": unkept}
         report |= {"worker": self.worker, "pid": self.pid}
         await self.store.rpush(RESULTS, json.dumps(report))
 
 
-async def _serve(worker: str, lock_url: str, store_url: str, prefix: str, seed: str) -> None:
+async def _serve(
+    worker: str, lock: LockSpec, store_url: str, seed: str, warnings: ClaimWarnings
+) -> None:
     store = Redis.from_url(store_url, socket_timeout=10.0, socket_connect_timeout=5.0)
-    state = RedisState.from_url(
-        lock_url, prefix=prefix, op_timeout=OP_TIMEOUT, connect_timeout=OP_TIMEOUT
-    )
-    me = _Worker(worker, store, store.register_script(STAMP), seed)
+    state = lock.open()
+    me = _Worker(worker, store, store.register_script(STAMP), seed, warnings)
     bot = EventDispatcher(
         state,
         on_lock_conflict="queue",

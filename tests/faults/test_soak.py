@@ -1,14 +1,26 @@
 """A bounded chaos soak (issue #7, "Nothing lost"): worker processes, faults at random times.
 
+It runs once per lock backend (``[redis]``, ``[postgres]``, ``[mysql]``), with the same
+platform, workers, effect store and history checks; only where the locks live and which faults
+hit them differ.
+
 Set-up:
 
-* two throwaway Redis servers: the **lock server** (``redis_server``), where the workers' locks
-  and dedupe records live and every fault lands, and the **store server**, never faulted, with
-  the effect store the handlers write to (fenced by their tokens), the stamps of their critical
+* the **lock state**, where the workers' locks and dedupe records live and every fault lands:
+
+  - ``[redis]``: a throwaway Redis server of this test (``redis_server``);
+  - ``[postgres]`` / ``[mysql]``: the shared loopback PostgreSQL / MariaDB of the backend
+    matrix, under a key prefix of this test alone (``asynclock-test:<hex>:``, deleted
+    afterwards), with sessions tagged as this test's (``application_name`` on PostgreSQL, a
+    user created for the test and dropped afterwards on MariaDB; see ``_sql.py``). Each worker
+    reaches the server through a :class:`FaultProxy` of its own, run by the test;
+
+* the **store server**, a second throwaway Redis (for every backend), never faulted, with the
+  effect store the handlers write to (fenced by their tokens), the stamps of their critical
   sections, the workers' inboxes and their reports (see ``_soak_worker.py``);
 * ``WORKERS`` spawned worker processes, each an ``EventDispatcher(on_lock_conflict="queue",
-  lock_ttl=1 s, dedupe_ttl=600 s, raise_errors=False)`` over a ``RedisState`` of the lock server
-  (op/connect timeouts 0.5 s);
+  lock_ttl=1 s, dedupe_ttl=600 s, raise_errors=False)`` over a state of the lock server
+  (op/connect timeouts 0.5 s; on SQL at most 8 connections per worker);
 * the **platform** (this test): ``THREADS`` x ``MESSAGES`` events with unique dedupe keys, sent
   in bursts per thread, out of order, to random workers, some of them sent twice on purpose. Like
   a webhook platform it redelivers what was not acknowledged (a ``dropped``/``failed`` answer, a
@@ -17,33 +29,52 @@ Set-up:
   *reported failed*. ``handled``, ``queued``, ``duplicate`` and ``skipped`` acknowledge.
 
 Faults, from a seeded RNG (the seed is printed; ``ASYNCLOCK_SOAK_SEED`` replays a plan), at random
-times during ``ASYNCLOCK_SOAK_SECONDS`` (default 35), every kind in turn:
+times during ``ASYNCLOCK_SOAK_SECONDS`` per backend (default 25: about 80 s for the three), every
+kind of the backend in turn:
 
-* ``kill-9``: SIGKILL of a random worker that has deliveries in flight (if one has within a
-  second; a replacement is started at once);
-* ``client-kill``: ``CLIENT KILL TYPE normal`` and ``TYPE pubsub`` on the lock server (every
-  connection of every worker, the wake-up listeners included);
-* ``pause<ttl`` / ``pause>ttl``: ``CLIENT PAUSE <ms> ALL``, shorter (200-600 ms) or longer
-  (1.2-2 s) than the lock TTL;
-* ``restart``: the lock server is stopped and started on the same port (all its data is gone:
-  locks and dedupe records; nothing is persisted).
+* every backend: ``kill-9``, SIGKILL of a random worker that has deliveries in flight (if one
+  has within a second; a replacement is started at once);
+* ``[redis]`` (:class:`RedisSide`):
+
+  - ``client-kill``: ``CLIENT KILL TYPE normal`` and ``TYPE pubsub`` on the lock server (every
+    connection of every worker, the wake-up listeners included);
+  - ``pause<ttl`` / ``pause>ttl``: ``CLIENT PAUSE <ms> ALL``, shorter (200-600 ms) or longer
+    (1.2-2 s) than the lock TTL;
+  - ``restart``: the lock server is stopped and started on the same port (all its data is gone:
+    locks and dedupe records; nothing is persisted);
+
+* ``[postgres]`` / ``[mysql]`` (:class:`SQLSide`; the shared servers are never stopped and no
+  other session is ever touched):
+
+  - ``kill-sessions``: every session of the workers' states at once, by their tag
+    (``pg_terminate_backend``, the LISTEN connections included; MariaDB ``KILL CONNECTION``);
+  - ``stall<ttl`` / ``stall>ttl``: every worker's proxy blackholes (connections stay open and
+    silent, new ones hang in their handshake) for 200-600 ms or 1.2-2 s: the server is out of
+    everyone's reach, like a CLIENT PAUSE;
+  - ``partition>ttl``: only one worker's proxy blackholes (a worker with deliveries in flight
+    if one gets busy within a second), for 1.2-2 s, while the others go on: its locks expire
+    under it and may be taken over.
 
 Then the platform waits until every send has a final fate, stops the workers and checks the
-history with :func:`tests.faults._soak_history.check`:
+history with :func:`tests.faults._soak_history.check`, the same checks for every backend:
 
 * fencing: no two holders of a key both wrote while their critical sections overlapped; tokens
   grow; every write the store rejected was overtaken by a newer holder;
 * exactly once in effect: an event is applied twice only after a ``kill -9`` of the worker that
-  applied it first (the documented at-least-once case), or when its dedupe record was lost in a
-  restart of the lock server; both are counted apart. Anything else is a violation, a dispatch
-  that answered ``failed`` after its handler had written included (the platform redelivers it);
+  applied it first (the documented at-least-once case), when its dedupe record was lost in a
+  restart of the lock server (Redis only), or when a dispatcher could not keep the event's
+  claim (renew its lease or mark it done) while the lock state was out of reach, so the claim
+  lapsed (the dispatcher's at-least-once, logged at WARNING and reported by the worker); each
+  is counted apart. Anything else is a violation, a dispatch that answered ``failed`` after its
+  handler had written included (the platform redelivers it);
 * nothing vanished: every event was applied or reported failed; none was acknowledged (e.g.
   answered ``duplicate``) without ever being applied, and every send has a final fate.
 
-Per-thread order is not checked: the platform delivers out of order. The figures are printed
-(``pytest -s``): faults per kind, deliveries and redeliveries, outcomes, events handled / failed
-/ lost, double applications by cause, overlapping sections, writes rejected by fencing. Each
-worker's dispatcher log and the list of injected faults are kept in the test's ``tmp_path``.
+Per-thread order is not checked: the platform delivers out of order. The figures are printed per
+backend (``pytest -s``): faults per kind, connections/sessions killed, deliveries and
+redeliveries, outcomes, events handled / failed / lost, double applications by cause,
+overlapping sections, writes rejected by fencing. Each worker's dispatcher log and the list of
+injected faults are kept in the test's ``tmp_path``.
 """
 
 from __future__ import annotations
@@ -51,6 +82,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
 import json
 import multiprocessing
 import os
@@ -66,7 +98,9 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tests._matrix import MYSQL, POSTGRES, Backend, require
 from tests.faults import _soak_worker as W
+from tests.faults._proxy import FaultProxy
 from tests.faults._soak_history import (
     ACKNOWLEDGED,
     Delivery,
@@ -77,17 +111,19 @@ from tests.faults._soak_history import (
     Verdict,
     check,
 )
+from tests.faults._sql import SQLTarget
 from tests.faults._timing import report, until
 from tests.faults.conftest import throwaway_redis
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
     from multiprocessing.context import SpawnProcess
     from pathlib import Path
 
     from tests.faults._server import RedisServer
 
-SOAK_SECONDS = float(os.environ.get("ASYNCLOCK_SOAK_SECONDS") or 35.0)
+#: seconds of faults per lock backend (CI: three backends, about 27 s each with set-up and drain)
+SOAK_SECONDS = float(os.environ.get("ASYNCLOCK_SOAK_SECONDS") or 25.0)
 SEED = int(os.environ.get("ASYNCLOCK_SOAK_SEED") or random.SystemRandom().randrange(2**32))
 
 pytestmark = [
@@ -98,8 +134,8 @@ pytestmark = [
 ]
 
 WORKERS = 3
-#: 40 threads for the CI run; a longer soak gets proportionally more (the same traffic rate)
-THREADS = max(40, round(40 * SOAK_SECONDS / 35.0))
+#: 40 threads per 35 s of soak (29 for the CI run): a longer soak gets more, at the same rate
+THREADS = max(8, round(40 * SOAK_SECONDS / 35.0))
 MESSAGES = 8
 #: share of the events the platform sends twice on purpose
 DUPLICATE_SHARE = 0.15
@@ -113,10 +149,12 @@ AFTER_DEATH = (2.0, 3.0)
 #: the originals are sent during this share of the soak; the faults go on to its end
 FEED_SHARE = 0.75
 #: seconds between two faults (from the end of one to the start of the next)
-FAULT_GAP = (2.0, 4.0)
+FAULT_GAP = (1.5, 3.0)
+#: seconds of a CLIENT PAUSE (Redis) or a stall of the proxy (SQL): shorter or longer than the TTL
 PAUSE_SHORT = (0.2, 0.6)
 PAUSE_LONG = (1.2, 2.0)
-FAULT_KINDS = ("kill-9", "client-kill", "pause<ttl", "pause>ttl", "restart")
+REDIS_FAULTS = ("kill-9", "client-kill", "pause<ttl", "pause>ttl", "restart")
+SQL_FAULTS = ("kill-9", "kill-sessions", "stall<ttl", "stall>ttl", "partition>ttl")
 #: a spawned interpreter imports asynclock and redis first: slow on a loaded machine
 SPAWN_BOUND = 30.0
 #: after the soak, every send must have a final fate within this many seconds
@@ -137,6 +175,199 @@ def text(value: bytes | str) -> str:
 def store_server() -> Iterator[RedisServer]:
     """The store server: a second throwaway Redis that no fault ever touches."""
     yield from throwaway_redis()
+
+
+class LockSide:
+    """The lock server as the platform sees it: how workers reach it, and the faults it takes.
+
+    Every fault but ``kill-9`` (the platform's own) is injected here.
+    """
+
+    name: str
+    #: the kinds of fault of this backend, ``kill-9`` included
+    kinds: tuple[str, ...]
+
+    def __init__(self) -> None:
+        self.connections_killed = 0
+        #: restarts of the lock server: (store time before it was stopped, back) (Redis only)
+        self.restarts: list[tuple[int, int]] = []
+
+    async def spec(self, worker: str) -> W.LockSpec:
+        """How the new worker ``worker`` reaches the lock state."""
+        raise NotImplementedError
+
+    async def inject(self, kind: str, platform: Platform) -> tuple[float, str]:
+        """Inject one fault: how many seconds it lasts (the next one starts after), what it did."""
+        raise NotImplementedError
+
+    def figures(self) -> dict[str, float | str]:
+        """What the summary adds for this backend."""
+        return {"connections_killed": self.connections_killed}
+
+
+class RedisSide(LockSide):
+    """A throwaway Redis: CLIENT KILL, CLIENT PAUSE (< and > the lock TTL), restart."""
+
+    name = "redis"
+    kinds = REDIS_FAULTS
+
+    def __init__(self, server: RedisServer, admin: Redis, prefix: str) -> None:
+        super().__init__()
+        self.server = server
+        self.admin = admin
+        self.prefix = prefix
+
+    async def spec(self, worker: str) -> W.LockSpec:
+        return W.LockSpec(self.server.url, self.prefix)
+
+    async def on_lock_server(self, command: Callable[[], Awaitable[Any]]) -> Any:
+        """An admin command; once more on a fresh connection if the server was restarted."""
+        try:
+            return await command()
+        except RedisConnectionError:
+            return await command()
+
+    async def inject(self, kind: str, platform: Platform) -> tuple[float, str]:
+        if kind == "client-kill":
+            killed = 0
+            for client_type in ("normal", "pubsub"):
+                killed += int(
+                    await self.on_lock_server(
+                        partial(self.admin.client_kill_filter, _type=client_type, skipme=True)
+                    )
+                )
+            self.connections_killed += killed
+            return 0.0, f"{killed} connections killed"
+        if kind in ("pause<ttl", "pause>ttl"):
+            seconds = platform.rng.uniform(*(PAUSE_SHORT if kind == "pause<ttl" else PAUSE_LONG))
+            await self.on_lock_server(
+                partial(self.admin.client_pause, int(seconds * 1000), all=True)
+            )
+            return seconds, f"{seconds * 1000:.0f} ms"
+        assert kind == "restart"
+        stopped = await platform.now()
+        await asyncio.to_thread(self.server.restart)
+        back = await platform.now()
+        self.restarts.append((stopped, back))
+        return 0.0, f"down for {(back - stopped) / 1000:.0f} ms"
+
+
+class SQLSide(LockSide):
+    """The shared PostgreSQL or MariaDB, reached by each worker through a proxy of its own.
+
+    The workers' sessions carry the test's tag (see ``_sql.py``), and each worker's connections
+    go through a :class:`FaultProxy` of the test:
+
+    * ``kill-sessions``: terminates (PostgreSQL, the LISTEN connections included) or KILLs
+      (MariaDB) every session of the workers at once, and nobody else's;
+    * ``stall<ttl`` / ``stall>ttl``: every proxy blackholes (connections stay open, silent;
+      new ones hang in their handshake) for less or more than the lock TTL: the server is out
+      of reach for everyone, like a CLIENT PAUSE of Redis;
+    * ``partition>ttl``: only the proxy of one worker (one with deliveries in flight if one gets
+      busy within a second) blackholes, for longer than the lock TTL, while the others go on:
+      its locks expire under it and the others may take them over.
+
+    The servers themselves are never stopped: other tests use them.
+    """
+
+    kinds = SQL_FAULTS
+
+    def __init__(self, target: SQLTarget) -> None:
+        super().__init__()
+        self.target = target
+        self.name = target.backend.name
+        self.prefix = str(target.backend.options(target.namespace)["prefix"])
+        self.proxies: dict[str, FaultProxy] = {}
+        self.listeners_killed = 0
+        #: every proxy blackholes (a proxy started meanwhile too)
+        self.stalled = False
+
+    async def spec(self, worker: str) -> W.LockSpec:
+        proxy = self.proxies[worker] = await FaultProxy(self.target.port).__aenter__()
+        proxy.blackhole = self.stalled
+        return W.LockSpec(
+            self.target.url(proxy.port),
+            self.prefix,
+            application_name=self.target.tag if self.target.postgres else None,
+        )
+
+    @property
+    def dropped(self) -> int:
+        return sum(proxy.dropped for proxy in self.proxies.values())
+
+    async def inject(self, kind: str, platform: Platform) -> tuple[float, str]:
+        if kind == "kill-sessions":
+            listening = await self.target.listeners() if self.target.postgres else set()
+            killed = await self.target.kill_all()
+            self.connections_killed += len(killed)
+            self.listeners_killed += len(listening & killed)
+            listeners = f" ({len(listening & killed)} LISTENing)" if self.target.postgres else ""
+            return 0.0, f"{len(killed)} sessions killed{listeners}"
+        seconds = platform.rng.uniform(*(PAUSE_SHORT if kind == "stall<ttl" else PAUSE_LONG))
+        dropped = self.dropped
+        if kind == "partition>ttl":
+            victim = await platform.busy_worker()
+            proxies = [self.proxies[victim.name]]
+            who = f"{victim.name} with {len(victim.in_flight)} deliveries in flight"
+        else:
+            assert kind in ("stall<ttl", "stall>ttl")
+            proxies, who = list(self.proxies.values()), "every worker"
+            self.stalled = True
+        for proxy in proxies:
+            proxy.blackhole = True
+        try:
+            await asyncio.sleep(seconds)  # the stall itself
+        finally:
+            self.stalled = False
+            for proxy in self.proxies.values():
+                proxy.blackhole = False
+        return 0.0, f"{who} cut off for {seconds * 1000:.0f} ms, {self.dropped - dropped} B dropped"
+
+    async def aclose(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.aclose()
+
+    def figures(self) -> dict[str, float | str]:
+        figures = super().figures()
+        if self.target.postgres:
+            figures["listeners_killed"] = self.listeners_killed
+        figures["bytes_dropped"] = self.dropped
+        return figures
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", id="redis"),
+        pytest.param(POSTGRES, id="postgres", marks=pytest.mark.postgres),
+        pytest.param(MYSQL, id="mysql", marks=pytest.mark.mysql),
+    ]
+)
+async def lock_side(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[LockSide]:
+    """The lock server: a throwaway Redis, or the shared PostgreSQL / MariaDB behind a proxy."""
+    backend: Backend | str = request.param
+    if not isinstance(backend, Backend):
+        server: RedisServer = request.getfixturevalue("redis_server")
+        # its own short timeouts: an admin call during an outage must not hang the test either
+        admin = Redis(
+            host="127.0.0.1", port=server.port, socket_timeout=5.0, socket_connect_timeout=2.0
+        )
+        try:
+            yield RedisSide(server, admin, prefix)
+        finally:
+            await admin.aclose()
+        return
+    require(backend)
+    target = SQLTarget(backend)
+    await target.start()
+    side = SQLSide(target)
+    try:
+        yield side
+    finally:
+        try:
+            await side.aclose()
+        finally:
+            # the test's keys are deleted; on MariaDB its sessions are killed and its user dropped
+            await target.aclose()
 
 
 @dataclass
@@ -169,20 +400,18 @@ class DeliveryState:
     received: int | None = None
     #: in flight in a worker that was killed (it may still have reported before it died)
     killed_in_flight: bool = False
+    #: the dispatcher could not keep the event's claim (``renew``, ``mark``)
+    unkept: frozenset[str] = frozenset()
 
 
 class Platform:
     """The webhook platform: sends, redelivers, starts and kills workers, injects faults."""
 
-    def __init__(
-        self, lock_server: RedisServer, store_url: str, admin: Redis, prefix: str, logs: Path
-    ) -> None:
+    def __init__(self, side: LockSide, store_url: str, logs: Path) -> None:
         self.logs = logs
-        self.lock_server = lock_server
+        self.side = side
         self.store_url = store_url
         self.store = Redis.from_url(store_url, socket_timeout=10.0)
-        self.admin = admin
-        self.prefix = prefix
         self.rng = random.Random(SEED)
         self.spawn = multiprocessing.get_context("spawn")
         self.workers: dict[str, Worker] = {}
@@ -190,11 +419,10 @@ class Platform:
         self.deliveries: dict[str, DeliveryState] = {}
         self.schedule: list[tuple[float, int, int]] = []
         self.seq = 0
+        self.names = itertools.count()
         self.faults: Counter[str] = Counter()
         self.redelivered: Counter[str] = Counter()
-        self.connections_killed = 0
         self.kills: dict[int, int] = {}
-        self.restarts: list[tuple[int, int]] = []
         self.problems: list[str] = []
         self.started = time.monotonic()
         #: "<seconds since start> <kind> <detail>" per fault, written to faults.log
@@ -202,18 +430,12 @@ class Platform:
 
     # -- workers ----------------------------------------------------------------------------
 
-    def start_worker(self) -> Worker:
-        name = f"w{len(self.workers)}"
+    async def start_worker(self) -> Worker:
+        name = f"w{next(self.names)}"
+        spec = await self.side.spec(name)
         proc = self.spawn.Process(
             target=W.serve,
-            args=(
-                name,
-                self.lock_server.url,
-                self.store_url,
-                self.prefix,
-                str(SEED),
-                str(self.logs / f"{name}.log"),
-            ),
+            args=(name, spec, self.store_url, str(SEED), str(self.logs / f"{name}.log")),
             daemon=True,
         )
         proc.start()
@@ -244,7 +466,7 @@ class Platform:
                 if not worker.gone and worker.proc.exitcode is not None:
                     self.problems.append(f"worker {worker.name} exited ({worker.proc.exitcode})")
                     await self.worker_gone(worker)
-                    self.start_worker()
+                    await self.start_worker()
             await asyncio.sleep(0.25)
 
     # -- sends and reports ------------------------------------------------------------------
@@ -314,6 +536,7 @@ class Platform:
             self.problems.append(f"delivery {delivery} reported twice")
         state.outcome, state.error = report["outcome"], report["error"]
         state.received = report["received"]
+        state.unkept = frozenset(report["unkept"])
         send = self.sends[state.send]
         if send.fate != "unsettled":
             return  # a late report (the send was acknowledged meanwhile)
@@ -336,57 +559,33 @@ class Platform:
         """The store server's clock, which every stamp of the history uses."""
         return us(await self.store.time())
 
-    async def on_lock_server(self, command: Callable[[], Awaitable[Any]]) -> Any:
-        """An admin command; once more on a fresh connection if the server was restarted."""
-        try:
-            return await command()
-        except RedisConnectionError:
-            return await command()
+    async def busy_worker(self) -> Worker:
+        """A worker with deliveries in flight, if one gets busy within a second, else any."""
+        deadline = time.monotonic() + 1.0
+        while not (busy := [w for w in self.ready() if w.in_flight]):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)  # polling the platform's own bookkeeping
+        return self.rng.choice(busy or self.ready())
 
     async def inject(self, kind: str) -> tuple[float, str]:
         """Inject one fault: how many seconds it lasts (the next one starts after), what it did."""
-        if kind == "kill-9":
-            # a worker with deliveries in flight, if one gets busy within a second: a kill
-            # mid-event is the case that matters (its dedupe claims outlive it)
-            deadline = time.monotonic() + 1.0
-            while not (busy := [w for w in self.ready() if w.in_flight]):
-                if time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.01)  # polling the platform's own bookkeeping
-            victim = self.rng.choice(busy or self.ready())
-            assert victim.pid is not None
-            in_flight = len(victim.in_flight)
-            os.kill(victim.pid, signal.SIGKILL)
-            await asyncio.to_thread(victim.proc.join, 10.0)
-            self.kills[victim.pid] = await self.now()
-            await self.worker_gone(victim)
-            replacement = self.start_worker()
-            return 0.0, (
-                f"{victim.name} (pid {victim.pid}) killed with {in_flight} deliveries "
-                f"in flight, {replacement.name} started"
-            )
-        if kind == "client-kill":
-            killed = 0
-            for client_type in ("normal", "pubsub"):
-                killed += int(
-                    await self.on_lock_server(
-                        partial(self.admin.client_kill_filter, _type=client_type, skipme=True)
-                    )
-                )
-            self.connections_killed += killed
-            return 0.0, f"{killed} connections killed"
-        if kind in ("pause<ttl", "pause>ttl"):
-            seconds = self.rng.uniform(*(PAUSE_SHORT if kind == "pause<ttl" else PAUSE_LONG))
-            await self.on_lock_server(
-                partial(self.admin.client_pause, int(seconds * 1000), all=True)
-            )
-            return seconds, f"{seconds * 1000:.0f} ms"
-        assert kind == "restart"
-        stopped = await self.now()
-        await asyncio.to_thread(self.lock_server.restart)
-        back = await self.now()
-        self.restarts.append((stopped, back))
-        return 0.0, f"down for {(back - stopped) / 1000:.0f} ms"
+        if kind != "kill-9":
+            return await self.side.inject(kind, self)
+        # a kill mid-event is the case that matters (its dedupe claims outlive it)
+        victim = await self.busy_worker()
+        assert victim.pid is not None
+        in_flight = len(victim.in_flight)
+        victim.gone = True  # from now on: watch() must not take its death for a crash
+        os.kill(victim.pid, signal.SIGKILL)
+        await asyncio.to_thread(victim.proc.join, 10.0)
+        self.kills[victim.pid] = await self.now()
+        await self.worker_gone(victim)
+        replacement = await self.start_worker()
+        return 0.0, (
+            f"{victim.name} (pid {victim.pid}) killed with {in_flight} deliveries "
+            f"in flight, {replacement.name} started"
+        )
 
     async def chaos(self, seconds: float) -> None:
         """Faults at random times until ``seconds`` from now, every kind in turn (shuffled)."""
@@ -397,7 +596,7 @@ class Platform:
             if time.monotonic() >= end:
                 return
             if not kinds:
-                kinds = self.rng.sample(FAULT_KINDS, len(FAULT_KINDS))
+                kinds = self.rng.sample(self.side.kinds, len(self.side.kinds))
             kind = kinds.pop()
             if kind == "kill-9" and len(self.ready()) < 2:
                 kinds.insert(0, kind)  # keep a survivor: kill once a replacement is ready
@@ -449,6 +648,7 @@ class Platform:
                 d.error,
                 killed=d.killed_in_flight and d.outcome is None,
                 received=d.received,
+                unkept=d.unkept,
             )
             for name, d in self.deliveries.items()
         }
@@ -459,26 +659,27 @@ class Platform:
             stamps=stamps,
             applied=applied,
             kills=self.kills,
-            restarts=tuple(self.restarts),
+            restarts=tuple(self.side.restarts),
         )
 
     def summary(self, verdict: Verdict, soak: float, drain: float) -> None:
+        name = self.side.name
         report(
-            "soak",
+            f"soak[{name}]",
             seed=SEED,
             soak=f"{soak:.1f}s",
             drain=f"{drain:.1f}s",
             total=f"{time.monotonic() - self.started:.1f}s",
             workers_started=len(self.workers),
-            faults=",".join(f"{k}:{self.faults[k]}" for k in FAULT_KINDS),
-            connections_killed=self.connections_killed,
+            faults=",".join(f"{k}:{self.faults[k]}" for k in self.side.kinds),
+            **self.side.figures(),
             events=verdict.events,
             sends=len(self.sends),
             deliveries=len(self.deliveries),
             redeliveries=",".join(f"{k}:{n}" for k, n in sorted(self.redelivered.items())),
         )
         report(
-            "soak history",
+            f"soak history[{name}]",
             outcomes=",".join(f"{k}:{n}" for k, n in sorted(verdict.outcomes.items())),
             handled=verdict.handled,
             reported_failed=verdict.reported_failed,
@@ -487,6 +688,7 @@ class Platform:
             unsettled=verdict.unsettled,
             applied_twice_after_kill=verdict.applied_twice_after_kill,
             applied_twice_after_restart=verdict.applied_twice_after_restart,
+            applied_twice_after_unkept_claim=verdict.applied_twice_after_unkept_claim,
             applied_twice_unexplained=verdict.applied_twice_unexplained,
             holders=verdict.holders,
             overlapping_sections=verdict.overlapping_sections,
@@ -495,18 +697,19 @@ class Platform:
 
 
 async def test_chaos_soak_loses_nothing_and_fences_every_write(
-    redis_server: RedisServer, store_server: RedisServer, admin: Redis, prefix: str, tmp_path: Path
+    lock_side: LockSide, store_server: RedisServer, tmp_path: Path
 ) -> None:
     print(
-        f"\n[faults] soak: seed={SEED} (ASYNCLOCK_SOAK_SEED replays the plan), logs in {tmp_path}"
+        f"\n[faults] soak[{lock_side.name}]: seed={SEED} (ASYNCLOCK_SOAK_SEED replays the plan), "
+        f"logs in {tmp_path}"
     )
-    platform = Platform(redis_server, store_server.url, admin, prefix, tmp_path)
+    platform = Platform(lock_side, store_server.url, tmp_path)
     background: list[asyncio.Task[None]] = []
     finished = False
     try:
         background.append(asyncio.create_task(platform.collect()))
         for _ in range(WORKERS):
-            platform.start_worker()
+            await platform.start_worker()
 
         async def all_ready() -> bool:
             return len(platform.ready()) == WORKERS
@@ -548,8 +751,8 @@ async def test_chaos_soak_loses_nothing_and_fences_every_write(
     platform.summary(verdict, soak, drain)
     problems = platform.problems + verdict.violations
     assert not problems, (
-        f"seed {SEED}: {len(problems)} violations (logs in {tmp_path}):\n"
+        f"{lock_side.name}, seed {SEED}: {len(problems)} violations (logs in {tmp_path}):\n"
         + "\n".join(problems[:30])
     )
-    for kind in FAULT_KINDS:
+    for kind in lock_side.kinds:
         assert platform.faults[kind] > 0 or SOAK_SECONDS < 20, f"no {kind} was injected"

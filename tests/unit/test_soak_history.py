@@ -2,7 +2,8 @@
 
 A checker that passes everything proves nothing: each broken history here must be flagged
 (overlapping holders that both wrote, a token that went backwards, a vanished event, a double
-application), and each sound one, including the documented at-least-once cases, must pass.
+application), and each sound one, including the documented at-least-once cases (a ``kill -9``,
+a restart of the lock server, a claim that lapsed while the state was out of reach), must pass.
 """
 
 from __future__ import annotations
@@ -197,6 +198,58 @@ def test_a_failed_dispatch_that_wrote_is_not_excused_by_a_restart() -> None:
     }
     verdict = check(history(stamps, answers, restarts=((150, 160),)))
     assert verdict.applied_twice_unexplained == 1
+
+
+def test_a_double_application_after_an_unmarked_claim_is_counted_apart() -> None:
+    # d1 was handled, but the state was out of reach: its claim could not be marked done and
+    # lapsed with its lease; the duplicate send's delivery d2 claimed the event anew
+    stamps = section(10, "e1", "d1", 100, 110, 120) + section(11, "e1", "d2", 200, 210, 220)
+    answers = {
+        "e1/0": [Delivery("d1", "e1", "handled", received=90, unkept=frozenset({"mark"}))],
+        "e1/1": [Delivery("d2", "e1", "handled", received=190)],
+    }
+    verdict = check(history(stamps, answers))
+    assert verdict.ok, verdict.violations
+    assert verdict.applied_twice_after_unkept_claim == 1
+    # the same history with the claim kept is a violation
+    kept = {
+        "e1/0": [Delivery("d1", "e1", "handled", received=90)],
+        "e1/1": [Delivery("d2", "e1", "handled", received=190)],
+    }
+    assert check(history(stamps, kept)).applied_twice_unexplained == 1
+
+
+def test_a_waiter_whose_claim_lapsed_is_counted_apart() -> None:
+    # d1 claimed first and waited for the lock; its lease renewals failed and the claim lapsed,
+    # d2 claimed the event, got the lock first and handled it; then d1 got the lock
+    stamps = section(10, "e1", "d2", 100, 110, 120) + section(11, "e1", "d1", 200, 210, 220)
+    answers = {
+        "e1/0": [Delivery("d1", "e1", "queued", received=50, unkept=frozenset({"renew"}))],
+        "e1/1": [Delivery("d2", "e1", "handled", received=90)],
+    }
+    verdict = check(history(stamps, answers))
+    assert verdict.ok, verdict.violations
+    assert verdict.applied_twice_after_unkept_claim == 1
+    # a later delivery's renewal failure does not explain how it claimed a handled event
+    late = {
+        "e1/0": [Delivery("d1", "e1", "queued", received=95, unkept=frozenset({"renew"}))],
+        "e1/1": [Delivery("d2", "e1", "handled", received=90)],
+    }
+    assert check(history(stamps, late)).applied_twice_unexplained == 1
+
+
+def test_a_failed_dispatch_that_wrote_is_not_excused_by_an_unkept_claim() -> None:
+    stamps = section(10, "e1", "d1", 100, 110, 120) + section(11, "e1", "d2", 200, 210, 220)
+    unkept = frozenset({"renew", "mark"})
+    answers = {
+        "e1/0": [
+            Delivery("d1", "e1", "failed", "StateUnavailableError", received=90, unkept=unkept),
+            Delivery("d2", "e1", "handled", received=190),
+        ]
+    }
+    verdict = check(history(stamps, answers))
+    assert verdict.applied_twice_unexplained == 1
+    assert any("claim not kept: mark, renew" in v for v in verdict.violations)
 
 
 def test_handled_without_an_effect_and_a_miscount_are_flagged() -> None:
