@@ -121,17 +121,23 @@ class _Claim:
         await self._stop_keeping()
         self.done = lock._settle_claim(self.key, ttl)
 
-    async def finish(self, state: State, ttl: float) -> None:
-        """Handled: remember the event for the full dedupe ``ttl``."""
+    async def finish(self, state: State, ttl: float) -> bool:
+        """Handled: remember the event for the full dedupe ``ttl``; ``False`` if that failed."""
         await self._stop_keeping()
         if not self.recorded or self.done:
-            return
+            return True
         try:
             await state.dedupe_keep(self.key, ttl)
         except StateUnavailableError as exc:
-            # handled, but remembered only until the lease runs out: a later redelivery would
-            # run again (at least once, never lost)
-            logger.warning("asynclock: could not mark event claim %r done: %s", self.key, exc)
+            # handled, but remembered only until the lease runs out unless a retry gets through
+            # first: a later redelivery would run again (at least once, never lost)
+            logger.warning(
+                "asynclock: could not mark event claim %r done: %s; retrying in the background",
+                self.key,
+                exc,
+            )
+            return False
+        return True
 
     async def forget(self, state: State) -> None:
         """Not handled (dropped, failed, cancelled): let the platform's redelivery through."""
@@ -230,6 +236,7 @@ class EventDispatcher:
         "_dedupe_ttl",
         "_handlers",
         "_lock_ttl",
+        "_marking",
         "_on_outcome",
         "_policy",
         "_queue_timeout",
@@ -280,6 +287,7 @@ class EventDispatcher:
         self._handlers: dict[str, list[_Registered]] = {}
         self._stats: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
         self._tasks: set[asyncio.Task[object]] = set()
+        self._marking: set[asyncio.Task[None]] = set()
         self._backlogs: dict[str, _Backlog] = {}
         self._closed = False
 
@@ -420,9 +428,7 @@ class EventDispatcher:
         except asyncio.CancelledError:
             if claim is not None:  # handled: keep it; not handled: let a redelivery through
                 await finish_despite_cancellation(
-                    claim.finish(self._state, self._dedupe_ttl)
-                    if claim.handled
-                    else claim.forget(self._state)
+                    self._finish(claim) if claim.handled else claim.forget(self._state)
                 )
             raise
         except Exception as error:
@@ -436,7 +442,7 @@ class EventDispatcher:
             if outcome is Outcome.DROPPED:
                 await claim.forget(self._state)
             else:
-                await claim.finish(self._state, self._dedupe_ttl)
+                await self._finish(claim)
         return await self._record(event, outcome, lock_key, started=started)
 
     async def _route(self, event: Event, lock_key: str, claim: _Claim | None) -> Outcome:
@@ -557,6 +563,34 @@ class EventDispatcher:
             return Outcome.QUEUED
         return Outcome.DROPPED  # queue_timeout ran out
 
+    async def _finish(self, claim: _Claim) -> None:
+        """Mark a handled event's claim done; if the state is out of reach, keep trying.
+
+        The claim's lease is no longer renewed, so it lapses within ``lock_ttl``; a retry that
+        gets through once the state is back (before a redelivery arrives) still saves that
+        redelivery from running the handlers a second time.
+        """
+        if not await claim.finish(self._state, self._dedupe_ttl):
+            task = asyncio.get_running_loop().create_task(
+                self._mark_done_later(claim.key), name=f"asynclock-mark-done {claim.key!r}"
+            )
+            self._marking.add(task)
+            task.add_done_callback(self._marking.discard)
+
+    async def _mark_done_later(self, key: str) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._dedupe_ttl  # the record would have expired by then
+        delay = 0.05
+        while loop.time() < give_up:
+            await asyncio.sleep(delay)
+            try:
+                await self._state.dedupe_keep(key, self._dedupe_ttl)
+            except StateUnavailableError:
+                delay = min(delay * 2, self._lock_ttl / 3)
+                continue
+            logger.info("asynclock: marked event claim %r done after a retry", key)
+            return
+
     # -- latest / debounce --------------------------------------------------------------------
 
     async def _join_backlog(self, event: Event, lock_key: str, *, debounce: bool) -> Outcome:
@@ -658,6 +692,12 @@ class EventDispatcher:
         self._closed = True
         while self._tasks:
             await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
+        # retries of "done" marks run until the state answers: not worth waiting for at exit
+        # (each claim then lapses with its lease: at least once)
+        marking = tuple(self._marking)
+        for task in marking:
+            task.cancel()
+        await asyncio.gather(*marking, return_exceptions=True)
         await asyncio.sleep(0)
 
     async def __aenter__(self) -> Self:

@@ -1015,7 +1015,8 @@ class TestTwoPhaseClaims:
         self, state: State, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
         # the non-claiming path marks done with its own call; if that fails the event is still
-        # HANDLED (the work happened) and the record lapses with its lease: at least once
+        # HANDLED (the work happened), retries run in the background, and while the state stays
+        # out of reach the record lapses with its lease: at least once
         async def unavailable(*args: Any, **kwargs: Any) -> None:
             raise StateUnavailableError("down")
 
@@ -1027,6 +1028,27 @@ class TestTwoPhaseClaims:
         assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE  # within the lease
         await asyncio.sleep(2 * self.LEASE)
         assert await bot.dispatch(ev("m1")) is Outcome.HANDLED  # lapsed: handled again
+        await soon(bot.aclose())  # cancels the retries that cannot get through
+
+    async def test_a_done_mark_is_retried_until_the_state_answers(
+        self, state: State, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        original = type(state).dedupe_keep
+        failures = [StateUnavailableError("down")] * 2
+
+        async def flaky(self: Any, *args: Any, **kwargs: Any) -> None:
+            if failures:
+                raise failures.pop()
+            await original(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(state), "dedupe_keep", flaky)
+        bot = bot_with(state, lambda e: None, lock_ttl=self.LEASE, on_lock_conflict="concurrent")
+        with caplog.at_level(logging.INFO, logger="asynclock"):
+            assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
+            await until(lambda: "done after a retry" in caplog.text, "the retried done mark")
+        await asyncio.sleep(2 * self.LEASE)  # past the lease: the retry made it "done"
+        assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE
+        await bot.aclose()
 
 
 class TestClaimingStateCapability:
