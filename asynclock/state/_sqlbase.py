@@ -256,6 +256,10 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         """A statement error after which the statement may simply run again (deadlock victim)."""
         return False
 
+    def _never_sent(self, exc: BaseException) -> bool:
+        """The driver refused to send the statement at all: retrying it cannot run it twice."""
+        return False
+
     @staticmethod
     def _id_param(ident: bytes) -> object:
         """The key id as the statements take it (the SHA-256 digest itself by default)."""
@@ -341,7 +345,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         source = self._source
         deadline = self._deadlines.start()
         try:
-            stale_retry = idempotent
+            stale_retry = True  # one retry on a new connection, if this one was stale
             rolled_back = 0
             while True:
                 conn, reused = await source.checkout()
@@ -356,7 +360,14 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
                         raise
                     # cancelled, timed out or lost mid-statement: never reuse
                     source.checkin(conn, broken=True)
-                    if stale_retry and reused and isinstance(exc, self._UNAVAILABLE):
+                    if (
+                        stale_retry
+                        and reused
+                        and (
+                            self._never_sent(exc)
+                            or (idempotent and isinstance(exc, self._UNAVAILABLE))
+                        )
+                    ):
                         # The server closed it while it sat idle, and most likely every other
                         # idle one with it, some of which may not show it yet: run the retry on
                         # a new connection, never on one of them.

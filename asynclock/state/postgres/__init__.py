@@ -233,6 +233,14 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
     def _is_statement_error(self, exc: BaseException) -> bool:
         return isinstance(exc, pg_errors.PostgresError) and not isinstance(exc, self._UNAVAILABLE)
 
+    def _never_sent(self, exc: BaseException) -> bool:
+        # asyncpg checks its protocol state before it writes anything: a connection that has
+        # read the server's "terminating connection" but not yet its end of stream is refused
+        # here, so even a release (not safe to repeat blindly) can be retried on a new one
+        return isinstance(exc, pg_errors.InternalClientError) and "cannot switch to state" in str(
+            exc
+        )
+
     def _grant(self, answer: _Rows) -> Grant:
         token, retry_after = answer[0][0], answer[0][1]
         if isinstance(token, int):
