@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._compat import deadline_after
@@ -46,3 +47,25 @@ def report(test: str, **figures: float | str) -> None:
         for name, value in figures.items()
     ]
     print(f"\n[faults] {test}: " + " ".join(parts))
+
+
+@dataclass
+class Call:
+    """One public call made during a fault: when it ran and how it failed (``None``: it worked)."""
+
+    name: str
+    start: float
+    end: float
+    error: BaseException | None
+
+
+async def timed(calls: list[Call], name: str, make: Callable[[], Awaitable[object]]) -> object:
+    """Run one public call, recording how long it took and how it failed (never raises)."""
+    start = time.monotonic()
+    try:
+        result = await make()
+    except Exception as exc:  # noqa: BLE001 - recorded; the test asserts on the kinds
+        calls.append(Call(name, start, time.monotonic(), exc))
+        return None
+    calls.append(Call(name, start, time.monotonic(), None))
+    return result

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +25,7 @@ from asynclock import (
     StateUnavailableError,
 )
 from tests.faults._proxy import FaultProxy
-from tests.faults._timing import bounded, report, until
+from tests.faults._timing import Call, bounded, report, timed, until
 from tests.faults.conftest import OP_TIMEOUT
 
 if TYPE_CHECKING:
@@ -66,26 +65,6 @@ async def serve(lock: AsyncLock) -> float:
     acquired_at = time.monotonic()
     await lock.release()
     return acquired_at
-
-
-@dataclass
-class Call:
-    name: str
-    start: float
-    end: float
-    error: BaseException | None
-
-
-async def timed(calls: list[Call], name: str, make: Callable[[], Awaitable[object]]) -> object:
-    """Run one public call, recording how long it took and how it failed (never raises)."""
-    start = time.monotonic()
-    try:
-        result = await make()
-    except Exception as exc:  # noqa: BLE001 - recorded; the test asserts on the kinds
-        calls.append(Call(name, start, time.monotonic(), exc))
-        return None
-    calls.append(Call(name, start, time.monotonic(), None))
-    return result
 
 
 async def assert_unavailable_within(make: Callable[[], Awaitable[object]], what: str) -> float:

@@ -24,10 +24,10 @@ from asynclock import AsyncLock, Deduper, LockNotOwnedError, RedisState, StateUn
 from asynclock.state import state_from_url
 from tests._matrix import IN_CI
 from tests.faults._server import START_BOUND, _ping, free_port, redis_server_binary
-from tests.faults._timing import bounded, report, until
+from tests.faults._timing import Call, bounded, report, timed, until
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Callable
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(90)]
 
@@ -212,25 +212,6 @@ async def test_round_trip_through_discovery(
 def test_bad_urls(url: str) -> None:
     with pytest.raises(ValueError, match="invalid Redis Sentinel URL"):
         RedisState.from_url(url)
-
-
-@dataclass
-class Call:
-    name: str
-    start: float
-    end: float
-    error: BaseException | None
-
-
-async def timed(calls: list[Call], name: str, make: Callable[[], Awaitable[object]]) -> object:
-    start = time.monotonic()
-    try:
-        result = await make()
-    except Exception as exc:  # noqa: BLE001 - recorded; the test asserts on the kinds
-        calls.append(Call(name, start, time.monotonic(), exc))
-        return None
-    calls.append(Call(name, start, time.monotonic(), None))
-    return result
 
 
 @pytest.mark.parametrize("how", ["kill", "sentinel-failover"])

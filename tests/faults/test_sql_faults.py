@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +49,7 @@ from asynclock import (
 from tests._matrix import MYSQL, POSTGRES, require
 from tests.faults._proxy import FaultProxy
 from tests.faults._sql import SQLTarget
-from tests.faults._timing import bounded, report, until
+from tests.faults._timing import Call, bounded, report, timed, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -138,26 +137,6 @@ def works(make: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[bool]
         return await outcome(make, "a call while recovering") is None
 
     return check
-
-
-@dataclass
-class Call:
-    name: str
-    start: float
-    end: float
-    error: BaseException | None
-
-
-async def timed(calls: list[Call], name: str, make: Callable[[], Awaitable[object]]) -> object:
-    """Run one public call, recording how long it took and how it failed (never raises)."""
-    start = time.monotonic()
-    try:
-        result = await make()
-    except Exception as exc:  # noqa: BLE001 - recorded; the test asserts on the kinds
-        calls.append(Call(name, start, time.monotonic(), exc))
-        return None
-    calls.append(Call(name, start, time.monotonic(), None))
-    return result
 
 
 async def waiting(sql: SQLTarget, state: AnySQLState, key: str) -> None:
