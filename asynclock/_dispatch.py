@@ -588,6 +588,9 @@ class EventDispatcher:
             except StateUnavailableError:
                 delay = min(delay * 2, self._lock_ttl / 3)
                 continue
+            except Exception:  # the state was closed, say: nothing left to retry with
+                logger.warning("asynclock: gave up marking event claim %r done", key, exc_info=True)
+                return
             logger.info("asynclock: marked event claim %r done after a retry", key)
             return
 
