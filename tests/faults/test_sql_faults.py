@@ -153,7 +153,10 @@ async def waiting(sql: SQLTarget, state: AnySQLState, key: str) -> None:
 class TestKillAll:
     """Every session of the holder's and the waiter's states is killed at once."""
 
-    HOLD_TTL = 2.0
+    #: long enough that the plain holder's lock outlives the kill, the recovery checks and the
+    #: wait for a new LISTEN session on a loaded machine (each bounded by a few seconds): a
+    #: lock that expired meanwhile would serve the waiter before the release under test
+    HOLD_TTL = 6.0
     PROMPT = 1.0  # "promptly": well below HOLD_TTL
 
     @pytest.mark.parametrize("auto_renew", [False, True], ids=["plain", "renewing"])
