@@ -64,6 +64,10 @@ class LeanPool(ConnectionPool["AbstractConnection"]):
         except (redis_errors.ConnectionError, ConnectionError, OSError):
             self.checkin(conn, broken=True)
             if retry_stale and reused:
+                # the server closed it while it sat idle (restart, failover, CLIENT KILL), and
+                # most likely the other idle ones with it, which may not show it yet: retry on
+                # a new connection, never on one of them
+                self.discard_idle()
                 return await self.call(*args, retry_stale=False)
             raise
         except BaseException:
