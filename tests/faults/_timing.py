@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from asynclock import LockNotOwnedError, StateUnavailableError
 from asynclock._compat import deadline_after
 
 if TYPE_CHECKING:
@@ -69,3 +70,14 @@ async def timed(calls: list[Call], name: str, make: Callable[[], Awaitable[objec
         return None
     calls.append(Call(name, start, time.monotonic(), None))
     return result
+
+
+def unexpected_failures(failed: list[Call]) -> list[Call]:
+    """The calls that failed otherwise than an outage allows: anything but
+    StateUnavailableError, except a release that found its lock gone (LockNotOwnedError)."""
+    return [
+        c
+        for c in failed
+        if not isinstance(c.error, StateUnavailableError)
+        and not (c.name == "release" and isinstance(c.error, LockNotOwnedError))
+    ]

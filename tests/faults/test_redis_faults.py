@@ -25,7 +25,7 @@ from asynclock import (
     StateUnavailableError,
 )
 from tests.faults._proxy import FaultProxy
-from tests.faults._timing import Call, bounded, report, timed, until
+from tests.faults._timing import Call, bounded, report, timed, unexpected_failures, until
 from tests.faults.conftest import OP_TIMEOUT
 
 if TYPE_CHECKING:
@@ -168,12 +168,7 @@ class TestRestart:
 
         during = [c for c in calls if c.error is not None]
         assert during, "the load never saw the outage"
-        unexpected = [
-            c
-            for c in during
-            if not isinstance(c.error, StateUnavailableError)
-            and not (c.name == "release" and isinstance(c.error, LockNotOwnedError))
-        ]
+        unexpected = unexpected_failures(during)
         assert not unexpected, unexpected[:5]
         late = [c for c in during if c.start >= up_at]
         assert not late, f"calls failed after the server was back: {late[:5]}"

@@ -24,7 +24,7 @@ from asynclock import AsyncLock, Deduper, LockNotOwnedError, RedisState, StateUn
 from asynclock.state import state_from_url
 from tests._matrix import IN_CI
 from tests.faults._server import START_BOUND, _ping, free_port, redis_server_binary
-from tests.faults._timing import Call, bounded, report, timed, until
+from tests.faults._timing import Call, bounded, report, timed, unexpected_failures, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -279,12 +279,7 @@ async def test_failover_mid_load(
     await bounded(asyncio.gather(*loaders), "the load tasks", 5.0)
 
     failed = [c for c in calls if c.error is not None]
-    unexpected = [
-        c
-        for c in failed
-        if not isinstance(c.error, StateUnavailableError)
-        and not (c.name == "release" and isinstance(c.error, LockNotOwnedError))
-    ]
+    unexpected = unexpected_failures(failed)
     assert not unexpected, unexpected[:5]
     late = [c for c in failed if c.start >= switched_at]
     assert not late, f"calls failed after the switch: {late[:5]}"

@@ -49,7 +49,7 @@ from asynclock import (
 from tests._matrix import MYSQL, POSTGRES, require
 from tests.faults._proxy import FaultProxy
 from tests.faults._sql import SQLTarget
-from tests.faults._timing import Call, bounded, report, timed, until
+from tests.faults._timing import Call, bounded, report, timed, unexpected_failures, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -298,12 +298,7 @@ class TestKillAll:
             await bounded(asyncio.gather(*loaders), "the load tasks", 5.0)
 
         failed = [c for c in calls if c.error is not None]
-        unexpected = [
-            c
-            for c in failed
-            if not isinstance(c.error, StateUnavailableError)
-            and not (c.name == "release" and isinstance(c.error, LockNotOwnedError))
-        ]
+        unexpected = unexpected_failures(failed)
         assert not unexpected, unexpected[:5]
         # the server stayed up: a statement that may run twice is retried on a new connection,
         # so only those that may not (release, first_seen) can fail
