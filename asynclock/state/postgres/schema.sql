@@ -24,11 +24,5 @@ CREATE TABLE IF NOT EXISTS {prefix}locks (
 CREATE TABLE IF NOT EXISTS {prefix}dedupe (
     id          bytea PRIMARY KEY,                   -- SHA-256 of the prefixed key
     name        text NOT NULL,
-    expires_at  timestamptz NOT NULL,
-    owner       text                                 -- who claimed it (acquire_claimed), or NULL
+    expires_at  timestamptz NOT NULL
 );
--- Tables created before the owner column existed get it here (checked first: ALTER TABLE would
--- take an exclusive lock on the table even when the column exists).
-DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM information_schema.columns
-    WHERE table_schema = current_schema() AND table_name = '{prefix}dedupe' AND column_name = 'owner')
-    THEN ALTER TABLE {prefix}dedupe ADD COLUMN owner text; END IF; END $$;
