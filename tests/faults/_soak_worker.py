@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import random
+import signal
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -209,6 +210,20 @@ def serve(worker: str, lock: LockSpec, store_url: str, seed: str, log: str) -> N
     asyncio.run(_serve(worker, lock, store_url, seed, warnings))
 
 
+def _log_tasks() -> None:
+    lines = []
+    for task in asyncio.all_tasks():
+        frames = task.get_stack()
+        where = " <- ".join(
+            f"{f.f_code.co_name} ({os.path.basename(f.f_code.co_filename)}:{f.f_lineno})"
+            for f in reversed(frames)
+        )
+        lines.append(f"  {task.get_name()}: {where or 'not started'}")
+    logging.getLogger("asynclock").warning(
+        "soak worker %d: %d tasks still running:\n%s", os.getpid(), len(lines), "\n".join(lines)
+    )
+
+
 class _Worker:
     def __init__(
         self, worker: str, store: Redis, stamp: AsyncScript, seed: str, warnings: ClaimWarnings
@@ -286,6 +301,9 @@ class _Worker:
 async def _serve(
     worker: str, lock: LockSpec, store_url: str, seed: str, warnings: ClaimWarnings
 ) -> None:
+    # SIGUSR1 (sent by the platform when this worker does not stop in time) logs where every
+    # task is: a dispatch or a close that hangs shows up in the worker's log
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _log_tasks)
     store = Redis.from_url(store_url, socket_timeout=10.0, socket_connect_timeout=5.0)
     state = lock.open()
     me = _Worker(worker, store, store.register_script(STAMP), seed, warnings)

@@ -613,10 +613,17 @@ class Platform:
         for worker in self.workers.values():
             if not worker.gone:
                 await self.store.rpush(W.inbox(worker.name), json.dumps({"kind": "stop"}))
+        # one deadline for all of them: several stuck workers must not outlast the test timeout
+        deadline = time.monotonic() + 20.0
         for worker in self.workers.values():
-            await asyncio.to_thread(worker.proc.join, 20.0)
+            await asyncio.to_thread(worker.proc.join, max(deadline - time.monotonic(), 0.1))
             if worker.proc.exitcode is None:
-                self.problems.append(f"worker {worker.name} did not stop")
+                self.problems.append(f"worker {worker.name} did not stop (its tasks: in its log)")
+                with contextlib.suppress(ProcessLookupError):
+                    assert worker.proc.pid is not None
+                    os.kill(worker.proc.pid, signal.SIGUSR1)
+        if any(w.proc.exitcode is None for w in self.workers.values()):
+            await asyncio.sleep(0.5)  # lets the stuck workers write their task dump
 
     def kill_leftovers(self) -> None:
         for worker in self.workers.values():
