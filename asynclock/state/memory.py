@@ -179,14 +179,7 @@ class MemoryState(ClosesOnExit):
         with self._mutex:
             now = self._clock()
             self._sweep(now)
-            held = self._live(key, now)
-            if held is None:
-                return Grant(self._grant(key, owner, now + ttl))
-            if held.owner == owner:
-                return Grant(held.token)
-            if waiting and not held.flagged_by:
-                held.flagged_by = id(asyncio.get_running_loop())
-            return Grant(None, held.expires_at - now)
+            return self._take(key, owner, ttl, now, waiting=waiting)
 
     async def acquire_claimed(
         self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
@@ -196,18 +189,33 @@ class MemoryState(ClosesOnExit):
         with self._mutex:
             now = self._clock()
             self._sweep(now)
-            expires_at = self._dedupe.get(claim)
-            if expires_at is not None and expires_at > now:
+            if not self._add(claim, now, claim_ttl, owner):
                 return None
-            self._dedupe[claim] = now + claim_ttl
-            self._claim_owners[claim] = owner
-            self._schedule(now + claim_ttl, False, claim)
-            held = self._live(key, now)
-            if held is None:
-                return Grant(self._grant(key, owner, now + ttl))
-            if held.owner == owner:
-                return Grant(held.token)
-            return Grant(None, held.expires_at - now)
+            return self._take(key, owner, ttl, now, waiting=False)
+
+    def _take(self, key: str, owner: str, ttl: float, now: float, *, waiting: bool) -> Grant:
+        """The body of ``acquire``, under the mutex."""
+        held = self._live(key, now)
+        if held is None:
+            return Grant(self._grant(key, owner, now + ttl))
+        if held.owner == owner:
+            return Grant(held.token)
+        if waiting and not held.flagged_by:
+            held.flagged_by = id(asyncio.get_running_loop())
+        return Grant(None, held.expires_at - now)
+
+    def _add(self, key: str, now: float, ttl: float, owner: str | None = None) -> bool:
+        """The body of ``dedupe_add``, under the mutex; ``owner`` for a claim (forget_claimed)."""
+        expires_at = self._dedupe.get(key)
+        if expires_at is not None and expires_at > now:
+            return False
+        self._dedupe[key] = now + ttl
+        if owner is None:
+            self._claim_owners.pop(key, None)
+        else:
+            self._claim_owners[key] = owner
+        self._schedule(now + ttl, False, key)
+        return True
 
     async def release(
         self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
@@ -291,13 +299,7 @@ class MemoryState(ClosesOnExit):
         with self._mutex:
             now = self._clock()
             self._sweep(now)
-            expires_at = self._dedupe.get(key)
-            if expires_at is not None and expires_at > now:
-                return False
-            self._dedupe[key] = now + ttl
-            self._claim_owners.pop(key, None)
-            self._schedule(now + ttl, False, key)
-            return True
+            return self._add(key, now, ttl)
 
     async def dedupe_keep(self, key: str, ttl: float) -> None:
         """See :meth:`asynclock.state.State.dedupe_keep`."""

@@ -601,10 +601,7 @@ class RedisState(ClosesOnExit):
         claim_key = self._prefix + claim
         if self._router is not None and slot_of(claim_key) != slot_of(lock_key):
             # a claim not sharing the lock's hash tag (a key starting with a brace): two steps
-            reply = await self._command(
-                claim_key, "SET", claim_key, owner, "NX", "PX", ttl_ms(claim_ttl)
-            )
-            if reply is None:
+            if not await self._set_if_absent(claim_key, owner, claim_ttl):
                 return None
             return await self.acquire(key, owner, ttl)
         keys = (lock_key, f"{lock_key}:abandoned:{owner}", claim_key)
@@ -758,9 +755,11 @@ class RedisState(ClosesOnExit):
 
     async def dedupe_add(self, key: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.dedupe_add`."""
-        name = self._prefix + key
-        reply = await self._command(name, "SET", name, b"1", "NX", "PX", ttl_ms(ttl))
-        return reply is not None
+        return await self._set_if_absent(self._prefix + key, "1", ttl)
+
+    async def _set_if_absent(self, name: str, value: str, ttl: float) -> bool:
+        """``SET name value NX PX``: a dedupe record (its value a claim's owner, or "1")."""
+        return await self._command(name, "SET", name, value, "NX", "PX", ttl_ms(ttl)) is not None
 
     async def dedupe_keep(self, key: str, ttl: float) -> None:
         """See :meth:`asynclock.state.State.dedupe_keep` (``dedupe_keep.lua``)."""
