@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
 from asynclock import metrics as _metrics
-from asynclock._errors import LockAcquisitionError, StateUnavailableError
+from asynclock._errors import StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._lease import LeaseKeeper
 from asynclock._line import finish_despite_cancellation
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-    from asynclock.state._protocol import State
+    from asynclock.state._protocol import Grant, Release, State
 
 logger = logging.getLogger("asynclock")
 
@@ -83,7 +83,7 @@ class _Claim:
     release when the state allows (a ClaimingState), else by a call of its own.
     """
 
-    __slots__ = ("done", "handled", "keeper", "key", "recorded", "via")
+    __slots__ = ("done", "handled", "keeper", "key", "owner", "recorded")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -93,8 +93,8 @@ class _Claim:
         self.done = False
         #: the handlers ran to completion (a failure after that does not make it unhandled)
         self.handled = False
-        #: the lock whose acquire_claimed recorded the claim as its owner's (ClaimingState)
-        self.via: AsyncLock | None = None
+        #: the lock owner whose acquire_claimed recorded the claim as its own (ClaimingState)
+        self.owner: str | None = None
         self.keeper: LeaseKeeper | None = None
 
     @classmethod
@@ -106,6 +106,22 @@ class _Claim:
         # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
         return cls(f"event:{{{lock_key}}}:{event.adapter}:{event.dedupe_key}")
 
+    def ride_on_acquire(self, lock: AsyncLock, state: ClaimingState, lease: float) -> None:
+        """Record the claim in ``lock``'s first server attempt, if it makes one (one round trip).
+
+        If the claim exists already the attempt is refused (``lock._refused``): a duplicate.
+        """
+        key, ttl = lock.key, lock.ttl
+
+        def claim_and_acquire(owner: str) -> Awaitable[Grant | None]:
+            # from here the claim may be recorded as this owner's (even if the call fails):
+            # forget it on failure if it is, preferring a possible second delivery to a loss
+            self.recorded = True
+            self.owner = owner
+            return state.acquire_claimed(key, owner, ttl, claim=self.key, claim_ttl=lease)
+
+        lock._arm_first_attempt(claim_and_acquire)
+
     def keep(self, state: State, lease: float) -> None:
         """The claim is recorded (in progress): renew its lease until the dispatch ends."""
         self.recorded = True
@@ -116,10 +132,19 @@ class _Claim:
         if self.keeper is not None:
             await self.keeper.stop()
 
-    async def settle_in_release(self, lock: AsyncLock, ttl: float) -> None:
+    async def settle_in_release(self, lock: AsyncLock, state: ClaimingState, ttl: float) -> None:
         """Handled under ``lock``: mark the claim done (``ttl``) in the lock's release."""
         await self._stop_keeping()
-        self.done = lock._settle_claim(self.key, ttl)
+        claim = self.key
+
+        def release_claimed(
+            key: str, owner: str, successor: str | None, successor_ttl: float | None
+        ) -> Awaitable[Release]:
+            return state.release_claimed(
+                key, owner, claim=claim, claim_ttl=ttl, successor=successor, ttl=successor_ttl
+            )
+
+        self.done = lock._arm_release(release_claimed)
 
     async def finish(self, state: State, ttl: float) -> bool:
         """Handled: remember the event for the full dedupe ``ttl``; ``False`` if that failed."""
@@ -146,10 +171,10 @@ class _Claim:
             return
         self.recorded = False
         try:
-            if self.via is not None:
+            if self.owner is not None:
                 # only if it is ours: our claim attempt may not have landed, and the record may
                 # be that of a delivery that was handled
-                await cast("ClaimingState", state).forget_claimed(self.key, self.via.owner)
+                await cast("ClaimingState", state).forget_claimed(self.key, self.owner)
             else:
                 await state.dedupe_forget(self.key)
         except StateUnavailableError as exc:
@@ -168,7 +193,7 @@ class _Backlog:
 
     def __init__(self, debounce: bool) -> None:
         self.debounce = debounce
-        self.entries: list[tuple[Event, asyncio.Future[Outcome]]] = []
+        self.entries: list[_Waiting] = []
         self.drainer: asyncio.Task[object] | None = None
         self.last_arrival = 0.0
 
@@ -231,6 +256,7 @@ class EventDispatcher:
     __slots__ = (
         "_backlogs",
         "_claiming",
+        "_claims_here",
         "_closed",
         "_debounce",
         "_dedupe_ttl",
@@ -289,6 +315,8 @@ class EventDispatcher:
         self._tasks: set[asyncio.Task[object]] = set()
         self._marking: set[asyncio.Task[None]] = set()
         self._backlogs: dict[str, _Backlog] = {}
+        #: claim keys of the dispatches running in this process now
+        self._claims_here: set[str] = set()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -423,6 +451,23 @@ class EventDispatcher:
                 raise
             return Outcome.FAILED
         claim = _Claim.of(event, lock_key)
+        if claim is None:
+            return await self._dispatch(event, lock_key, None, started)
+        if claim.key in self._claims_here:
+            # another delivery of this event is being dispatched in this process: its claim is
+            # recorded or on its way. Deciding here, before the state is asked, keeps the first
+            # delivery the one that is handled, in its place in the key's line
+            await asyncio.sleep(0)
+            return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
+        self._claims_here.add(claim.key)
+        try:
+            return await self._dispatch(event, lock_key, claim, started)
+        finally:
+            self._claims_here.discard(claim.key)
+
+    async def _dispatch(
+        self, event: Event, lock_key: str, claim: _Claim | None, started: float
+    ) -> Outcome:
         try:
             outcome = await self._route(event, lock_key, claim)
         except asyncio.CancelledError:
@@ -447,62 +492,83 @@ class EventDispatcher:
 
     async def _route(self, event: Event, lock_key: str, claim: _Claim | None) -> Outcome:
         handlers = self._handlers_for(event.type)
-        # inside process_without_lock every AsyncLock is granted without touching the state,
-        # so the claim cannot ride on the acquire: record it on its own
-        combined = (
-            claim is not None
-            and self._claiming
-            and self._policy != "concurrent"
-            and granted_reason() is None
-        )
-        lease = self._lock_ttl
-        if claim is not None and not combined:
-            if not await self._state.dedupe_add(claim.key, lease):
+        if self._policy == "concurrent" or granted_reason() is not None:
+            # no lock to take (concurrent), or every AsyncLock is granted without touching the
+            # state (inside process_without_lock): the claim is recorded on its own
+            if claim is not None and not await self._claim_alone(claim):
                 return Outcome.DUPLICATE
-            claim.keep(self._state, lease)
-        if self._policy == "concurrent":
-            await self._call(handlers, event, HandlerContext(lock_key))
+            if self._policy == "concurrent":
+                await self._call(handlers, event, HandlerContext(lock_key))
+                return Outcome.HANDLED
+            lock = AsyncLock(self._state, lock_key, self._lock_ttl)
+            await lock.acquire()
+            await self._under_lock(lock, handlers, event, claim)
             return Outcome.HANDLED
-        lock = AsyncLock(self._state, lock_key, self._lock_ttl, blocking=False, auto_renew=True)
-        if combined:
-            assert claim is not None
-            lock._arm_claim(claim.key, lease)
-            # from here the claim may be recorded as the lock owner's (even if the call fails):
-            # forget it on failure if it is, preferring a possible second delivery to a lost event
-            claim.recorded = True
-            claim.via = lock
-        if await self._under_lock(lock, handlers, event, claim):
-            return Outcome.HANDLED
-        if lock._duplicate:
-            assert claim is not None
-            claim.recorded = False  # somebody else's record: never forget it
-            return Outcome.DUPLICATE
-        if claim is not None:
-            claim.keep(self._state, lease)  # waits or runs under a policy from here
-        policy = await self._conflict_policy(lock_key, event)
+        lock = AsyncLock(self._state, lock_key, self._lock_ttl, auto_renew=True)
+        # the event's place among this process's events of the key is taken now, on arrival:
+        # nothing awaited below lets a later event overtake it
+        lock._take_place()
+        try:
+            if claim is not None:
+                if self._claiming:
+                    claim.ride_on_acquire(lock, cast("ClaimingState", self._state), self._lock_ttl)
+                elif not await self._claim_alone(claim):  # duplicates are found before locking
+                    await lock._leave_place()
+                    return Outcome.DUPLICATE
+            acquired = await lock._try_from_place()
+            if lock._refused:
+                assert claim is not None
+                claim.recorded = False  # somebody else's record: never forget it
+                return Outcome.DUPLICATE
+            if claim is not None:
+                # an event behind another of this process never reached the server: its claim
+                # is recorded on its own
+                if not claim.recorded and not await self._claim_alone(claim):
+                    await lock._leave_place()
+                    return Outcome.DUPLICATE
+                claim.keep(self._state, self._lock_ttl)  # waits or runs under a policy from here
+            if acquired:
+                await self._under_lock(lock, handlers, event, claim)
+                return Outcome.HANDLED
+            policy = await self._conflict_policy(lock_key, event)
+            if policy == "queue":
+                loop = asyncio.get_running_loop()
+                timeout = self._queue_timeout
+                if not await lock._wait_turn(None if timeout is None else loop.time() + timeout):
+                    return Outcome.DROPPED  # queue_timeout ran out
+                await self._under_lock(lock, handlers, event, claim)
+                return Outcome.QUEUED
+            await lock._leave_place()
+        except BaseException:
+            await finish_despite_cancellation(lock._leave_place())
+            raise
         if policy == "drop":
             return Outcome.DROPPED
         if policy in ("force", "concurrent"):
             await self._call(handlers, event, HandlerContext(lock_key, forced=True))
             return Outcome.FORCED
-        if policy == "queue":
-            return await self._queue(handlers, event, lock_key, claim)
         return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
+
+    async def _claim_alone(self, claim: _Claim) -> bool:
+        """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""
+        if not await self._state.dedupe_add(claim.key, self._lock_ttl):
+            return False
+        claim.keep(self._state, self._lock_ttl)
+        return True
 
     async def _under_lock(
         self, lock: AsyncLock, handlers: list[_Registered], event: Event, claim: _Claim | None
-    ) -> bool:
-        """Take ``lock``, run the handlers under it, release it; ``False`` if it was busy.
+    ) -> None:
+        """Run the handlers under ``lock`` (acquired or granted already), then release it.
 
         Once the handlers have returned, the event is handled, whatever the release then says:
         a release that fails (the state unreachable, the lock expired meanwhile) is logged, the
         lock expires by its TTL, and the claim is marked done by a call of its own. Reporting
         it failed would make the platform redeliver an event whose effects already happened.
         """
-        entered = handled = False
+        handled = False
         try:
-            async with lock:
-                entered = True
+            async with lock._holding():
                 if claim is not None:
                     claim.keep(self._state, self._lock_ttl)
                 await self._call(handlers, event, HandlerContext(lock.key, lock.token))
@@ -510,11 +576,8 @@ class EventDispatcher:
                 if claim is not None:
                     claim.handled = True
                     if self._claiming:  # the release marks it done too
-                        await claim.settle_in_release(lock, self._dedupe_ttl)
-        except LockAcquisitionError:
-            if entered:  # raised by a handler, not by our lock
-                raise
-            return False
+                        state = cast("ClaimingState", self._state)
+                        await claim.settle_in_release(lock, state, self._dedupe_ttl)
         except Exception as error:
             if not handled:
                 raise
@@ -533,7 +596,6 @@ class EventDispatcher:
             if handled and claim is not None:
                 claim.done = False
             raise
-        return True
 
     async def _conflict_policy(self, lock_key: str, event: Event) -> PolicyName:
         policy = self._policy
@@ -552,16 +614,6 @@ class EventDispatcher:
     async def _call(self, handlers: list[_Registered], event: Event, ctx: HandlerContext) -> None:
         for handler in handlers:
             await handler(event, ctx)
-
-    async def _queue(
-        self, handlers: list[_Registered], event: Event, lock_key: str, claim: _Claim | None
-    ) -> Outcome:
-        lock = AsyncLock(
-            self._state, lock_key, self._lock_ttl, timeout=self._queue_timeout, auto_renew=True
-        )
-        if await self._under_lock(lock, handlers, event, claim):
-            return Outcome.QUEUED
-        return Outcome.DROPPED  # queue_timeout ran out
 
     async def _finish(self, claim: _Claim) -> None:
         """Mark a handled event's claim done; if the state is out of reach, keep trying.
@@ -609,14 +661,15 @@ class EventDispatcher:
         return await future
 
     async def _drain(self, lock_key: str, backlog: _Backlog) -> None:
-        """Serve a backlog: take the lock, handle the newest event with the rest as skipped.
+        """Serve a backlog: take the lock, handle each thread's newest event, the rest skipped.
 
         The backlog stays registered until a check that finds nobody waiting, and nothing is
         awaited between that check and unregistering it: an event that joins while a round ends
         (the lock being released) is served by the next round, never stranded.
         """
         loop = asyncio.get_running_loop()
-        batch: list[tuple[Event, asyncio.Future[Outcome]]] = []
+        batch: list[_Waiting] = []
+        calls: list[_BatchCall] = []
         try:
             while any(not future.done() for _, future in backlog.entries):
                 lock = AsyncLock(self._state, lock_key, self._lock_ttl, auto_renew=True)
@@ -629,29 +682,25 @@ class EventDispatcher:
                         await asyncio.sleep(quiet)
                     batch = [(e, f) for e, f in backlog.entries if not f.done()]
                     backlog.entries.clear()
-                    if not batch:
-                        continue  # all of them left meanwhile; the loop's check decides
-                    newest = batch[-1][0]
-                    older = tuple(e for e, _ in batch[:-1])
-                    ctx = HandlerContext(lock_key, lock.token, older)
-                    failure: Exception | None = None
-                    try:
-                        await self._call(self._handlers_for(newest.type), newest, ctx)
-                    except Exception as error:  # noqa: BLE001 - each event's dispatch re-raises it
-                        failure = error
+                    calls = self._fold(batch)
+                    for call in calls:
+                        if call.handlers:
+                            event = batch[call.handled][0]
+                            skipped = tuple(batch[i][0] for i in call.skipped)
+                            ctx = HandlerContext(lock_key, lock.token, skipped)
+                            try:
+                                await self._call(call.handlers, event, ctx)
+                            except Exception as error:  # noqa: BLE001 - its dispatches re-raise it
+                                call.failure = error
+                        call.ran = True
                 # the lock is released before the batch's dispatches return, as for HANDLED
-                if failure is not None:
-                    _settle(batch, failure)
-                else:
-                    for _, future in batch[:-1]:
-                        if not future.done():
-                            future.set_result(Outcome.SKIPPED)
-                    if not batch[-1][1].done():
-                        batch[-1][1].set_result(Outcome.QUEUED)
-                batch = []
+                _conclude(batch, calls)
+                batch, calls = [], []
         except BaseException as error:
             # the lock could not be had (state unavailable) or was lost while the batch was being
-            # handled: the batch in hand and every waiting event fail (and are forgotten)
+            # handled: the calls that ran keep their outcome; the rest of the batch and every
+            # waiting event fail (and are forgotten)
+            _conclude(batch, [call for call in calls if call.ran])
             _settle([*batch, *backlog.entries], error)
             backlog.entries.clear()
             if not isinstance(error, Exception):
@@ -659,6 +708,46 @@ class EventDispatcher:
         finally:
             if self._backlogs.get(lock_key) is backlog:
                 del self._backlogs[lock_key]
+
+    def _fold(self, batch: list[_Waiting]) -> list[_BatchCall]:
+        """Split a latest/debounce batch into handler calls, so no skipped event goes unseen.
+
+        An event's *route* is its own type when a handler is registered for that type, else
+        ``"*"`` when a catch-all is, else none. Per thread and route, the newest event is handled
+        and the older ones are in its call's ``ctx.skipped``: an event is only ever skipped
+        into a call for its own thread, of its own type whenever that type has a handler. An
+        event with no route joins the skipped of its thread's last call; a thread with no routed
+        event at all gets one call without handlers (its events end ``QUEUED``, as a lone
+        dispatch that no handler takes ends ``HANDLED``). Calls run in the order of the events
+        they handle.
+        """
+        routed: dict[tuple[str, str], list[int]] = {}
+        unrouted: dict[str, list[int]] = {}
+        for index, (event, _) in enumerate(batch):
+            route = self._route_of(event.type)
+            if route is None:
+                unrouted.setdefault(event.thread_key, []).append(index)
+            else:
+                routed.setdefault((event.thread_key, route), []).append(index)
+        calls: list[_BatchCall] = []
+        last_of_thread: dict[str, _BatchCall] = {}
+        for (thread, _), indexes in sorted(routed.items(), key=lambda item: item[1][-1]):
+            newest = indexes[-1]
+            call = _BatchCall(newest, indexes[:-1], self._handlers_for(batch[newest][0].type))
+            calls.append(call)
+            last_of_thread[thread] = call  # sorted by the newest index: the thread's last call
+        for thread, indexes in unrouted.items():
+            last = last_of_thread.get(thread)
+            if last is None:
+                calls.append(_BatchCall(indexes[-1], indexes[:-1], [], queued_all=True))
+            else:
+                last.skipped = sorted([*last.skipped, *indexes])
+        return calls
+
+    def _route_of(self, event_type: str) -> str | None:
+        if event_type != "*" and self._handlers.get(event_type):
+            return event_type
+        return "*" if self._handlers.get("*") else None
 
     # -- background ---------------------------------------------------------------------------
 
@@ -715,7 +804,48 @@ class EventDispatcher:
         await self.aclose()
 
 
-def _settle(entries: list[tuple[Event, asyncio.Future[Outcome]]], error: BaseException) -> None:
+#: an event of a latest/debounce backlog and the future its dispatch waits on
+_Waiting = tuple[Event, "asyncio.Future[Outcome]"]
+
+
+class _BatchCall:
+    """One handler call of a latest/debounce batch (indexes into the batch)."""
+
+    __slots__ = ("failure", "handled", "handlers", "queued_all", "ran", "skipped")
+
+    def __init__(
+        self,
+        handled: int,
+        skipped: list[int],
+        handlers: list[_Registered],
+        *,
+        queued_all: bool = False,
+    ) -> None:
+        self.handled = handled
+        self.skipped = skipped
+        self.handlers = handlers
+        #: no handler takes any of these events: each ends QUEUED, none SKIPPED into nothing
+        self.queued_all = queued_all
+        self.ran = False
+        self.failure: Exception | None = None
+
+
+def _conclude(batch: list[_Waiting], calls: list[_BatchCall]) -> None:
+    """Give the dispatches of ``calls`` their outcomes (the handled QUEUED, the rest SKIPPED)."""
+    for call in calls:
+        entries = [batch[i] for i in (*call.skipped, call.handled)]
+        if call.failure is not None:
+            _settle(entries, call.failure)
+            continue
+        for index in call.skipped:
+            future = batch[index][1]
+            if not future.done():
+                future.set_result(Outcome.QUEUED if call.queued_all else Outcome.SKIPPED)
+        if not batch[call.handled][1].done():
+            batch[call.handled][1].set_result(Outcome.QUEUED)
+
+
+def _settle(entries: list[_Waiting], error: BaseException) -> None:
     """Fail the dispatches still waiting on ``entries`` with ``error`` (cancel on a BaseException)."""
     for _, future in entries:
         if not future.done():

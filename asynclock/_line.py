@@ -25,12 +25,15 @@ import logging
 import math
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Coroutine
+    from collections.abc import Awaitable, Callable, Coroutine
 
-    from asynclock.state._protocol import ClaimingState, Release, State
+    from asynclock.state._protocol import Release, State
+
+    #: a release to send instead of the state's: ``(key, owner, successor, successor_ttl)``
+    ReleaseStep: TypeAlias = Callable[[str, str, str | None, float | None], Awaitable[Release]]
 
 logger = logging.getLogger("asynclock")
 
@@ -38,13 +41,13 @@ logger = logging.getLogger("asynclock")
 class Ticket:
     """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on."""
 
-    __slots__ = ("asked_at", "expires", "future", "owner", "settle", "ttl")
+    __slots__ = ("asked_at", "expires", "future", "owner", "release_with", "ttl")
 
     def __init__(self, owner: str, ttl: float) -> None:
         self.owner = owner
         self.ttl = ttl
-        #: a dedupe claim and the TTL to give it in this ticket's release (ClaimingState)
-        self.settle: tuple[str, float] | None = None
+        #: the release to send for this ticket instead of the state's (``AsyncLock._arm_release``)
+        self.release_with: ReleaseStep | None = None
         #: loop time when this ticket's last acquire was sent
         self.asked_at = 0.0
         self.future: asyncio.Future[int | None] | None = None
@@ -160,15 +163,12 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
 def _send_release(
     state: State, key: str, current: Ticket, successor: Ticket | None
 ) -> Awaitable[Release]:
-    """``current``'s release (a handoff to ``successor`` if given), settling its claim if any."""
+    """``current``'s release (a handoff to ``successor`` if given), by its own step if armed."""
     owner, ttl = (successor.owner, successor.ttl) if successor is not None else (None, None)
-    settle, current.settle = current.settle, None
-    if settle is None:
+    step, current.release_with = current.release_with, None
+    if step is None:
         return state.release(key, current.owner, successor=owner, ttl=ttl)
-    claiming = cast("ClaimingState", state)
-    return claiming.release_claimed(
-        key, current.owner, claim=settle[0], claim_ttl=settle[1], successor=owner, ttl=ttl
-    )
+    return step(key, current.owner, owner, ttl)
 
 
 async def finish_despite_cancellation(work: Coroutine[object, object, object]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 import sys
-from typing import TYPE_CHECKING, cast, final
+from typing import TYPE_CHECKING, final
 
 import anyio
 
@@ -28,12 +28,13 @@ from asynclock._line import (
 from asynclock._owner import granted_reason, new_owner
 from asynclock._renew import Renewer
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock.state._protocol import ClaimingState, Grant
+from asynclock.state._protocol import Grant
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
+    from asynclock._line import ReleaseStep
     from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")
@@ -111,7 +112,6 @@ class AsyncLock:
         "_blocking",
         "_busy",
         "_contended",
-        "_duplicate",
         "_first_attempt",
         "_granted",
         "_held_since",
@@ -121,6 +121,9 @@ class AsyncLock:
         "_lost",
         "_max_lifetime",
         "_owner",
+        "_placed",
+        "_refused",
+        "_release_with",
         "_renewer",
         "_retry_after",
         "_scope",
@@ -161,8 +164,10 @@ class AsyncLock:
         self._contended = False
         self._held_since = 0.0
         self._granted = False
-        self._duplicate = False
+        self._placed = False
+        self._refused = False
         self._first_attempt: Callable[[str], Awaitable[Grant | None]] | None = None
+        self._release_with: ReleaseStep | None = None
         self._last_token: int | None = None
         self._lost = False
         self._retry_after: float | None = None
@@ -271,14 +276,18 @@ class AsyncLock:
             acquired = await self._acquire(bool(blocking), deadline)
         finally:
             self._busy = False
-        if _metrics._sink is not None:
-            if acquired:
-                _metrics.report("lock_acquired", self._key, loop.time() - started, self._contended)
-            else:
-                _metrics.report("lock_conflict", self._key)
+        self._report(acquired, started)
         if acquired or not blocking:
             return acquired
         raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
+
+    def _report(self, acquired: bool, started: float) -> None:
+        if _metrics._sink is not None:
+            if acquired:
+                waited = asyncio.get_running_loop().time() - started
+                _metrics.report("lock_acquired", self._key, waited, self._contended)
+            else:
+                _metrics.report("lock_conflict", self._key)
 
     async def _acquire(self, blocking: bool, deadline: float | None) -> bool:
         self._owner = new_owner()
@@ -302,11 +311,15 @@ class AsyncLock:
 
     async def _queue(self, line: Line, ticket: Ticket, deadline: float | None) -> bool:
         """Wait in the line until the lock is handed over, or it is our turn to contend."""
+        _join(line, ticket)
+        return await self._wait_in_line(line, ticket, deadline)
+
+    async def _wait_in_line(self, line: Line, ticket: Ticket, deadline: float | None) -> bool:
+        """As a waiter of ``line``: wait to be handed the lock, or for our turn to contend."""
         loop = asyncio.get_running_loop()
         self._contended = True
-        future: asyncio.Future[int | None] = loop.create_future()
-        ticket.future = future
-        line.waiters.append(ticket)
+        future = ticket.future
+        assert future is not None
         while True:
             member = line.member
             bound = member.expires + _EXPIRY_GRACE if member is not None else math.inf
@@ -333,12 +346,7 @@ class AsyncLock:
             if deadline is not None and loop.time() >= deadline:
                 future.cancel()
                 line.drop_waiter(ticket)
-                holder = line.member
-                self._retry_after = (
-                    max(holder.expires - loop.time(), 0.0)
-                    if holder is not None and not math.isinf(holder.expires)
-                    else None
-                )
+                self._retry_after = _left_to(line.member, loop.time())
                 return False
             # the holder should have expired by now without releasing: the head of the line
             # takes over and contends on the server (the others keep waiting)
@@ -373,10 +381,20 @@ class AsyncLock:
             await finish_despite_cancellation(release_chain(self._state, line, ticket))
 
     async def _contend(
-        self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
+        self,
+        line: Line,
+        ticket: Ticket,
+        blocking: bool,
+        deadline: float | None,
+        *,
+        keep_place: bool = False,
     ) -> bool:
-        """As the line's member, take the lock from the server (waiting for releases)."""
-        won = flagged = False
+        """As the line's member, take the lock from the server (waiting for releases).
+
+        With ``keep_place``, a non-blocking attempt that finds the key busy leaves ``ticket``
+        the line's member (see :meth:`_take_place`).
+        """
+        won = flagged = kept = False
         try:
             grant = await self._attempt(line, ticket, waiting=False)
             if grant.token is not None:
@@ -384,6 +402,7 @@ class AsyncLock:
                 return self._won(line, ticket, grant.token)
             if not blocking:
                 self._retry_after = grant.retry_after
+                kept = keep_place and not self._refused
                 return False
             loop = asyncio.get_running_loop()
             self._contended = True
@@ -404,7 +423,7 @@ class AsyncLock:
                         wait = min(wait, left)
                     await watch.wait(wait)
         finally:
-            if not won:
+            if not won and not kept:
                 line.leave(ticket)
                 if flagged and line.member is None:
                     # nobody of this process waits for the key any more: withdraw our flag or
@@ -415,33 +434,132 @@ class AsyncLock:
                     else:
                         run_in_background(withdraw)
 
-    def _arm_claim(self, claim: str, claim_ttl: float) -> None:
-        """Make the next acquire also record dedupe ``claim``, in the same atomic step.
+    def _arm_first_attempt(self, attempt: Callable[[str], Awaitable[Grant | None]]) -> None:
+        """Send ``attempt(owner)`` instead of the state's acquire for the next first try.
 
-        For the dispatcher (one round trip per fresh event); needs a ClaimingState. If the
-        claim was recorded already, the acquire fails and ``_duplicate`` is set.
+        For callers that fold more work into the acquire's atomic step (the dispatcher records
+        an event's dedupe claim in it: one round trip per fresh event). ``attempt`` answers like
+        ``State.acquire``, or ``None`` to refuse: the lock is then not acquired and
+        :attr:`_refused` is set. Used once, and only if this acquisition does reach the server.
         """
-        # the caller checked the capability once (a runtime Protocol check costs microseconds)
-        state = cast("ClaimingState", self._state)
-        key, ttl = self._key, self._ttl
+        self._first_attempt = attempt
 
-        def claim_and_acquire(owner: str) -> Awaitable[Grant | None]:
-            return state.acquire_claimed(key, owner, ttl, claim=claim, claim_ttl=claim_ttl)
+    def _arm_release(self, release: ReleaseStep) -> bool:
+        """Send ``release(key, owner, successor, ttl)`` instead of the state's release, once.
 
-        self._first_attempt = claim_and_acquire
-
-    def _settle_claim(self, claim: str, claim_ttl: float) -> bool:
-        """Make the coming release also set dedupe ``claim`` to expire in ``claim_ttl`` seconds.
-
-        For the dispatcher, which checked that the state is a ClaimingState: a handled event's
-        claim is marked done in its lock's release (one round trip). ``False`` when the lock is
-        not held through the state (granted); the caller then marks it done itself.
+        The counterpart of :meth:`_arm_first_attempt` (the dispatcher marks a handled event's
+        claim done in the release). ``False`` when the lock is not held through the state
+        (granted): nothing will be released, and the caller does its work itself.
         """
         ticket = self._ticket
         if self._token is None or ticket is None:
             return False
-        ticket.settle = (claim, claim_ttl)
+        ticket.release_with = release
         return True
+
+    # -- a place in the line, kept across the caller's awaits (for the dispatcher) ------------
+
+    def _take_place(self) -> None:
+        """Join this process's line for the key now, without asking the server and without awaiting.
+
+        The dispatcher's arrival-order guarantee rests on this: an event takes its place the
+        moment it arrives, so nothing it awaits next (a dedupe check, a conflict policy) lets a
+        later event of the same key overtake it. Exactly one of :meth:`_try_from_place` (then,
+        if it returned ``False``, :meth:`_wait_turn` or :meth:`_leave_place`) or
+        :meth:`_leave_place` must follow.
+        """
+        if self._busy or self._placed or self._token is not None or self._granted:
+            raise RuntimeError(f"AsyncLock {self._key!r} is already held or being acquired")
+        self._owner = new_owner()
+        self._lost = False
+        self._refused = False
+        self._retry_after = None
+        ticket = Ticket(self._owner, self._ttl)
+        line = line_for(self._state, self._key)
+        self._ticket, self._line = ticket, line
+        if line.member is None:
+            line.member = ticket
+        else:
+            _join(line, ticket)
+        self._placed = True
+        self._contended = False
+        self._held_since = asyncio.get_running_loop().time()  # when the place was taken
+
+    async def _try_from_place(self) -> bool:
+        """Acquire without waiting, from the place taken; on ``False`` the place is kept.
+
+        Only the line's member asks the server (one attempt); a waiter behind a member of this
+        process answers ``False`` at once, unless the lock was handed to it meanwhile.
+        """
+        ticket, line = self._ticket, self._line
+        assert self._placed
+        assert ticket is not None
+        assert line is not None
+        placed_at = self._held_since
+        handed = _handed_token(ticket)
+        if handed is not None:
+            self._placed = False
+            self._contended = True
+            self._report(self._won(line, ticket, handed, handed=True), placed_at)
+            return True
+        if line.member is not ticket:
+            self._retry_after = _left_to(line.member, asyncio.get_running_loop().time())
+            self._report(False, placed_at)
+            return False
+        self._busy = True
+        try:
+            won = await self._contend(line, ticket, False, None, keep_place=True)
+        except BaseException:
+            self._placed = False  # _contend left the line
+            raise
+        finally:
+            self._busy = False
+        if won or self._refused:
+            self._placed = False
+        if not self._refused:
+            self._report(won, placed_at)
+        return won
+
+    async def _wait_turn(self, deadline: float | None) -> bool:
+        """Wait from the place kept until the lock is ours (``False``: ``deadline`` passed)."""
+        ticket, line = self._ticket, self._line
+        assert self._placed
+        assert ticket is not None
+        assert line is not None
+        placed_at = self._held_since
+        self._busy = True
+        try:
+            handed = _handed_token(ticket)
+            if handed is not None:
+                won = self._won(line, ticket, handed, handed=True)
+            elif line.member is ticket:
+                won = await self._contend(line, ticket, True, deadline)
+            else:
+                won = await self._wait_in_line(line, ticket, deadline)
+        finally:
+            self._placed = False
+            self._busy = False
+        self._contended = True
+        if won:
+            self._report(True, placed_at)
+        return won
+
+    async def _leave_place(self) -> None:
+        """Give the place up, passing on a lock handed over meanwhile. Idempotent."""
+        ticket, line = self._ticket, self._line
+        if not self._placed or ticket is None or line is None:
+            return
+        self._placed = False
+        if ticket.future is not None:
+            await self._abandon_waiting(line, ticket)
+        else:  # the member, with nothing on the server: its one attempt found the key busy
+            line.leave(ticket)
+
+    def _holding(self) -> _Holding:
+        """``async with`` for a lock acquired (or granted) already: renewal, then release."""
+        if not self.owned and not self._granted:
+            raise RuntimeError(f"AsyncLock {self._key!r} is not held")
+        return _Holding(self)
 
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
         """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
@@ -452,7 +570,7 @@ class AsyncLock:
                 self._first_attempt = None
                 grant = await first(ticket.owner)
                 if grant is None:
-                    self._duplicate = True
+                    self._refused = True
                     return _NOT_GRANTED
                 return grant
             return await self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
@@ -580,7 +698,12 @@ class AsyncLock:
             return self
         if not self.owned:
             raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
-        if self._auto_renew:
+        self._start_holding()
+        return self
+
+    def _start_holding(self) -> None:
+        """The body begins: start renewing (``auto_renew``) under a scope it can cancel."""
+        if self._auto_renew and not self._granted:
             scope = anyio.CancelScope()
             scope.__enter__()
             self._scope = scope
@@ -588,7 +711,6 @@ class AsyncLock:
             self._renewer = Renewer(
                 self._state, self._key, self._ticket, self._ttl, self._max_lifetime, self._on_lost
             )
-        return self
 
     def _on_lost(self, reason: str) -> None:
         self._lost = True
@@ -624,9 +746,11 @@ class AsyncLock:
         if self._token is not None and ticket is not None and line is not None:
             try:
                 await self._release(line, ticket)
-            except LockNotOwnedError:
+            except LockNotOwnedError as not_owned:
                 if exc is None and not lost_while_held:
-                    raise
+                    # the body ran past the lock's life: the lock was lost while held, which
+                    # is what `async with` reports (an explicit release() says "not owned")
+                    raise LockLostError(self._key, self._owner) from not_owned
                 logger.warning(
                     "asynclock: lock %r had expired before its body finished",
                     self._key,
@@ -656,3 +780,45 @@ def _log_background_failure(task: asyncio.Task[Release]) -> None:
         logger.warning(
             "asynclock: background release failed (the lock expires by its TTL): %r", exc
         )
+
+
+class _Holding:
+    """The second half of ``async with lock`` for a lock acquired already (``_holding``)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: AsyncLock) -> None:
+        self._lock = lock
+
+    async def __aenter__(self) -> AsyncLock:
+        self._lock._start_holding()
+        return self._lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._lock.__aexit__(exc_type, exc, tb)
+
+
+def _join(line: Line, ticket: Ticket) -> None:
+    """Append ``ticket`` to ``line``'s waiters, with the future it is woken through."""
+    ticket.future = asyncio.get_running_loop().create_future()
+    line.waiters.append(ticket)
+
+
+def _handed_token(ticket: Ticket) -> int | None:
+    """The token of a lock handed to waiter ``ticket`` already, if it was."""
+    future = ticket.future
+    if future is None or not future.done() or future.cancelled():
+        return None
+    return future.result()
+
+
+def _left_to(holder: Ticket | None, now: float) -> float | None:
+    """Seconds until ``holder``'s lock expires, if it holds one (``None``: unknown)."""
+    if holder is None or math.isinf(holder.expires):
+        return None
+    return max(holder.expires - now, 0.0)

@@ -4,9 +4,11 @@ Every outcome and every conflict policy, per-key serialization, renewal and lock
 cancellation, submit/aclose, observability, and the chat SDK's defects P4-P6 plus the queue's lost
 wake-up, which asynclock must not have (``research/sql-and-chatsdk-benchmarks.md`` section 3.4).
 
-Arrival order is never left to a sleep: a conflict policy given as a function is called
-synchronously right before the event joins its key's line or backlog (:class:`Conflicts`), so the
-order of its calls *is* the arrival order, and waiting for ``n`` calls means ``n`` events wait.
+Arrival order is never left to a sleep: an event takes its place in its key's line the moment
+its dispatch starts, and a conflict policy given as a function (:class:`Conflicts`) is called once
+it waits, so waiting for ``n`` calls means ``n`` events wait. Under ``latest``/``debounce`` the
+function is called synchronously right before the event joins the backlog, so there the order of
+its calls is the backlog's order.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from asynclock import (
     EventDispatcher,
     HandlerContext,
     LockLostError,
+    MemoryState,
     Outcome,
     StateUnavailableError,
 )
@@ -154,6 +157,11 @@ class Gate:
     @property
     def ids(self) -> list[str | None]:
         return [e.message_id for e in self.calls]
+
+
+def state_is_shared(state: State) -> bool:
+    """Whether ``state`` is a server's (a round trip per call) rather than process memory."""
+    return not isinstance(state, MemoryState)
 
 
 def bot_with(
@@ -438,7 +446,8 @@ class TestQueued:
         conflicts = Conflicts("queue")
         bot = bot_with(state, gate, on_lock_conflict=conflicts)
         holder = await hold_key(bot, gate, ev("h"))
-        # 20 events at once; the order in which they hit the conflict is their arrival order
+        # 20 events at once: their arrival order is the order their dispatches start in (the
+        # conflict function may be called in another order, after each one's dedupe check)
         waiters = [asyncio.create_task(bot.dispatch(ev(f"w{n}"))) for n in range(20)]
         await conflicts.reach(20)
         assert not any(w.done() for w in waiters)
@@ -446,7 +455,7 @@ class TestQueued:
         assert await soon(holder) is Outcome.HANDLED
         outcomes = await soon(asyncio.gather(*waiters))
         assert outcomes == [Outcome.QUEUED] * 20
-        assert gate.ids == ["h", *(e.message_id for e in conflicts.seen)]
+        assert gate.ids == ["h", *(f"w{n}" for n in range(20))]
         assert gate.most_inside[KEY] == 1
         tokens = [c.token for c in gate.contexts]
         assert all(t is not None for t in tokens)
@@ -506,6 +515,31 @@ class TestQueued:
         newcomer = asyncio.create_task(bot.dispatch(ev("new")))
         outcomes = await soon(asyncio.gather(first, second, newcomer))
         assert gate.ids == ["w1", "w2", "new"], (gate.ids, outcomes)
+
+    @pytest.mark.timeout(240)
+    async def test_arrival_order_holds_for_events_2_ms_apart_200_times(self, state: State) -> None:
+        # 20 events of one thread, 2 ms apart, handlers about as long as the spacing: a
+        # handler's release often finds no waiter yet, and the next waiter then contends on the
+        # server just as a newer event arrives. The newer one must never get the key first.
+        rounds = 200 if state_is_shared(state) else 50
+        order: list[int] = []
+        bot = EventDispatcher(state, on_lock_conflict="queue")
+
+        @bot.on("mention")
+        async def handle(event: Event) -> None:
+            order.append(int((event.message_id or "").split(":")[1]))
+            await asyncio.sleep(0.002)
+
+        for round_number in range(rounds):
+            order.clear()
+            tasks = []
+            for n in range(20):
+                message = f"r{round_number}:{n}"
+                tasks.append(asyncio.create_task(bot.dispatch(ev(message))))
+                await asyncio.sleep(0.002)
+            outcomes = await soon(asyncio.gather(*tasks), 30.0)
+            assert set(outcomes) <= {Outcome.HANDLED, Outcome.QUEUED}
+            assert order == list(range(20)), f"round {round_number}: {order}"
 
     async def test_nothing_is_stranded_under_a_burst(self, state: State) -> None:
         # The chat SDK's queue lost wake-up: events enqueued between the holder's last empty
@@ -651,6 +685,142 @@ class TestLatestAndDebounce:
         await key_freed(state)  # the backlog releases after its dispatches return
         for n in (1, 2):  # none was handled: each redelivery is
             assert await bot.dispatch(ev(f"e{n}")) is Outcome.HANDLED
+
+
+class TestBatchesReachTheirHandlers:
+    """A batch of latest/debounce never folds an event away from the handlers it belongs to."""
+
+    async def test_a_skipped_event_goes_to_its_own_types_handler(self, state: State) -> None:
+        # Only "mention" has a handler; the batch [mention m1, message m2] used to call nothing
+        # (the newest is a message) while m1 was SKIPPED and remembered: the mention was lost.
+        conflicts = Conflicts("latest")
+        calls: list[tuple[str | None, list[str | None]]] = []
+        entered, opened = asyncio.Event(), asyncio.Event()
+        bot = EventDispatcher(state, on_lock_conflict=conflicts)
+
+        @bot.on("mention")
+        async def mention(event: Event, ctx: HandlerContext) -> None:
+            calls.append((event.message_id, [e.message_id for e in ctx.skipped]))
+            if event.message_id == "h":
+                entered.set()
+                await opened.wait()
+
+        holder = asyncio.create_task(bot.dispatch(ev("h")))
+        await soon(entered.wait())
+        m1 = asyncio.create_task(bot.dispatch(ev("m1")))
+        await conflicts.reach(1)
+        m2 = asyncio.create_task(bot.dispatch(ev("m2", type="message")))
+        await conflicts.reach(2)
+        opened.set()
+        assert await soon(asyncio.gather(holder, m1, m2)) == [
+            Outcome.HANDLED,
+            Outcome.QUEUED,  # handled by its own handler
+            Outcome.SKIPPED,  # no handler of its type: folded into the batch's call
+        ]
+        assert calls == [("h", []), ("m1", ["m2"])]
+        await key_freed(state)
+
+    async def test_each_type_with_a_handler_gets_its_newest(self, state: State) -> None:
+        conflicts = Conflicts("latest")
+        calls: list[tuple[str, str | None, list[str | None]]] = []
+        entered, opened = asyncio.Event(), asyncio.Event()
+        bot = EventDispatcher(state, on_lock_conflict=conflicts)
+
+        def record(name: str) -> Callable[[Event, HandlerContext], Awaitable[None]]:
+            async def handle(event: Event, ctx: HandlerContext) -> None:
+                calls.append((name, event.message_id, [e.message_id for e in ctx.skipped]))
+                if event.message_id == "h":
+                    entered.set()
+                    await opened.wait()
+
+            return handle
+
+        bot.add_handler("mention", record("mention"))
+        bot.add_handler("message", record("message"))
+        holder = asyncio.create_task(bot.dispatch(ev("h")))
+        await soon(entered.wait())
+        batch = [("a1", "mention"), ("b1", "message"), ("a2", "mention"), ("b2", "message")]
+        tasks = []
+        for n, (message, kind) in enumerate(batch, 1):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(message, type=kind))))
+            await conflicts.reach(n)
+        opened.set()
+        outcomes = await soon(asyncio.gather(holder, *tasks))
+        assert outcomes == [
+            Outcome.HANDLED,
+            Outcome.SKIPPED,
+            Outcome.SKIPPED,
+            Outcome.QUEUED,
+            Outcome.QUEUED,
+        ]
+        assert calls == [
+            ("mention", "h", []),
+            ("mention", "a2", ["a1"]),
+            ("message", "b2", ["b1"]),
+        ]
+        await key_freed(state)
+
+    async def test_with_no_handler_at_all_nothing_is_skipped_into_nothing(
+        self, state: State
+    ) -> None:
+        conflicts = Conflicts("latest")
+        entered, opened = asyncio.Event(), asyncio.Event()
+        bot = EventDispatcher(state, on_lock_conflict=conflicts)
+
+        @bot.on("mention")
+        async def holder_only(event: Event) -> None:
+            entered.set()
+            await opened.wait()
+
+        holder = asyncio.create_task(bot.dispatch(ev("h")))
+        await soon(entered.wait())
+        tasks = []
+        for n in (1, 2):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"r{n}", type="reaction"))))
+            await conflicts.reach(n)
+        opened.set()
+        # no handler takes a reaction: each ends as a lone dispatch would, none SKIPPED
+        assert (
+            await soon(asyncio.gather(holder, *tasks)) == [Outcome.HANDLED] + [Outcome.QUEUED] * 2
+        )
+        await key_freed(state)
+
+    @pytest.mark.parametrize("policy", ["latest", "debounce"])
+    async def test_channel_scope_folds_each_thread_on_its_own(
+        self, state: State, policy: PolicyName
+    ) -> None:
+        # One lock per channel, but a handler only ever sees its own thread's backlog.
+        conflicts = Conflicts(policy)
+        gate = Gate()
+        bot = bot_with(state, gate, on_lock_conflict=conflicts, lock_scope="channel", debounce=0.01)
+        holder = await hold_key(bot, gate, ev("h"))
+        arrivals = [("t1a", "T1"), ("t2a", "T2"), ("t1b", "T1"), ("t2b", "T2"), ("t3a", "T3")]
+        tasks = []
+        for n, (message, thread) in enumerate(arrivals, 1):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(message, thread=thread))))
+            await conflicts.reach(n)
+        gate.open()
+        outcomes = await soon(asyncio.gather(holder, *tasks))
+        assert outcomes == [
+            Outcome.HANDLED,
+            Outcome.SKIPPED,
+            Outcome.SKIPPED,
+            Outcome.QUEUED,
+            Outcome.QUEUED,
+            Outcome.QUEUED,
+        ]
+        handled = [
+            (e.thread_id, e.message_id, [s.message_id for s in c.skipped])
+            for e, c in zip(gate.calls, gate.contexts, strict=True)
+        ]
+        assert handled == [
+            ("T1", "h", []),
+            ("T1", "t1b", ["t1a"]),
+            ("T2", "t2b", ["t2a"]),
+            ("T3", "t3a", []),
+        ]
+        assert {c.lock_key for c in gate.contexts} == {"slack:C1"}
+        await key_freed(state, "slack:C1")
 
 
 class TestFailed:

@@ -296,6 +296,34 @@ class TestExpiry:
         await second.release()
         await assert_free_now(state, key)
 
+    async def test_async_with_whose_lock_expired_in_the_body_raises_lock_lost(
+        self, state: State, key: str
+    ) -> None:
+        # The body finishes normally after the TTL ran out: the lock was lost while held, and
+        # that is what `async with` reports (docs/exceptions.md), not "not owned".
+        lock = AsyncLock(state, key, ttl=0.2)
+        with pytest.raises(LockLostError) as caught:
+            async with lock:
+                await eventually(lambda: is_free(state, key), within=3.0)
+        assert caught.value.key == key
+        assert isinstance(caught.value.__cause__, LockNotOwnedError)
+        assert lock.lost
+        assert not lock.owned
+
+    async def test_async_with_whose_body_raised_keeps_the_bodys_error(
+        self, state: State, key: str
+    ) -> None:
+        lock = AsyncLock(state, key, ttl=0.2)
+
+        async def outlive_then_fail() -> None:
+            async with lock:
+                await eventually(lambda: is_free(state, key), within=3.0)
+                raise KeyError("the body's own error")
+
+        with pytest.raises(KeyError):
+            await outlive_then_fail()
+        assert not lock.owned
+
     async def test_takeover_by_peer_client(self, state: State, peer_state: State, key: str) -> None:
         first = AsyncLock(state, key, ttl=0.3)
         await first.acquire()
