@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asynclock._cli import main
+from asynclock.cli import main
 
 __all__ = ("main",)
 

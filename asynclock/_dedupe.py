@@ -6,9 +6,9 @@ import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
+from asynclock._cancel import finish_despite_cancellation
+from asynclock._claim import LeaseKeeper
 from asynclock._errors import StateUnavailableError
-from asynclock._lease import LeaseKeeper
-from asynclock._line import finish_despite_cancellation
 from asynclock._validate import check_key, check_ttl
 
 if TYPE_CHECKING:

@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
 from asynclock import metrics as _metrics
+from asynclock._cancel import finish_despite_cancellation
+from asynclock._claim import EventClaim
 from asynclock._errors import StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
-from asynclock._lease import LeaseKeeper
-from asynclock._line import finish_despite_cancellation
+from asynclock._grant import granted_reason
 from asynclock._lock import AsyncLock
-from asynclock._owner import granted_reason
 from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock.state._protocol import ClaimingState
 from asynclock.state.memory import MemoryState
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-    from asynclock.state._protocol import Grant, Release, State
+    from asynclock.state._protocol import State
 
 logger = logging.getLogger("asynclock")
 
@@ -72,118 +72,6 @@ class _Registered:
             result = self.one(event)
         if inspect.isawaitable(result):
             await result
-
-
-class _Claim:
-    """An event's dedupe record, in two phases: *in progress* under a lease, then *done*.
-
-    The lease (the dispatcher's ``lock_ttl``) is renewed while the dispatch runs, waiting or
-    handling; a dispatcher that dies mid-event therefore hides the platform's redelivery for at
-    most one lease. Once the event is handled the record gets the full dedupe TTL, in the lock's
-    release when the state allows (a ClaimingState), else by a call of its own.
-    """
-
-    __slots__ = ("done", "handled", "keeper", "key", "owner", "recorded")
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        #: this dispatch may have recorded the claim, so it forgets it if the event is not handled
-        self.recorded = False
-        #: the lock's release marks the claim done
-        self.done = False
-        #: the handlers ran to completion (a failure after that does not make it unhandled)
-        self.handled = False
-        #: the lock owner whose acquire_claimed recorded the claim as its own (ClaimingState)
-        self.owner: str | None = None
-        self.keeper: LeaseKeeper | None = None
-
-    @classmethod
-    def of(cls, event: Event, lock_key: str) -> _Claim | None:
-        if event.dedupe_key is None:
-            return None
-        # refused like any key (NUL, lone surrogates), on every backend alike
-        check_key(event.dedupe_key, "event dedupe key")
-        # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
-        return cls(f"event:{{{lock_key}}}:{event.adapter}:{event.dedupe_key}")
-
-    def ride_on_acquire(self, lock: AsyncLock, state: ClaimingState, lease: float) -> None:
-        """Record the claim in ``lock``'s first server attempt, if it makes one (one round trip).
-
-        If the claim exists already the attempt is refused (``lock._refused``): a duplicate.
-        """
-        key, ttl = lock.key, lock.ttl
-
-        def claim_and_acquire(owner: str) -> Awaitable[Grant | None]:
-            # from here the claim may be recorded as this owner's (even if the call fails):
-            # forget it on failure if it is, preferring a possible second delivery to a loss
-            self.recorded = True
-            self.owner = owner
-            return state.acquire_claimed(key, owner, ttl, claim=self.key, claim_ttl=lease)
-
-        lock._arm_first_attempt(claim_and_acquire)
-
-    def keep(self, state: State, lease: float) -> None:
-        """The claim is recorded (in progress): renew its lease until the dispatch ends."""
-        self.recorded = True
-        if self.keeper is None:
-            self.keeper = LeaseKeeper(state, self.key, lease)
-
-    async def _stop_keeping(self) -> None:
-        if self.keeper is not None:
-            await self.keeper.stop()
-
-    async def settle_in_release(self, lock: AsyncLock, state: ClaimingState, ttl: float) -> None:
-        """Handled under ``lock``: mark the claim done (``ttl``) in the lock's release."""
-        await self._stop_keeping()
-        claim = self.key
-
-        def release_claimed(
-            key: str, owner: str, successor: str | None, successor_ttl: float | None
-        ) -> Awaitable[Release]:
-            return state.release_claimed(
-                key, owner, claim=claim, claim_ttl=ttl, successor=successor, ttl=successor_ttl
-            )
-
-        self.done = lock._arm_release(release_claimed)
-
-    async def finish(self, state: State, ttl: float) -> bool:
-        """Handled: remember the event for the full dedupe ``ttl``; ``False`` if that failed."""
-        await self._stop_keeping()
-        if not self.recorded or self.done:
-            return True
-        try:
-            await state.dedupe_keep(self.key, ttl)
-        except StateUnavailableError as exc:
-            # handled, but remembered only until the lease runs out unless a retry gets through
-            # first: a later redelivery would run again (at least once, never lost)
-            logger.warning(
-                "asynclock: could not mark event claim %r done: %s; retrying in the background",
-                self.key,
-                exc,
-            )
-            return False
-        return True
-
-    async def forget(self, state: State) -> None:
-        """Not handled (dropped, failed, cancelled): let the platform's redelivery through."""
-        await self._stop_keeping()
-        if not self.recorded:
-            return
-        self.recorded = False
-        try:
-            if self.owner is not None:
-                # only if it is ours: our claim attempt may not have landed, and the record may
-                # be that of a delivery that was handled
-                await cast("ClaimingState", state).forget_claimed(self.key, self.owner)
-            else:
-                await state.dedupe_forget(self.key)
-        except StateUnavailableError as exc:
-            logger.warning(
-                "asynclock: could not forget event claim %r: a redelivery looks like a duplicate "
-                "until its lease runs out (%s)",
-                self.key,
-                exc,
-            )
 
 
 class _Backlog:
@@ -450,7 +338,7 @@ class EventDispatcher:
             if self._raise_errors:
                 raise
             return Outcome.FAILED
-        claim = _Claim.of(event, lock_key)
+        claim = EventClaim.of(event, lock_key)
         if claim is None:
             return await self._dispatch(event, lock_key, None, started)
         if claim.key in self._claims_here:
@@ -466,7 +354,7 @@ class EventDispatcher:
             self._claims_here.discard(claim.key)
 
     async def _dispatch(
-        self, event: Event, lock_key: str, claim: _Claim | None, started: float
+        self, event: Event, lock_key: str, claim: EventClaim | None, started: float
     ) -> Outcome:
         try:
             outcome = await self._route(event, lock_key, claim)
@@ -490,7 +378,7 @@ class EventDispatcher:
                 await self._finish(claim)
         return await self._record(event, outcome, lock_key, started=started)
 
-    async def _route(self, event: Event, lock_key: str, claim: _Claim | None) -> Outcome:
+    async def _route(self, event: Event, lock_key: str, claim: EventClaim | None) -> Outcome:
         handlers = self._handlers_for(event.type)
         if self._policy == "concurrent" or granted_reason() is not None:
             # no lock to take (concurrent), or every AsyncLock is granted without touching the
@@ -518,7 +406,7 @@ class EventDispatcher:
             acquired = await lock._try_from_place()
             if lock._refused:
                 assert claim is not None
-                claim.recorded = False  # somebody else's record: never forget it
+                claim.not_ours()
                 return Outcome.DUPLICATE
             if claim is not None:
                 # an event behind another of this process never reached the server: its claim
@@ -549,7 +437,7 @@ class EventDispatcher:
             return Outcome.FORCED
         return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
 
-    async def _claim_alone(self, claim: _Claim) -> bool:
+    async def _claim_alone(self, claim: EventClaim) -> bool:
         """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""
         if not await self._state.dedupe_add(claim.key, self._lock_ttl):
             return False
@@ -557,7 +445,7 @@ class EventDispatcher:
         return True
 
     async def _under_lock(
-        self, lock: AsyncLock, handlers: list[_Registered], event: Event, claim: _Claim | None
+        self, lock: AsyncLock, handlers: list[_Registered], event: Event, claim: EventClaim | None
     ) -> None:
         """Run the handlers under ``lock`` (acquired or granted already), then release it.
 
@@ -574,7 +462,7 @@ class EventDispatcher:
                 await self._call(handlers, event, HandlerContext(lock.key, lock.token))
                 handled = True
                 if claim is not None:
-                    claim.handled = True
+                    claim.handled_now()
                     if self._claiming:  # the release marks it done too
                         state = cast("ClaimingState", self._state)
                         await claim.settle_in_release(lock, state, self._dedupe_ttl)
@@ -582,7 +470,7 @@ class EventDispatcher:
             if not handled:
                 raise
             if claim is not None:
-                claim.done = False  # the release may not have marked it: mark it on its own
+                claim.release_failed()  # so the done mark is written by a call of its own
             logger.warning(
                 "asynclock: event %s handled, but releasing lock %r failed (%s: %s); the lock "
                 "expires by its TTL",
@@ -594,7 +482,7 @@ class EventDispatcher:
             )
         except BaseException:
             if handled and claim is not None:
-                claim.done = False
+                claim.release_failed()
             raise
 
     async def _conflict_policy(self, lock_key: str, event: Event) -> PolicyName:
@@ -615,7 +503,7 @@ class EventDispatcher:
         for handler in handlers:
             await handler(event, ctx)
 
-    async def _finish(self, claim: _Claim) -> None:
+    async def _finish(self, claim: EventClaim) -> None:
         """Mark a handled event's claim done; if the state is out of reach, keep trying.
 
         The claim's lease is no longer renewed, so it lapses within ``lock_ttl``; a retry that

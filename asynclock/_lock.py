@@ -11,30 +11,25 @@ from typing import TYPE_CHECKING, final
 import anyio
 
 from asynclock import metrics as _metrics
+from asynclock._cancel import finish_despite_cancellation, run_in_background
 from asynclock._errors import (
     LockAcquisitionError,
     LockLostError,
     LockNotOwnedError,
     StateUnavailableError,
 )
-from asynclock._line import (
-    Line,
-    Ticket,
-    finish_despite_cancellation,
-    line_for,
-    release_chain,
-    run_in_background,
-)
-from asynclock._owner import granted_reason, new_owner
+from asynclock._grant import granted_reason
+from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock._waiters import Line, Ticket, line_for, release_chain
 from asynclock.state._protocol import Grant
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-    from asynclock._line import ReleaseStep
+    from asynclock._waiters import ReleaseStep
     from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")

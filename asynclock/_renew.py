@@ -13,7 +13,7 @@ from asynclock._errors import StateUnavailableError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from asynclock._line import Ticket
+    from asynclock._waiters import Ticket
     from asynclock.state._protocol import State
 
 

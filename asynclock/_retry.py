@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast, final, overload
 
 from asynclock._errors import LockAcquisitionError
-from asynclock._owner import grant_all, reset_grant
+from asynclock._grant import grant_all, reset_grant
 
 if TYPE_CHECKING:
     from typing_extensions import ParamSpec

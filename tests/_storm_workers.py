@@ -1,6 +1,6 @@
 """Entry points of the OS processes that ``conformance/test_storm.py`` spawns.
 
-Each process delivers its share of the webhook storm (:mod:`asynclock._storm`) with its own
+Each process delivers its share of the webhook storm (:mod:`asynclock.cli._storm`) with its own
 event loop and its own lock state (built from the lock URL: a single Redis, Redis Cluster's
 ``redis+cluster://``, PostgreSQL or MySQL), against a "database" kept on the Redis server itself
 (:class:`RedisConversations`), so the find and the create of find-or-create are real round
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from asynclock import AsyncLock, state_from_url
-from asynclock._storm import Message, StormHandler, lock_key, run_storm, storm_handler
+from asynclock.cli._storm import Message, StormHandler, lock_key, run_storm, storm_handler
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
     from multiprocessing.synchronize import Barrier, Event
 
     from asynclock._retry import WaitSpec
-    from asynclock._storm import Variant
+    from asynclock.cli._storm import Variant
 
 #: How long a worker waits for its siblings at the start line, or for the holder's signal.
 START_TIMEOUT = 60.0

@@ -47,8 +47,11 @@ __all__ = (
 def state_from_url(url: str, **options: object) -> State:
     """Build the state that serves ``url``, chosen by its scheme.
 
-    ``memory://`` gives a :class:`MemoryState`; ``redis://``, ``rediss://`` and ``unix://`` a
-    :class:`RedisState` (``options`` go to :meth:`RedisState.from_url`, e.g. ``prefix=``).
+    The schemes (the table :data:`asynclock.state._url.SCHEMES`): ``memory://`` gives a
+    :class:`MemoryState`; ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://`` and
+    ``redis+sentinel://`` a :class:`RedisState`; ``postgresql://`` and ``postgres://`` a
+    :class:`PostgresState`; ``mysql://`` a :class:`MySQLState`. ``options`` go to the class's
+    ``from_url`` (e.g. ``prefix=``).
 
     Raises:
         ValueError: the scheme is unknown (the message lists the known ones).

@@ -1,4 +1,4 @@
-"""Optional helpers for state classes (never part of the contract, STYLE 9.4)."""
+"""Optional helpers for state classes: shared behaviour, never part of the State contract."""
 
 from __future__ import annotations
 

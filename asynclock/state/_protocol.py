@@ -80,7 +80,7 @@ class LockInfo:
 
 @runtime_checkable
 class Watch(Protocol):
-    """A subscription to release notifications for one key (see :meth:`Notifier.watch`)."""
+    """A subscription to release notifications for one key (see :meth:`State.watch`)."""
 
     def reset(self) -> None:
         """Forget notifications received so far; call it right before each acquire attempt."""

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import AsyncLock, LockNotOwnedError
-from asynclock._admin import format_locks, held_locks, unlock
-from asynclock._cli import main
+from asynclock.cli._admin import format_locks, held_locks, unlock
+from asynclock.cli._main import main
 from asynclock.state._protocol import LockAdmin
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from redis.crc import key_slot
 from redis.exceptions import MovedError
 
 from asynclock import AsyncLock, RedisState, StateUnavailableError, state_from_url
-from asynclock._admin import held_locks
+from asynclock.cli._admin import held_locks
 from tests._helpers import eventually, token_of
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
 from tests.conftest import Target, new_namespace

@@ -24,7 +24,7 @@ from asynclock import (
     RetryStatistics,
     retry_on_lock_conflict,
 )
-from asynclock._storm import (
+from asynclock.cli._storm import (
     MemoryConversations,
     run_storm,
     storm_handler,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from asynclock import State
-    from asynclock._storm import StormTally, Variant
+    from asynclock.cli._storm import StormTally, Variant
 
 
 def statistics_of(function: object) -> RetryStatistics:
@@ -349,7 +349,7 @@ class TestProcessWithoutLock:
 
 
 class TestStormInOneProcess:
-    """The webhook storm of ``asynclock._storm`` in one process (the demo's scenario)."""
+    """The webhook storm of ``asynclock.cli._storm`` in one process (the demo's scenario)."""
 
     async def test_no_lock_creates_duplicates(self, state: State) -> None:
         counted = await self._storm(state, "no lock")

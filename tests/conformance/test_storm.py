@@ -31,7 +31,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asynclock import retry_on_lock_conflict
-from asynclock._storm import StormTally, lock_key, storm_messages, tally
+from asynclock.cli._storm import StormTally, lock_key, storm_messages, tally
 from tests import _storm_workers
 from tests._matrix import REDIS, TEST_PREFIX, require
 from tests._workers import REDIS_BACKENDS, redis_client
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from multiprocessing.synchronize import Event
 
     from asynclock import RedisState
-    from asynclock._storm import Message, Variant
+    from asynclock.cli._storm import Message, Variant
     from tests.conftest import Target
 
 pytestmark = pytest.mark.processes

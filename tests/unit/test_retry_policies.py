@@ -23,8 +23,8 @@ from asynclock import (
     RetryStatistics,
     retry_on_lock_conflict,
 )
-from asynclock._demo import format_result, run_demo
-from asynclock._owner import granted_reason
+from asynclock._grant import granted_reason
+from asynclock.cli._demo import format_result, run_demo
 from tests._helpers import finish, loop_steps
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 redis-py's ``execute_command`` and ``BlockingConnectionPool`` spend most of a lock round trip
 in the client (an ``asyncio.Condition`` and a timeout context per checkout, a liveness probe,
 retry and observability wrappers), which is why peers built on them reach at best ~0.9x of
-the bare command rate (research/peer-lock-benchmarks.md). RedisState needs one thing: send a
+the bare command rate (see docs/benchmarks.md). RedisState needs one thing: send a
 command and read its reply on an idle connection. Connections still come from redis-py
 (``connection_class(**connection_kwargs)``), so AUTH, TLS, RESP3, db selection and unix
 sockets behave exactly as configured on the client.

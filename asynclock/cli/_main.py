@@ -2,7 +2,7 @@
 
 Subcommands:
 
-* ``demo``: the webhook storm, without and with asynclock (see :mod:`asynclock._demo`).
+* ``demo``: the webhook storm, without and with asynclock (see :mod:`asynclock.cli._demo`).
 * ``bench``: runs the benchmark harness of a source checkout (``python -m benchmarks``).
 * ``locks``: the locks held now (key, owner host and pid, seconds left, token), as a table or
   JSON; ``unlock``: force-release one key after a confirmation (``--yes`` skips it), logged.
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asynclock._admin import format_locks, held_locks, open_state, print_locks, unlock
-from asynclock._demo import format_result, run_demo
 from asynclock._errors import StateUnavailableError
+from asynclock.cli._admin import format_locks, held_locks, open_state, print_locks, unlock
+from asynclock.cli._demo import format_result, run_demo
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -148,19 +148,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(bench_args: list[str]) -> int:
-    """Run the benchmark harness of the source checkout in the current folder."""
-    here = Path.cwd()
-    if not (here / "benchmarks" / "_cli.py").is_file():
+    """Run ``python -m benchmarks`` of a source checkout, in a process of its own.
+
+    The checkout is the one this package was installed from (an editable install), else the
+    current folder; the harness runs with that folder as its working directory, so nothing is
+    added to this process's ``sys.path``.
+    """
+    for checkout in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (checkout / "benchmarks" / "_cli.py").is_file():
+            break
+    else:
         print(
             "asynclock bench: run it from a source checkout of asynclock (the benchmarks/ "
             "folder is not part of the installed package)",
             file=sys.stderr,
         )
         return 2
-    sys.path.insert(0, str(here))
-    bench_cli = importlib.import_module("benchmarks._cli")
-    code: int = bench_cli.main(bench_args or ["all"])
-    return code
+    command = [sys.executable, "-m", "benchmarks", *(bench_args or ["all"])]
+    return subprocess.call(command, cwd=checkout)
 
 
 def _admin_command(args: argparse.Namespace) -> int:

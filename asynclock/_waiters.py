@@ -1,4 +1,4 @@
-"""This process's queue of acquirers for one key of one state (the "line").
+"""The waiters: this process's queue of acquirers for one key of one state (its "line").
 
 Only one member of a line talks to the server at a time: the *member* holds the lock or is
 contending for it, everyone else waits in FIFO order in ``waiters``. That is what makes
@@ -21,21 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, TypeAlias
 
+from asynclock._cancel import clean_up
+
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine
+    from collections.abc import Awaitable, Callable
 
     from asynclock.state._protocol import Release, State
 
     #: a release to send instead of the state's: ``(key, owner, successor, successor_ttl)``
     ReleaseStep: TypeAlias = Callable[[str, str, str | None, float | None], Awaitable[Release]]
-
-logger = logging.getLogger("asynclock")
 
 
 class Ticket:
@@ -169,44 +168,6 @@ def _send_release(
     if step is None:
         return state.release(key, current.owner, successor=owner, ttl=ttl)
     return step(key, current.owner, owner, ttl)
-
-
-async def finish_despite_cancellation(work: Coroutine[object, object, object]) -> None:
-    """Run clean-up ``work`` to its end even if the calling task is cancelled (again) meanwhile.
-
-    Failures are logged, not raised: the caller is already propagating an exception. Backends
-    bound every operation by their timeout, so this cannot hang.
-    """
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        # asyncio.wait never cancels the task it waits for, and raises only CancelledError
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait((task,))
-    _log_failure(task)
-
-
-async def clean_up(work: Coroutine[object, object, object], *, wait: bool) -> None:
-    """Run clean-up ``work``: to its end despite cancellation, or in the background."""
-    if wait:
-        await finish_despite_cancellation(work)
-    else:
-        run_in_background(work)
-
-
-def run_in_background(work: Coroutine[object, object, object]) -> None:
-    """Run clean-up ``work`` without waiting for it; failures are logged."""
-    task = asyncio.get_running_loop().create_task(work)
-    task.add_done_callback(_log_failure)
-
-
-def _log_failure(task: asyncio.Future[object]) -> None:
-    if not task.done() or task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        logger.warning(
-            "asynclock: background clean-up failed (the lock expires by its TTL): %r", exc
-        )
 
 
 _registry: weakref.WeakKeyDictionary[State, dict[tuple[int, str], Line]] = (

@@ -11,7 +11,7 @@ This is the race from the origin story (Instagram webhooks in a Rails chat app);
 ``python -m asynclock demo`` (``--state redis://...`` to use Redis).
 
 A second section runs the same storm the way the origin story's job does it, with a
-non-blocking lock (see :mod:`asynclock._storm`): without a lock (duplicates), with a lock but no
+non-blocking lock (see :mod:`asynclock.cli._storm`): without a lock (duplicates), with a lock but no
 retry (a conflict loses the message), and with ``retry_on_lock_conflict(wait=lambda n: step * n,
 attempts=3, on_exhaustion="process_without_lock")`` whose retry window equals the lock's TTL
 (neither).
@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asynclock import AsyncLock, state_from_url
-from asynclock._demo_dispatch import DispatchTally, format_dispatch, run_dispatch_demo
-from asynclock._storm import (
+from asynclock._validate import check_seconds
+from asynclock.cli._demo_dispatch import DispatchTally, format_dispatch, run_dispatch_demo
+from asynclock.cli._storm import (
     VARIANTS,
     MemoryConversations,
     Message,
@@ -38,13 +39,12 @@ from asynclock._storm import (
     storm_handler,
     tally,
 )
-from asynclock._validate import check_seconds
 from asynclock.state._url import redact
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from asynclock._storm import Variant
+    from asynclock.cli._storm import Variant
     from asynclock.state._protocol import State
 
 logger = logging.getLogger("asynclock")
@@ -83,7 +83,7 @@ class DemoResult:
         contacts: how many distinct contacts the messages were spread over.
         gap: the simulated database round trip, in seconds.
         scenarios: ``(no lock, with AsyncLock)``.
-        storms: the retry section, one tally per variant of :mod:`asynclock._storm`
+        storms: the retry section, one tally per variant of :mod:`asynclock.cli._storm`
             (``no lock``, ``lock, no retry``, ``lock + retry``); empty when it was not run.
         storm_ttl: the lock TTL of the retry section, in seconds (its retry window: the same).
     """

@@ -1,0 +1,234 @@
+"""Two-phase dedupe claims: *in progress* under a renewed lease, then *done* for the full TTL.
+
+``Deduper.claim`` and ``EventDispatcher`` record an event as in progress for a short lease and
+mark it done only once it was handled: a worker that dies mid-event hides the platform's
+redelivery for at most the lease, never for the whole dedupe TTL.
+
+* :class:`LeaseKeeper` renews an in-progress record until the work ends.
+* :class:`EventClaim` is one dispatch's claim on an event, moving through :class:`Phase`. It
+  composes with the event's :class:`AsyncLock` only through the lock's two generic hooks
+  (``_arm_first_attempt`` and ``_arm_release``): on a :class:`ClaimingState` the claim rides on
+  the lock's acquire and release scripts (one round trip each); elsewhere it makes calls of its
+  own. The lock knows nothing of dedupe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from typing import TYPE_CHECKING, cast
+
+from asynclock._errors import StateUnavailableError
+from asynclock._validate import check_key
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from asynclock._event import Event
+    from asynclock._lock import AsyncLock
+    from asynclock.state._protocol import ClaimingState, Grant, Release, State
+
+logger = logging.getLogger("asynclock")
+
+
+class LeaseKeeper:
+    """Renews an *in progress* dedupe claim every ``lease/3`` seconds until :meth:`stop`.
+
+    Lazy: nothing but a timer exists until the first renewal is due, so work shorter than
+    ``lease/3`` costs no task and no round trip. Invariant: once :meth:`stop` has returned, no
+    renewal is on the wire and none will be sent, so the caller's next write to the record
+    (*done* with the full TTL, or forget) is the last one; a renewal is never cancelled
+    mid-flight, because it could then land after that write and undo it.
+    """
+
+    __slots__ = ("_handle", "_lease", "_renewing", "_state", "_stopped", "_task", "key")
+
+    def __init__(self, state: State, key: str, lease: float) -> None:
+        self._state = state
+        self.key = key
+        self._lease = lease
+        self._task: asyncio.Task[None] | None = None
+        self._renewing = False
+        self._stopped = False
+        self._handle = asyncio.get_running_loop().call_later(lease / 3, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"asynclock-lease {self.key!r}"
+        )
+
+    async def _run(self) -> None:
+        while True:  # stop() cancels the task before its first step or between renewals
+            self._renewing = True
+            try:
+                await self._state.dedupe_keep(self.key, self._lease)
+            except Exception as exc:  # noqa: BLE001 - the lease may lapse: a redelivery may run
+                logger.warning(
+                    "asynclock: could not renew the claim lease of %r: %s", self.key, exc
+                )
+            finally:
+                self._renewing = False
+            if self._stopped:
+                return
+            await asyncio.sleep(self._lease / 3)
+
+    async def stop(self) -> None:
+        """Stop renewing; returns once no renewal is in flight. Idempotent."""
+        self._stopped = True
+        self._handle.cancel()
+        task = self._task
+        if task is None or task.done():
+            return
+        if not self._renewing:
+            task.cancel()  # asleep between renewals: nothing on the wire
+        await asyncio.wait({task})
+
+
+class Phase(enum.Enum):
+    """Where one dispatch's claim on an event stands."""
+
+    #: this dispatch has recorded nothing (or the record found is somebody else's)
+    NEW = "new"
+    #: recorded, or maybe recorded (an attempt of unknown outcome), by this dispatch; the lease
+    #: is renewed while the event waits or runs
+    IN_PROGRESS = "in progress"
+    #: the handlers returned; the done mark is still to be written
+    HANDLED = "handled"
+    #: handled, and the done mark rides on the lock's release
+    DONE_IN_RELEASE = "done in release"
+    #: forgotten, so the platform's redelivery is processed
+    FORGOTTEN = "forgotten"
+
+
+class EventClaim:
+    """One dispatch's claim on an event's dedupe record (see :class:`Phase`).
+
+    Invariants: a claim is forgotten only if this dispatch may have recorded it (never another
+    delivery's record); once :meth:`finish` or :meth:`forget` began, no lease renewal is on the
+    wire any more, so their write is the record's last.
+    """
+
+    __slots__ = ("_keeper", "key", "owner", "phase")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.phase = Phase.NEW
+        #: the lock owner whose acquire_claimed recorded the claim as its own (ClaimingState)
+        self.owner: str | None = None
+        self._keeper: LeaseKeeper | None = None
+
+    @classmethod
+    def of(cls, event: Event, lock_key: str) -> EventClaim | None:
+        """The claim of ``event`` serialized on ``lock_key``; ``None`` if it has no dedupe key."""
+        if event.dedupe_key is None:
+            return None
+        # refused like any key (NUL, lone surrogates), on every backend alike
+        check_key(event.dedupe_key, "event dedupe key")
+        # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
+        return cls(f"event:{{{lock_key}}}:{event.adapter}:{event.dedupe_key}")
+
+    @property
+    def recorded(self) -> bool:
+        """Whether this dispatch may have recorded the claim."""
+        return self.phase not in (Phase.NEW, Phase.FORGOTTEN)
+
+    @property
+    def handled(self) -> bool:
+        """Whether the event's handlers returned (a failure after that leaves it handled)."""
+        return self.phase in (Phase.HANDLED, Phase.DONE_IN_RELEASE)
+
+    def ride_on_acquire(self, lock: AsyncLock, state: ClaimingState, lease: float) -> None:
+        """Record the claim in ``lock``'s first server attempt, if it makes one (one round trip).
+
+        If the claim exists already the attempt is refused (``lock._refused``): a duplicate,
+        which :meth:`not_ours` then records.
+        """
+        key, ttl = lock.key, lock.ttl
+
+        def claim_and_acquire(owner: str) -> Awaitable[Grant | None]:
+            # from here the claim may be recorded as this owner's (even if the call fails):
+            # forget it on failure if it is, preferring a possible second delivery to a loss
+            self.phase = Phase.IN_PROGRESS
+            self.owner = owner
+            return state.acquire_claimed(key, owner, ttl, claim=self.key, claim_ttl=lease)
+
+        lock._arm_first_attempt(claim_and_acquire)
+
+    def not_ours(self) -> None:
+        """The record found belongs to another delivery: never forget or mark it."""
+        self.phase = Phase.NEW
+
+    def keep(self, state: State, lease: float) -> None:
+        """The claim is recorded (in progress): renew its lease until the dispatch ends."""
+        if self.phase is Phase.NEW:
+            self.phase = Phase.IN_PROGRESS
+        if self._keeper is None:
+            self._keeper = LeaseKeeper(state, self.key, lease)
+
+    def handled_now(self) -> None:
+        """The event's handlers returned."""
+        self.phase = Phase.HANDLED
+
+    async def settle_in_release(self, lock: AsyncLock, state: ClaimingState, ttl: float) -> None:
+        """Handled under ``lock``: mark the claim done (``ttl``) in the lock's release."""
+        await self._stop_keeping()
+        claim = self.key
+
+        def release_claimed(
+            key: str, owner: str, successor: str | None, successor_ttl: float | None
+        ) -> Awaitable[Release]:
+            return state.release_claimed(
+                key, owner, claim=claim, claim_ttl=ttl, successor=successor, ttl=successor_ttl
+            )
+
+        if lock._arm_release(release_claimed):
+            self.phase = Phase.DONE_IN_RELEASE
+
+    def release_failed(self) -> None:
+        """The lock's release failed after the handlers returned: the mark may not be written."""
+        if self.phase is Phase.DONE_IN_RELEASE:
+            self.phase = Phase.HANDLED
+
+    async def _stop_keeping(self) -> None:
+        if self._keeper is not None:
+            await self._keeper.stop()
+
+    async def finish(self, state: State, ttl: float) -> bool:
+        """Handled: remember the event for the full dedupe ``ttl``; ``False`` if that failed."""
+        await self._stop_keeping()
+        if not self.recorded or self.phase is Phase.DONE_IN_RELEASE:
+            return True
+        try:
+            await state.dedupe_keep(self.key, ttl)
+        except StateUnavailableError as exc:
+            # handled, but remembered only until the lease runs out unless a retry gets through
+            # first: a later redelivery would run again (at least once, never lost)
+            logger.warning(
+                "asynclock: could not mark event claim %r done: %s; retrying in the background",
+                self.key,
+                exc,
+            )
+            return False
+        return True
+
+    async def forget(self, state: State) -> None:
+        """Not handled (dropped, failed, cancelled): let the platform's redelivery through."""
+        await self._stop_keeping()
+        if not self.recorded:
+            return
+        self.phase = Phase.FORGOTTEN
+        try:
+            if self.owner is not None:
+                # only if it is ours: our claim attempt may not have landed, and the record may
+                # be that of a delivery that was handled
+                await cast("ClaimingState", state).forget_claimed(self.key, self.owner)
+            else:
+                await state.dedupe_forget(self.key)
+        except StateUnavailableError as exc:
+            logger.warning(
+                "asynclock: could not forget event claim %r: a redelivery looks like a duplicate "
+                "until its lease runs out (%s)",
+                self.key,
+                exc,
+            )
