@@ -10,22 +10,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
 from asynclock import metrics as _metrics
+from asynclock._backlog import Backlog, BatchCall, Waiting, conclude, fold, settle
 from asynclock._cancel import finish_despite_cancellation
 from asynclock._claim import EventClaim
 from asynclock._errors import StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._grant import granted_reason
+from asynclock._handlers import Handler, HandlerTable, Registered, call_all
 from asynclock._lock import AsyncLock
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock.state._protocol import ClaimingState
-from asynclock.state.memory import MemoryState
+from asynclock.state._protocol import ClaimingState, State
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from typing_extensions import Self
 
-    from asynclock.state._protocol import State
 
 logger = logging.getLogger("asynclock")
 
@@ -34,9 +34,6 @@ POLICIES: tuple[PolicyName, ...] = ("drop", "force", "queue", "latest", "debounc
 #: a policy name, or a (sync or async) function of (thread_key, event) returning one, per conflict
 ConflictPolicy = PolicyName | Callable[[str, Event], "PolicyName | Awaitable[PolicyName]"]
 LockScope = Literal["thread", "channel"] | Callable[[Event], str]
-#: ``(event)`` or ``(event, ctx)``; a coroutine function, or a plain function (its result is
-#: awaited when it is awaitable)
-Handler = Callable[[Event], object] | Callable[[Event, HandlerContext], object]
 OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
 H = TypeVar("H")
 
@@ -49,41 +46,6 @@ _LEVELS = {
     Outcome.DROPPED: logging.WARNING,
     Outcome.FAILED: logging.ERROR,
 }
-
-
-class _Registered:
-    """A handler and whether it takes ``(event, ctx)``."""
-
-    __slots__ = ("one", "two")
-
-    def __init__(self, function: Handler) -> None:
-        self.one: Callable[[Event], object] | None = None
-        self.two: Callable[[Event, HandlerContext], object] | None = None
-        if _positional_count(function) >= 2:
-            self.two = cast("Callable[[Event, HandlerContext], object]", function)
-        else:
-            self.one = cast("Callable[[Event], object]", function)
-
-    async def __call__(self, event: Event, ctx: HandlerContext) -> None:
-        if self.two is not None:
-            result = self.two(event, ctx)
-        else:
-            assert self.one is not None
-            result = self.one(event)
-        if inspect.isawaitable(result):
-            await result
-
-
-class _Backlog:
-    """Events of one busy key waiting under ``latest``/``debounce`` in this process."""
-
-    __slots__ = ("debounce", "drainer", "entries", "last_arrival")
-
-    def __init__(self, debounce: bool) -> None:
-        self.debounce = debounce
-        self.entries: list[_Waiting] = []
-        self.drainer: asyncio.Task[object] | None = None
-        self.last_arrival = 0.0
 
 
 @final
@@ -112,7 +74,8 @@ class EventDispatcher:
     * ``queue``: events of one key wait in arrival order within a process; nothing is dropped.
 
     Args:
-        state: where locks and dedupe records live (default: a new :class:`MemoryState`).
+        state: where locks and dedupe records live, required: :class:`MemoryState` for one
+            process, a server state shared by every worker otherwise.
         on_lock_conflict: the conflict policy (default ``"drop"``).
         lock_ttl: seconds of each lock between renewals (renewed every ``lock_ttl/3``).
         dedupe_ttl: seconds an event id is remembered.
@@ -129,7 +92,8 @@ class EventDispatcher:
     Example:
         >>> import asyncio
         >>> from asynclock import EventDispatcher, Event
-        >>> bot = EventDispatcher()
+        >>> from asynclock import MemoryState
+        >>> bot = EventDispatcher(MemoryState())
         >>> @bot.on("mention")
         ... async def reply(event: Event) -> None:
         ...     pass
@@ -163,7 +127,7 @@ class EventDispatcher:
 
     def __init__(
         self,
-        state: State | None = None,
+        state: State,
         *,
         on_lock_conflict: ConflictPolicy = "drop",
         lock_ttl: float = 30.0,
@@ -186,7 +150,15 @@ class EventDispatcher:
             )
         if on_outcome is not None and not callable(on_outcome):
             raise TypeError(f"on_outcome must be callable, got {on_outcome!r}")
-        self._state: State = state if state is not None else MemoryState()
+        if state is None or not isinstance(state, State):
+            # no silent per-process default: workers that forget state= would dedupe and lock
+            # nothing across processes
+            raise TypeError(
+                f"EventDispatcher needs a state, got {state!r}: pass MemoryState() for one "
+                "process, or a server state (RedisState, PostgresState, MySQLState) that every "
+                "worker shares"
+            )
+        self._state: State = state
         self._policy = on_lock_conflict
         self._lock_ttl = check_ttl(lock_ttl, "lock_ttl")
         self._dedupe_ttl = check_ttl(dedupe_ttl, "dedupe_ttl")
@@ -198,11 +170,11 @@ class EventDispatcher:
         self._queue_timeout = check_seconds(queue_timeout, "queue_timeout", allow_none=True)
         self._raise_errors = bool(raise_errors)
         self._on_outcome = on_outcome
-        self._handlers: dict[str, list[_Registered]] = {}
+        self._handlers = HandlerTable()
         self._stats: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
         self._tasks: set[asyncio.Task[object]] = set()
         self._marking: set[asyncio.Task[None]] = set()
-        self._backlogs: dict[str, _Backlog] = {}
+        self._backlogs: dict[str, Backlog] = {}
         #: claim keys of the dispatches running in this process now
         self._claims_here: set[str] = set()
         self._closed = False
@@ -233,15 +205,7 @@ class EventDispatcher:
 
     def add_handler(self, event_type: str, handler: Handler) -> None:
         """Register ``handler`` for ``event_type`` (the non-decorator form of :meth:`on`)."""
-        check_key(event_type, "event_type")
-        if not callable(handler):
-            raise TypeError(f"a handler must be callable, got {handler!r}")
-        self._handlers.setdefault(event_type, []).append(_Registered(handler))
-
-    def _handlers_for(self, event_type: str) -> list[_Registered]:
-        if event_type == "*":  # an event whose type is literally "*": the catch-alls, once
-            return [*self._handlers.get("*", ())]
-        return [*self._handlers.get(event_type, ()), *self._handlers.get("*", ())]
+        self._handlers.add(event_type, handler)
 
     # -- observability ------------------------------------------------------------------------
 
@@ -379,14 +343,14 @@ class EventDispatcher:
         return await self._record(event, outcome, lock_key, started=started)
 
     async def _route(self, event: Event, lock_key: str, claim: EventClaim | None) -> Outcome:
-        handlers = self._handlers_for(event.type)
+        handlers = self._handlers.for_type(event.type)
         if self._policy == "concurrent" or granted_reason() is not None:
             # no lock to take (concurrent), or every AsyncLock is granted without touching the
             # state (inside process_without_lock): the claim is recorded on its own
             if claim is not None and not await self._claim_alone(claim):
                 return Outcome.DUPLICATE
             if self._policy == "concurrent":
-                await self._call(handlers, event, HandlerContext(lock_key))
+                await call_all(handlers, event, HandlerContext(lock_key))
                 return Outcome.HANDLED
             lock = AsyncLock(self._state, lock_key, self._lock_ttl)
             await lock.acquire()
@@ -433,7 +397,7 @@ class EventDispatcher:
         if policy == "drop":
             return Outcome.DROPPED
         if policy in ("force", "concurrent"):
-            await self._call(handlers, event, HandlerContext(lock_key, forced=True))
+            await call_all(handlers, event, HandlerContext(lock_key, forced=True))
             return Outcome.FORCED
         return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
 
@@ -445,7 +409,7 @@ class EventDispatcher:
         return True
 
     async def _under_lock(
-        self, lock: AsyncLock, handlers: list[_Registered], event: Event, claim: EventClaim | None
+        self, lock: AsyncLock, handlers: list[Registered], event: Event, claim: EventClaim | None
     ) -> None:
         """Run the handlers under ``lock`` (acquired or granted already), then release it.
 
@@ -459,7 +423,7 @@ class EventDispatcher:
             async with lock._holding():
                 if claim is not None:
                     claim.keep(self._state, self._lock_ttl)
-                await self._call(handlers, event, HandlerContext(lock.key, lock.token))
+                await call_all(handlers, event, HandlerContext(lock.key, lock.token))
                 handled = True
                 if claim is not None:
                     claim.handled_now()
@@ -499,10 +463,6 @@ class EventDispatcher:
             )
         return chosen
 
-    async def _call(self, handlers: list[_Registered], event: Event, ctx: HandlerContext) -> None:
-        for handler in handlers:
-            await handler(event, ctx)
-
     async def _finish(self, claim: EventClaim) -> None:
         """Mark a handled event's claim done; if the state is out of reach, keep trying.
 
@@ -540,7 +500,7 @@ class EventDispatcher:
         loop = asyncio.get_running_loop()
         backlog = self._backlogs.get(lock_key)
         if backlog is None:
-            backlog = self._backlogs[lock_key] = _Backlog(debounce)
+            backlog = self._backlogs[lock_key] = Backlog(debounce)
         future: asyncio.Future[Outcome] = loop.create_future()
         backlog.entries.append((event, future))
         backlog.last_arrival = loop.time()
@@ -548,7 +508,7 @@ class EventDispatcher:
             backlog.drainer = self._spawn(self._drain(lock_key, backlog), f"drain {lock_key!r}")
         return await future
 
-    async def _drain(self, lock_key: str, backlog: _Backlog) -> None:
+    async def _drain(self, lock_key: str, backlog: Backlog) -> None:
         """Serve a backlog: take the lock, handle each thread's newest event, the rest skipped.
 
         The backlog stays registered until a check that finds nobody waiting, and nothing is
@@ -556,8 +516,8 @@ class EventDispatcher:
         (the lock being released) is served by the next round, never stranded.
         """
         loop = asyncio.get_running_loop()
-        batch: list[_Waiting] = []
-        calls: list[_BatchCall] = []
+        batch: list[Waiting] = []
+        calls: list[BatchCall] = []
         try:
             while any(not future.done() for _, future in backlog.entries):
                 lock = AsyncLock(self._state, lock_key, self._lock_ttl, auto_renew=True)
@@ -570,72 +530,32 @@ class EventDispatcher:
                         await asyncio.sleep(quiet)
                     batch = [(e, f) for e, f in backlog.entries if not f.done()]
                     backlog.entries.clear()
-                    calls = self._fold(batch)
+                    calls = fold(batch, self._handlers)
                     for call in calls:
                         if call.handlers:
                             event = batch[call.handled][0]
                             skipped = tuple(batch[i][0] for i in call.skipped)
                             ctx = HandlerContext(lock_key, lock.token, skipped)
                             try:
-                                await self._call(call.handlers, event, ctx)
+                                await call_all(call.handlers, event, ctx)
                             except Exception as error:  # noqa: BLE001 - its dispatches re-raise it
                                 call.failure = error
                         call.ran = True
                 # the lock is released before the batch's dispatches return, as for HANDLED
-                _conclude(batch, calls)
+                conclude(batch, calls)
                 batch, calls = [], []
         except BaseException as error:
             # the lock could not be had (state unavailable) or was lost while the batch was being
             # handled: the calls that ran keep their outcome; the rest of the batch and every
             # waiting event fail (and are forgotten)
-            _conclude(batch, [call for call in calls if call.ran])
-            _settle([*batch, *backlog.entries], error)
+            conclude(batch, [call for call in calls if call.ran])
+            settle([*batch, *backlog.entries], error)
             backlog.entries.clear()
             if not isinstance(error, Exception):
                 raise
         finally:
             if self._backlogs.get(lock_key) is backlog:
                 del self._backlogs[lock_key]
-
-    def _fold(self, batch: list[_Waiting]) -> list[_BatchCall]:
-        """Split a latest/debounce batch into handler calls, so no skipped event goes unseen.
-
-        An event's *route* is its own type when a handler is registered for that type, else
-        ``"*"`` when a catch-all is, else none. Per thread and route, the newest event is handled
-        and the older ones are in its call's ``ctx.skipped``: an event is only ever skipped
-        into a call for its own thread, of its own type whenever that type has a handler. An
-        event with no route joins the skipped of its thread's last call; a thread with no routed
-        event at all gets one call without handlers (its events end ``QUEUED``, as a lone
-        dispatch that no handler takes ends ``HANDLED``). Calls run in the order of the events
-        they handle.
-        """
-        routed: dict[tuple[str, str], list[int]] = {}
-        unrouted: dict[str, list[int]] = {}
-        for index, (event, _) in enumerate(batch):
-            route = self._route_of(event.type)
-            if route is None:
-                unrouted.setdefault(event.thread_key, []).append(index)
-            else:
-                routed.setdefault((event.thread_key, route), []).append(index)
-        calls: list[_BatchCall] = []
-        last_of_thread: dict[str, _BatchCall] = {}
-        for (thread, _), indexes in sorted(routed.items(), key=lambda item: item[1][-1]):
-            newest = indexes[-1]
-            call = _BatchCall(newest, indexes[:-1], self._handlers_for(batch[newest][0].type))
-            calls.append(call)
-            last_of_thread[thread] = call  # sorted by the newest index: the thread's last call
-        for thread, indexes in unrouted.items():
-            last = last_of_thread.get(thread)
-            if last is None:
-                calls.append(_BatchCall(indexes[-1], indexes[:-1], [], queued_all=True))
-            else:
-                last.skipped = sorted([*last.skipped, *indexes])
-        return calls
-
-    def _route_of(self, event_type: str) -> str | None:
-        if event_type != "*" and self._handlers.get(event_type):
-            return event_type
-        return "*" if self._handlers.get("*") else None
 
     # -- background ---------------------------------------------------------------------------
 
@@ -690,71 +610,6 @@ class EventDispatcher:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-
-#: an event of a latest/debounce backlog and the future its dispatch waits on
-_Waiting = tuple[Event, "asyncio.Future[Outcome]"]
-
-
-class _BatchCall:
-    """One handler call of a latest/debounce batch (indexes into the batch)."""
-
-    __slots__ = ("failure", "handled", "handlers", "queued_all", "ran", "skipped")
-
-    def __init__(
-        self,
-        handled: int,
-        skipped: list[int],
-        handlers: list[_Registered],
-        *,
-        queued_all: bool = False,
-    ) -> None:
-        self.handled = handled
-        self.skipped = skipped
-        self.handlers = handlers
-        #: no handler takes any of these events: each ends QUEUED, none SKIPPED into nothing
-        self.queued_all = queued_all
-        self.ran = False
-        self.failure: Exception | None = None
-
-
-def _conclude(batch: list[_Waiting], calls: list[_BatchCall]) -> None:
-    """Give the dispatches of ``calls`` their outcomes (the handled QUEUED, the rest SKIPPED)."""
-    for call in calls:
-        entries = [batch[i] for i in (*call.skipped, call.handled)]
-        if call.failure is not None:
-            _settle(entries, call.failure)
-            continue
-        for index in call.skipped:
-            future = batch[index][1]
-            if not future.done():
-                future.set_result(Outcome.QUEUED if call.queued_all else Outcome.SKIPPED)
-        if not batch[call.handled][1].done():
-            batch[call.handled][1].set_result(Outcome.QUEUED)
-
-
-def _settle(entries: list[_Waiting], error: BaseException) -> None:
-    """Fail the dispatches still waiting on ``entries`` with ``error`` (cancel on a BaseException)."""
-    for _, future in entries:
-        if not future.done():
-            if isinstance(error, Exception):
-                future.set_exception(error)
-            else:
-                future.cancel()
-
-
-def _positional_count(function: Handler) -> int:
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return 1
-    count = 0
-    for parameter in signature.parameters.values():
-        if parameter.kind is parameter.VAR_POSITIONAL:
-            return 2
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            count += 1
-    return count
 
 
 def _name(function: object) -> str:

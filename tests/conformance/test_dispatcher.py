@@ -292,17 +292,26 @@ class TestOutcomeType:
 
 
 class TestConstruction:
+    def test_the_state_is_explicit(self) -> None:
+        # no silent per-process MemoryState: a forgotten state= would dedupe nothing across
+        # workers
+        with pytest.raises(TypeError, match="needs a state"):
+            EventDispatcher(None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="missing 1 required positional argument: 'state'"):
+            EventDispatcher()  # type: ignore[call-arg]
+        assert isinstance(EventDispatcher(state=MemoryState()).state, MemoryState)
+
     def test_bad_arguments(self) -> None:
         with pytest.raises(ValueError, match="on_lock_conflict"):
-            EventDispatcher(on_lock_conflict="wait")  # type: ignore[arg-type]
+            EventDispatcher(MemoryState(), on_lock_conflict="wait")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="lock_scope"):
-            EventDispatcher(lock_scope="user")  # type: ignore[arg-type]
+            EventDispatcher(MemoryState(), lock_scope="user")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="on_outcome"):
-            EventDispatcher(on_outcome=3)  # type: ignore[arg-type]
+            EventDispatcher(MemoryState(), on_outcome=3)  # type: ignore[arg-type]
         with pytest.raises(ValueError):
-            EventDispatcher(lock_ttl=0)
+            EventDispatcher(MemoryState(), lock_ttl=0)
         with pytest.raises(ValueError):
-            EventDispatcher(debounce=-1)
+            EventDispatcher(MemoryState(), debounce=-1)
 
     async def test_dispatch_takes_an_event(self, state: State) -> None:
         bot = bot_with(state)

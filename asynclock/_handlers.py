@@ -1,0 +1,85 @@
+"""The dispatcher's handler table: handlers per event type, and how a call reaches them."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import cast
+
+from asynclock._event import Event, HandlerContext
+from asynclock._validate import check_key
+
+#: ``(event)`` or ``(event, ctx)``; a coroutine function, or a plain function (its result is
+#: awaited when it is awaitable)
+Handler = Callable[[Event], object] | Callable[[Event, HandlerContext], object]
+
+
+class Registered:
+    """A handler and whether it takes ``(event, ctx)``."""
+
+    __slots__ = ("one", "two")
+
+    def __init__(self, function: Handler) -> None:
+        self.one: Callable[[Event], object] | None = None
+        self.two: Callable[[Event, HandlerContext], object] | None = None
+        if _positional_count(function) >= 2:
+            self.two = cast("Callable[[Event, HandlerContext], object]", function)
+        else:
+            self.one = cast("Callable[[Event], object]", function)
+
+    async def __call__(self, event: Event, ctx: HandlerContext) -> None:
+        if self.two is not None:
+            result = self.two(event, ctx)
+        else:
+            assert self.one is not None
+            result = self.one(event)
+        if inspect.isawaitable(result):
+            await result
+
+
+class HandlerTable:
+    """Handlers by event type (``"*"``: every type), in registration order."""
+
+    __slots__ = ("_by_type",)
+
+    def __init__(self) -> None:
+        self._by_type: dict[str, list[Registered]] = {}
+
+    def add(self, event_type: str, handler: Handler) -> None:
+        """Register ``handler`` for ``event_type``."""
+        check_key(event_type, "event_type")
+        if not callable(handler):
+            raise TypeError(f"a handler must be callable, got {handler!r}")
+        self._by_type.setdefault(event_type, []).append(Registered(handler))
+
+    def for_type(self, event_type: str) -> list[Registered]:
+        """The handlers of ``event_type``: its own, then the catch-alls."""
+        if event_type == "*":  # an event whose type is literally "*": the catch-alls, once
+            return [*self._by_type.get("*", ())]
+        return [*self._by_type.get(event_type, ()), *self._by_type.get("*", ())]
+
+    def route_of(self, event_type: str) -> str | None:
+        """Who serves ``event_type`` in a batch: its own type, ``"*"``, or nobody (``None``)."""
+        if event_type != "*" and self._by_type.get(event_type):
+            return event_type
+        return "*" if self._by_type.get("*") else None
+
+
+async def call_all(handlers: list[Registered], event: Event, ctx: HandlerContext) -> None:
+    """Run ``handlers`` one after the other (a failure stops the rest)."""
+    for handler in handlers:
+        await handler(event, ctx)
+
+
+def _positional_count(function: Handler) -> int:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return 1
+    count = 0
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            return 2
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count
