@@ -14,6 +14,7 @@ from asynclock._dispatch import EventDispatcher as EventDispatcher
 from asynclock._dispatch import LockScope as LockScope
 from asynclock._dispatch import PolicyName as PolicyName
 from asynclock._errors import AsynclockError as AsynclockError
+from asynclock._errors import InboxFullError as InboxFullError
 from asynclock._errors import LockAcquisitionError as LockAcquisitionError
 from asynclock._errors import LockError as LockError
 from asynclock._errors import LockLostError as LockLostError
@@ -46,6 +47,7 @@ __all__ = (
     "Event",
     "EventDispatcher",
     "HandlerContext",
+    "InboxFullError",
     "LockAcquisitionError",
     "LockError",
     "LockInfo",

@@ -13,13 +13,14 @@ from asynclock import metrics as _metrics
 from asynclock._backlog import Backlog, BatchCall, Waiting, conclude, fold, settle
 from asynclock._cancel import finish_despite_cancellation
 from asynclock._claim import EventClaim
-from asynclock._errors import StateUnavailableError
+from asynclock._errors import InboxFullError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._grant import granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all
+from asynclock._inbox import Drainer, encode
 from asynclock._lock import AsyncLock
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock.state._protocol import ClaimingState, State
+from asynclock.state._protocol import ClaimingState, InboxState, State
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -45,6 +46,7 @@ _LEVELS = {
     Outcome.FORCED: logging.WARNING,
     Outcome.DROPPED: logging.WARNING,
     Outcome.FAILED: logging.ERROR,
+    Outcome.ACCEPTED: logging.INFO,
 }
 
 
@@ -88,6 +90,10 @@ class EventDispatcher:
             or async), for metrics exporters; its own errors are logged and swallowed.
         queue_timeout: seconds a ``queue``d event waits at most before it is ``DROPPED``
             (default: no limit).
+        max_attempts: deliveries of an inbox entry whose handler keeps failing before it is
+            dead-lettered (:meth:`serve`).
+        max_pending: undrained inbox entries per key beyond which :meth:`accept` raises
+            :class:`InboxFullError`.
 
     Example:
         >>> import asyncio
@@ -115,6 +121,8 @@ class EventDispatcher:
         "_handlers",
         "_lock_ttl",
         "_marking",
+        "_max_attempts",
+        "_max_pending",
         "_on_outcome",
         "_policy",
         "_queue_timeout",
@@ -122,6 +130,7 @@ class EventDispatcher:
         "_scope",
         "_state",
         "_stats",
+        "_stopping",
         "_tasks",
     )
 
@@ -137,6 +146,8 @@ class EventDispatcher:
         raise_errors: bool = True,
         on_outcome: OutcomeHook | None = None,
         queue_timeout: float | None = None,
+        max_attempts: int = 5,
+        max_pending: int = 1000,
     ) -> None:
         if not callable(on_lock_conflict) and on_lock_conflict not in POLICIES:
             raise ValueError(
@@ -168,6 +179,9 @@ class EventDispatcher:
         assert debounce_seconds is not None
         self._debounce = debounce_seconds
         self._queue_timeout = check_seconds(queue_timeout, "queue_timeout", allow_none=True)
+        self._max_attempts = _check_count(max_attempts, "max_attempts")
+        self._max_pending = _check_count(max_pending, "max_pending")
+        self._stopping: set[asyncio.Event] = set()
         self._raise_errors = bool(raise_errors)
         self._on_outcome = on_outcome
         self._handlers = HandlerTable()
@@ -557,6 +571,94 @@ class EventDispatcher:
             if self._backlogs.get(lock_key) is backlog:
                 del self._backlogs[lock_key]
 
+    # -- the durable inbox --------------------------------------------------------------------
+
+    def _inbox(self) -> InboxState:
+        if not isinstance(self._state, InboxState):
+            raise TypeError(
+                f"the durable inbox needs a state with the inbox capability (MemoryState, "
+                f"RedisState); {type(self._state).__name__} has none yet"
+            )
+        return self._state
+
+    async def accept(self, event: Event) -> Outcome:
+        """Store ``event`` in its key's durable inbox; a worker's :meth:`serve` handles it.
+
+        Returns ``ACCEPTED`` once the state confirmed the write (on Redis, in memory of the
+        server, after ``WAIT`` with ``replicas=``; on :class:`MemoryState` in this process's
+        memory only), or ``DUPLICATE`` when the event's dedupe key was seen within
+        ``dedupe_ttl``. Never runs a handler. From the moment it returns ``ACCEPTED`` the event is
+        not lost by any crash of any process (of the server's own durability aside).
+
+        Raises:
+            InboxFullError: the key holds ``max_pending`` undrained events (nothing is stored).
+            TypeError: ``event.raw`` is not JSON-serializable, or the state has no inbox.
+            StateUnavailableError: the state could not be reached (nothing may be stored: the
+                platform should redeliver).
+        """
+        if not isinstance(event, Event):
+            raise TypeError(f"accept() takes an Event, got {type(event).__name__}")
+        inbox = self._inbox()
+        started = asyncio.get_running_loop().time()
+        lock_key = self.lock_key(event)
+        claim = EventClaim.of(event, lock_key)
+        result = await inbox.inbox_accept(
+            lock_key,
+            encode(event),
+            claim=claim.key if claim is not None else None,
+            claim_ttl=self._dedupe_ttl,
+            max_pending=self._max_pending,
+        )
+        if result.status == "full":
+            retry_after = min(self._lock_ttl, 1.0)
+            logger.warning(
+                "asynclock: inbox of %r is full (%d pending): event %s refused, retry after %.1f s",
+                lock_key,
+                result.pending,
+                event.message_id,
+                retry_after,
+                extra={"lock_key": lock_key, "message_id": event.message_id},
+            )
+            raise InboxFullError(lock_key, retry_after)
+        outcome = Outcome.DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
+        return await self._record(event, outcome, lock_key, started=started)
+
+    async def serve(self) -> None:
+        """Drain the durable inbox of this dispatcher's state until cancelled or :meth:`aclose`.
+
+        Any number of processes may serve the same state: per lock key, events are handled one
+        at a time, in accept order, by whichever worker holds the key's lock. Each handling is
+        recorded (``HANDLED``, or ``FAILED`` for an attempt that raised); an entry that failed
+        ``max_attempts`` deliveries is dead-lettered, logged at ERROR, and the key goes on.
+
+        Raises:
+            TypeError: the state has no inbox capability.
+            NotImplementedError: ``on_lock_conflict`` is ``latest`` or ``debounce`` (the inbox
+                does not fold entries yet: use ``queue``).
+        """
+        inbox = self._inbox()
+        if self._policy in ("latest", "debounce"):
+            raise NotImplementedError(
+                f"serve() does not fold inbox entries under on_lock_conflict="
+                f"{self._policy!r} yet; use 'queue' (every entry handled in order)"
+            )
+        stopping = asyncio.Event()
+        if self._closed:
+            stopping.set()
+        self._stopping.add(stopping)
+        drainer = Drainer(
+            self._state,
+            inbox,
+            self._handlers,
+            lock_ttl=self._lock_ttl,
+            max_attempts=self._max_attempts,
+            record=self._record,
+        )
+        try:
+            await drainer.run(stopping)
+        finally:
+            self._stopping.discard(stopping)
+
     # -- background ---------------------------------------------------------------------------
 
     def _spawn(self, work: Awaitable[object], what: str) -> asyncio.Task[object]:
@@ -588,8 +690,14 @@ class EventDispatcher:
             return Outcome.FAILED
 
     async def aclose(self) -> None:
-        """Stop accepting :meth:`submit`, then wait until every submitted event is done."""
+        """Stop accepting :meth:`submit`, then wait until every submitted event is done.
+
+        A :meth:`serve` running on this dispatcher stops too: each key it drains finishes the
+        entry in hand, releases its lock, and ``serve`` returns.
+        """
         self._closed = True
+        for stopping in self._stopping:
+            stopping.set()
         while self._tasks:
             await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
         # retries of "done" marks run until the state answers: not worth waiting for at exit
@@ -614,3 +722,11 @@ class EventDispatcher:
 
 def _name(function: object) -> str:
     return cast("str", getattr(function, "__qualname__", None) or repr(function))
+
+
+def _check_count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value

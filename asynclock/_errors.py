@@ -150,6 +150,34 @@ class LockLostError(LockError):
         return (type(self), (self.key, self.owner, str(self)))
 
 
+class InboxFullError(AsynclockError):
+    """``EventDispatcher.accept`` refused an event: its key holds ``max_pending`` undrained ones.
+
+    Nothing already accepted is dropped; the refused event is not stored. A webhook endpoint
+    answers the platform with a non-2xx and ``Retry-After: retry_after`` so it redelivers later.
+
+    Attributes:
+        key: the lock key whose inbox is full.
+        retry_after: seconds after which a retry is likely to find room (an estimate).
+
+    Example:
+        >>> from asynclock import InboxFullError
+        >>> error = InboxFullError("slack:C1:T1", 2.5)
+        >>> error.key, error.retry_after
+        ('slack:C1:T1', 2.5)
+    """
+
+    def __init__(self, key: str, retry_after: float, message: str | None = None) -> None:
+        self.key = key
+        self.retry_after = retry_after
+        if message is None:
+            message = f"inbox of {key!r} is full; retry after {retry_after:.1f} s"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[InboxFullError], tuple[str, float, str]]:
+        return (type(self), (self.key, self.retry_after, str(self)))
+
+
 class StateError(AsynclockError):
     """A state backend failed (base class)."""
 

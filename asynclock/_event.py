@@ -93,6 +93,8 @@ class Outcome(str, enum.Enum):
     SKIPPED = "skipped"
     #: a handler raised (the exception is re-raised unless ``raise_errors=False``)
     FAILED = "failed"
+    #: stored in the durable inbox by ``accept``; a worker's ``serve`` handles it
+    ACCEPTED = "accepted"
 
     def __str__(self) -> str:
         return self.value
@@ -109,6 +111,8 @@ class HandlerContext:
         skipped: older events folded into this call (policies ``latest`` and ``debounce``),
             oldest first.
         forced: the handler runs without the lock because of ``force``.
+        attempt: deliveries of this event to a handler so far, this one included: ``1`` the
+            first time; more when an inbox entry is redelivered after a failure or a crash.
 
     Example:
         >>> import asyncio
@@ -125,3 +129,4 @@ class HandlerContext:
     token: int | None = None
     skipped: tuple[Event, ...] = ()
     forced: bool = False
+    attempt: int = 1

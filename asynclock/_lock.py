@@ -550,6 +550,21 @@ class AsyncLock:
         else:  # the member, with nothing on the server: its one attempt found the key busy
             line.leave(ticket)
 
+    def _released_by_step(self) -> None:
+        """The server released the lock in a step of the caller's (the inbox's release-if-empty).
+
+        Only the local bookkeeping is left: stop renewing, forget the acquisition (so leaving
+        ``async with`` sends no release) and let this process's next waiter contend.
+        """
+        ticket, line = self._ticket, self._line
+        if self._token is None or ticket is None or line is None:
+            return
+        if self._renewer is not None:
+            self._renewer.stop()
+            self._renewer = None
+        self._forget_acquisition()
+        line.leave(ticket)
+
     def _holding(self) -> _Holding:
         """``async with`` for a lock acquired (or granted) already: renewal, then release."""
         if not self.owned and not self._granted:

@@ -19,7 +19,7 @@ Vocabulary used in every docstring below:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -254,6 +254,115 @@ class ClaimingState(Protocol):
         set to expire ``claim_ttl`` seconds from now (created if gone) whether or not ``owner``
         still held the lock; the answer is what :meth:`State.release` would return.
         """
+        ...
+
+
+class InboxEntry(NamedTuple):
+    """The head of a key's inbox, as :meth:`InboxState.inbox_step` hands it to its drainer."""
+
+    #: the entry's number in its key's inbox (increasing in accept order)
+    id: int
+    #: deliveries of this entry so far, this one included (1 for the first)
+    attempt: int
+    #: the event, as :meth:`InboxState.inbox_accept` stored it
+    payload: str
+    #: seconds since the entry was accepted (by the state's clock)
+    age: float
+
+
+class InboxAccepted(NamedTuple):
+    """What :meth:`InboxState.inbox_accept` did."""
+
+    #: ``"accepted"``, ``"duplicate"`` or ``"full"``
+    status: str
+    #: entries pending for the key after the call
+    pending: int
+
+
+class InboxKey(NamedTuple):
+    """One key of :meth:`InboxState.inbox_keys`: its pending entries and dead letters."""
+
+    key: str
+    pending: int
+    #: seconds since the oldest pending entry was accepted (0.0 when none is pending)
+    oldest_age: float
+    dead: int
+
+
+class DeadLetter(NamedTuple):
+    """An entry given up after its last attempt (:meth:`InboxState.inbox_step` ``dead=``)."""
+
+    key: str
+    id: int
+    attempts: int
+    error: str
+    payload: str
+
+
+@runtime_checkable
+class InboxState(Protocol):
+    """Optional capability: the durable inbox behind ``EventDispatcher.accept`` / ``serve``.
+
+    Per key, a FIFO of entries stored in the state (on a server: durable once the call
+    returns), drained by whoever holds the key's *lock* (the same lock as ``acquire``), one
+    entry at a time, in accept order.
+    """
+
+    async def inbox_accept(
+        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+    ) -> InboxAccepted:
+        """Append ``payload`` to ``key``'s inbox, atomically with its dedupe record.
+
+        Atomic against every process: if ``claim`` is recorded (not expired) nothing is appended
+        (``"duplicate"``); if ``max_pending`` entries are pending nothing is appended
+        (``"full"``); else the entry is appended, ``claim`` is recorded for ``claim_ttl``
+        seconds, the key is marked as having work and inbox watchers are woken. Returns once the
+        server confirmed the write.
+        """
+        ...
+
+    async def inbox_step(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: int | None = None,
+        dead: str | None = None,
+        take: bool = True,
+    ) -> InboxEntry | None:
+        """As ``owner``, holder of ``key``'s lock: finish the head, then hand out the next.
+
+        One atomic step, fenced by the lock: if ``owner`` does not hold the lock it raises
+        :class:`LockNotOwnedError` and changes nothing. ``done`` (an entry id) removes that
+        entry if it is the head; with ``dead`` (the error text) as well, it is moved to the
+        key's dead letters instead. Then, if an entry is pending, its attempt count is
+        incremented and it is returned, the lock kept; if none is, the lock is **released in the
+        same step** (release-if-empty: an entry accepted meanwhile is never stranded, since its
+        accept then finds the key free and wakes a drainer) and ``None`` is returned. With
+        ``take=False`` (a drainer that stops) the next entry is only looked at: returned with
+        its attempt count unchanged and the lock kept (the caller releases it), or, when there
+        is none, the lock released as above.
+        """
+        ...
+
+    async def inbox_ready(self) -> list[str]:
+        """The keys with pending entries, oldest first (for a worker that starts or rescans)."""
+        ...
+
+    def inbox_watch(self) -> AbstractAsyncContextManager[Watch]:
+        """A watch woken whenever an entry is accepted, for any key."""
+        ...
+
+    async def inbox_keys(self) -> list[InboxKey]:
+        """Every key with pending entries or dead letters (for ``asynclock inbox``)."""
+        ...
+
+    async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
+        """``key``'s dead letters, oldest first."""
+        ...
+
+    async def inbox_requeue(self, key: str) -> int:
+        """Put ``key``'s dead letters back at the head of its inbox, in their order; how many."""
         ...
 
 

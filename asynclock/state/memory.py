@@ -14,13 +14,23 @@ import heapq
 import itertools
 import threading
 import time
+from collections import deque
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from asynclock._errors import LockNotOwnedError
 from asynclock._validate import check_key, check_ttl
 from asynclock.state._base import ClosesOnExit
-from asynclock.state._protocol import Grant, LockInfo, Release
+from asynclock.state._protocol import (
+    DeadLetter,
+    Grant,
+    InboxAccepted,
+    InboxEntry,
+    InboxKey,
+    LockInfo,
+    Release,
+)
 from asynclock.state._watch import EventWatch
 
 if TYPE_CHECKING:
@@ -29,6 +39,23 @@ if TYPE_CHECKING:
 
 #: expired entries removed per operation by the amortised sweep
 _SWEEP_BUDGET = 32
+
+
+@dataclass(slots=True)
+class _Entry:
+    id: int
+    attempts: int
+    payload: str
+    accepted_at: float
+
+
+@dataclass(slots=True)
+class _Inbox:
+    """One key's inbox: its pending entries, oldest first, and its dead letters."""
+
+    entries: deque[_Entry] = field(default_factory=deque)
+    dead: list[DeadLetter] = field(default_factory=list)
+    next_id: int = 1
 
 
 @dataclass(slots=True)
@@ -82,6 +109,8 @@ class MemoryState(ClosesOnExit):
         "_closed",
         "_dedupe",
         "_heap",
+        "_inbox_watchers",
+        "_inboxes",
         "_locks",
         "_mutex",
         "_tokens",
@@ -97,6 +126,9 @@ class MemoryState(ClosesOnExit):
         self._claim_owners: dict[str, str] = {}
         self._heap: list[tuple[float, bool, str]] = []  # (deadline, is_lock, key)
         self._watchers: dict[str, set[EventWatch]] = {}
+        #: the durable inbox (durable for this process's life only: it is memory)
+        self._inboxes: dict[str, _Inbox] = {}
+        self._inbox_watchers: set[EventWatch] = set()
         self._tokens = itertools.count(1)
         self._closed = False
 
@@ -159,7 +191,9 @@ class MemoryState(ClosesOnExit):
             heapq.heapify(heap)
 
     def _notify(self, key: str) -> None:
-        watchers = self._watchers.get(key)
+        self._wake(self._watchers.get(key))
+
+    def _wake(self, watchers: set[EventWatch] | None) -> None:
         if not watchers:
             return
         try:
@@ -374,6 +408,125 @@ class MemoryState(ClosesOnExit):
             return None
         released = await self.release(key, info.owner)  # in the holder's name: compare first
         return info if released.owned else None
+
+    # -- the inbox (InboxState) ----------------------------------------------------------------
+
+    async def inbox_accept(
+        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+    ) -> InboxAccepted:
+        """See :meth:`asynclock.state.InboxState.inbox_accept` (kept in this process's memory)."""
+        check_key(key)
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            inbox = self._inboxes.get(key)
+            pending = len(inbox.entries) if inbox is not None else 0
+            if claim is not None:
+                expires_at = self._dedupe.get(claim)
+                if expires_at is not None and expires_at > now:
+                    return InboxAccepted("duplicate", pending)
+            if pending >= max_pending:
+                return InboxAccepted("full", pending)
+            if claim is not None:
+                self._add(claim, now, claim_ttl)
+            if inbox is None:
+                inbox = self._inboxes[key] = _Inbox()
+            inbox.entries.append(_Entry(inbox.next_id, 0, payload, now))
+            inbox.next_id += 1
+            self._wake(self._inbox_watchers)
+            return InboxAccepted("accepted", pending + 1)
+
+    async def inbox_step(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: int | None = None,
+        dead: str | None = None,
+        take: bool = True,
+    ) -> InboxEntry | None:
+        """See :meth:`asynclock.state.InboxState.inbox_step`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            held = self._live(key, now)
+            if held is None or held.owner != owner:
+                raise LockNotOwnedError(key, owner)
+            inbox = self._inboxes.get(key)
+            entries = inbox.entries if inbox is not None else deque()
+            if inbox is not None and done is not None:
+                # the head, unless dead letters were requeued in front of it meanwhile
+                gone = next((entry for entry in entries if entry.id == done), None)
+                if gone is not None:
+                    entries.remove(gone)
+                    if dead is not None:
+                        inbox.dead.append(
+                            DeadLetter(key, gone.id, gone.attempts, dead, gone.payload)
+                        )
+            if entries:
+                head = entries[0]
+                head.attempts += 1 if take else 0
+                return InboxEntry(head.id, head.attempts, head.payload, now - head.accepted_at)
+            if inbox is not None and not inbox.dead:
+                del self._inboxes[key]
+            self._release(key, owner, None, None, now)
+            return None
+
+    async def inbox_ready(self) -> list[str]:
+        """See :meth:`asynclock.state.InboxState.inbox_ready`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            waiting = [(b.entries[0].accepted_at, k) for k, b in self._inboxes.items() if b.entries]
+        return [key for _, key in sorted(waiting)]
+
+    @asynccontextmanager
+    async def inbox_watch(self) -> AsyncIterator[EventWatch]:
+        """See :meth:`asynclock.state.InboxState.inbox_watch`."""
+        watch = EventWatch(asyncio.get_running_loop())
+        with self._mutex:
+            self._inbox_watchers.add(watch)
+        try:
+            yield watch
+        finally:
+            with self._mutex:
+                self._inbox_watchers.discard(watch)
+
+    async def inbox_keys(self) -> list[InboxKey]:
+        """See :meth:`asynclock.state.InboxState.inbox_keys`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            return [
+                InboxKey(
+                    key,
+                    len(box.entries),
+                    now - box.entries[0].accepted_at if box.entries else 0.0,
+                    len(box.dead),
+                )
+                for key, box in sorted(self._inboxes.items())
+            ]
+
+    async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
+        """See :meth:`asynclock.state.InboxState.inbox_dead_letters`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            inbox = self._inboxes.get(key)
+            return list(inbox.dead) if inbox is not None else []
+
+    async def inbox_requeue(self, key: str) -> int:
+        """See :meth:`asynclock.state.InboxState.inbox_requeue`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            inbox = self._inboxes.get(key)
+            if inbox is None or not inbox.dead:
+                return 0
+            now = self._clock()
+            moved = [_Entry(d.id, 0, d.payload, now) for d in inbox.dead]
+            inbox.entries.extendleft(reversed(moved))
+            inbox.dead.clear()
+            self._wake(self._inbox_watchers)
+            return len(moved)
 
     def size(self) -> tuple[int, int]:
         """``(locks, dedupe records)`` currently stored, expired ones included until swept."""

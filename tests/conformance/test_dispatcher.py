@@ -288,6 +288,7 @@ class TestOutcomeType:
             "queued",
             "skipped",
             "failed",
+            "accepted",  # the durable inbox (SPEC section 6)
         }
 
 

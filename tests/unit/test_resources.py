@@ -23,6 +23,9 @@ SCRIPTS = {
     "inspect.lua",
     "abandon.lua",
     "force_release.lua",
+    "inbox_accept.lua",
+    "_inbox_step.lua",
+    "inbox_requeue.lua",
 }
 
 

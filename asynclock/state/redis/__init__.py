@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 from importlib import resources
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -37,12 +38,20 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from asynclock._compat import deadline_after
-from asynclock._errors import StateUnavailableError
+from asynclock._errors import LockNotOwnedError, StateUnavailableError
 from asynclock._owner import new_process_id
-from asynclock._validate import check_seconds, check_ttl, ttl_ms
+from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._errors import map_driver_errors, unavailable_error
-from asynclock.state._protocol import Grant, LockInfo, Release
+from asynclock.state._protocol import (
+    DeadLetter,
+    Grant,
+    InboxAccepted,
+    InboxEntry,
+    InboxKey,
+    LockInfo,
+    Release,
+)
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 from asynclock.state.redis._cluster import ClusterRouter, slot_of
@@ -105,6 +114,9 @@ def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
     scripts = {name: _Script(name, sharded=sharded) for name in names}
     scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire", sharded=sharded)
     scripts["release_claimed"] = _Script("release_claimed", "_settle", "release", sharded=sharded)
+    scripts["inbox_accept"] = _Script("inbox_accept", sharded=sharded)
+    scripts["inbox_step"] = _Script("inbox_step", "_inbox_step", "release", sharded=sharded)
+    scripts["inbox_requeue"] = _Script("inbox_requeue", sharded=sharded)
     return scripts
 
 
@@ -777,6 +789,12 @@ class RedisState(ClosesOnExit):
     @contextlib.asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[EventWatch]:
         """See :meth:`asynclock.state.State.watch` (one shared pub/sub connection)."""
+        async with self._watch_channel(f"{self.lock_key(key)}:released".encode()) as watch:
+            yield watch
+
+    @contextlib.asynccontextmanager
+    async def _watch_channel(self, channel: bytes) -> AsyncIterator[EventWatch]:
+        """A watch woken by every message on ``channel``, on the state's pub/sub connection."""
         if self._subscriber is None:
             if self._router is not None:
                 self._subscriber = ShardedSubscriber(self._router, self._op_timeout or 5.0)
@@ -794,7 +812,6 @@ class RedisState(ClosesOnExit):
                     lambda: _subscriber_connection(client), self._op_timeout or 5.0
                 )
         subscriber = self._subscriber
-        channel = f"{self.lock_key(key)}:released".encode()
         watch = EventWatch(asyncio.get_running_loop())
         with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
             await subscriber.add(channel, watch)
@@ -802,6 +819,145 @@ class RedisState(ClosesOnExit):
             yield watch
         finally:
             subscriber.discard(channel, watch)
+
+    # -- the inbox (InboxState) -------------------------------------------------------------
+
+    def _inbox_keys(self, key: str) -> tuple[str, str, str, str]:
+        """The inbox's list, head attempt count, dead letters and entry counter (one slot)."""
+        if self._router is not None:
+            raise NotImplementedError(
+                "the durable inbox on Redis Cluster is not built yet: the set of keys with work "
+                "must be sharded first (asynclock#12); use a plain or Sentinel Redis"
+            )
+        base = f"{self.lock_key(key)}:inbox"
+        return base, f"{base}:attempts", f"{base}:dead", f"{base}:seq"
+
+    @property
+    def _inbox_ready_key(self) -> str:
+        return f"{self._prefix}inbox:ready"
+
+    @property
+    def _inbox_channel(self) -> str:
+        return f"{self._prefix}inbox:wake"
+
+    async def inbox_accept(
+        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+    ) -> InboxAccepted:
+        """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept.lua``, one EVALSHA;
+        with ``replicas=``, WAIT in the same write)."""
+        check_key(key)
+        entries, _, _, seq = self._inbox_keys(key)
+        claim_key = self._prefix + claim if claim is not None else seq
+        keys = (entries, seq, self._inbox_ready_key, self._inbox_channel, claim_key)
+        args = (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0")
+        if self._replicas:
+            reply, acks = await self._eval_waited("inbox_accept", keys, *args)
+            error = self._short(acks, f"an event for {key!r} was accepted")
+            if error is not None:
+                raise error
+        else:
+            reply = await self._eval("inbox_accept", keys, *args)
+        assert isinstance(reply, list)
+        status, pending = reply
+        return InboxAccepted(_text(status), _as_int(pending))
+
+    async def inbox_step(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: int | None = None,
+        dead: str | None = None,
+        take: bool = True,
+    ) -> InboxEntry | None:
+        """See :meth:`asynclock.state.InboxState.inbox_step` (``_inbox_step.lua`` before
+        ``release.lua``: one EVALSHA)."""
+        entries, attempts, dead_letters, seq = self._inbox_keys(key)
+        lock_key = self.lock_key(key)
+        keys = (
+            lock_key,
+            f"{lock_key}:released",
+            f"{lock_key}:abandoned:",
+            entries,
+            attempts,
+            dead_letters,
+            self._inbox_ready_key,
+            seq,
+        )
+        args = (
+            owner,
+            "",
+            0,
+            self._retention_ms,
+            self._reservation_ms,
+            "" if done is None else str(done),
+            "1" if dead is not None else "0",
+            dead or "",
+            "1" if take else "0",
+            key,
+        )
+        reply = await self._eval("inbox_step", keys, *args)
+        if isinstance(reply, list):
+            head, count, now_ms = reply
+            entry_id, accepted_ms, payload = _text(head).split(" ", 2)
+            age = max(_as_int(now_ms) - int(accepted_ms), 0) / 1000.0
+            return InboxEntry(int(entry_id), _as_int(count), payload, age)
+        if _as_int(reply) < 0:
+            raise LockNotOwnedError(key, owner)
+        return None
+
+    async def inbox_ready(self) -> list[str]:
+        """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE)."""
+        if self._router is not None:
+            self._inbox_keys("")
+        reply = await self._command(self._inbox_ready_key, "ZRANGE", self._inbox_ready_key, 0, -1)
+        assert isinstance(reply, list)
+        return [_text(member) for member in reply]
+
+    @contextlib.asynccontextmanager
+    async def inbox_watch(self) -> AsyncIterator[EventWatch]:
+        """See :meth:`asynclock.state.InboxState.inbox_watch` (SUBSCRIBE to the wake-up channel)."""
+        async with self._watch_channel(self._inbox_channel.encode()) as watch:
+            yield watch
+
+    async def inbox_keys(self) -> list[InboxKey]:
+        """See :meth:`asynclock.state.InboxState.inbox_keys` (the set of keys with work, and a
+        SCAN for dead letters)."""
+        keys = set(await self.inbox_ready())
+        pattern = f"{_glob_escape(self._prefix)}{{*}}:inbox:dead"
+        async for name in self._scan(pattern):
+            keys.add(self._key_of(name[: -len(":inbox:dead")]))
+        found = []
+        for key in sorted(keys):
+            entries, _, dead_letters, _ = self._inbox_keys(key)
+            pending = _as_int(await self._command(entries, "LLEN", entries))
+            head = await self._command(entries, "LINDEX", entries, 0)
+            now = await self._command(entries, "TIME")
+            age = 0.0
+            if head is not None and isinstance(now, list):
+                now_ms = _as_int(now[0]) * 1000 + _as_int(now[1]) // 1000
+                age = max(now_ms - int(_text(head).split(" ", 2)[1]), 0) / 1000.0
+            dead = _as_int(await self._command(dead_letters, "LLEN", dead_letters))
+            found.append(InboxKey(key, pending, age, dead))
+        return found
+
+    async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
+        """See :meth:`asynclock.state.InboxState.inbox_dead_letters` (one LRANGE)."""
+        _, _, dead_letters, _ = self._inbox_keys(key)
+        reply = await self._command(dead_letters, "LRANGE", dead_letters, 0, -1)
+        assert isinstance(reply, list)
+        letters = []
+        for raw in reply:
+            entry, attempts, error = json.loads(_text(raw))
+            entry_id, _, payload = entry.split(" ", 2)
+            letters.append(DeadLetter(key, int(entry_id), int(attempts), error, payload))
+        return letters
+
+    async def inbox_requeue(self, key: str) -> int:
+        """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue.lua``)."""
+        entries, attempts, dead_letters, _ = self._inbox_keys(key)
+        keys = (entries, attempts, dead_letters, self._inbox_ready_key, self._inbox_channel)
+        return _as_int(await self._eval("inbox_requeue", keys, key))
 
 
 def _glob_escape(text: str) -> str:
@@ -856,3 +1012,7 @@ def _describe(client: Redis | RedisCluster) -> str:
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
