@@ -4,6 +4,8 @@ Subcommands:
 
 * ``demo``: the webhook storm, without and with asynclock (see :mod:`asynclock.cli._demo`).
 * ``bench``: runs the benchmark harness of a source checkout (``python -m benchmarks``).
+* ``worker MODULE:ATTR``: ``serve()`` of a dispatcher until SIGTERM/SIGINT; ``inbox``: the
+  durable inbox's keys, oldest ages and dead letters (``inbox requeue KEY``).
 * ``locks``: the locks held now (key, owner host and pid, seconds left, token), as a table or
   JSON; ``unlock``: force-release one key after a confirmation (``--yes`` skips it), logged.
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from asynclock._errors import StateUnavailableError
 from asynclock.cli._admin import format_locks, held_locks, open_state, print_locks, unlock
 from asynclock.cli._demo import format_result, run_demo
+from asynclock.cli._worker import inbox_command, run_worker
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -109,6 +112,26 @@ def _parser() -> argparse.ArgumentParser:
         else:
             sub.add_argument("key", metavar="KEY")
             sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    worker = commands.add_parser(
+        "worker",
+        help="drain the durable inbox: serve() of the dispatcher at MODULE:ATTR",
+        description="Runs serve() of the EventDispatcher at MODULE:ATTR (or of the one a "
+        "function there returns) until SIGTERM/SIGINT, then finishes the entries in hand and "
+        "exits 0.",
+    )
+    worker.add_argument("target", metavar="MODULE:ATTR", help="e.g. examples.fastapi_bot:bot")
+    inbox = commands.add_parser(
+        "inbox",
+        help="keys with pending events, the oldest age, dead letters; requeue KEY",
+        description="Lists the durable inbox; `inbox requeue KEY` puts KEY's dead letters back.",
+    )
+    inbox.add_argument("action", nargs="*", metavar="requeue KEY", help="requeue KEY")
+    inbox.add_argument(
+        "--state", metavar="URL", required=True, help="e.g. redis://127.0.0.1:6379/0"
+    )
+    inbox.add_argument(
+        "--prefix", metavar="PREFIX", default=None, help="the state's key prefix (asynclock:)"
+    )
     return parser
 
 
@@ -133,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if command in ("locks", "unlock"):
         return _admin_command(args)
+    if command in ("worker", "inbox"):
+        return _inbox_command(parser, args)
     try:
         result = asyncio.run(
             run_demo(args.state, tasks=args.tasks, contacts=args.contacts, gap=args.gap)
@@ -216,3 +241,22 @@ def _admin_command(args: argparse.Namespace) -> int:
     except EOFError:
         print("no answer: left as it is", file=sys.stderr)
         return 1
+
+
+def _inbox_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``worker`` and ``inbox``."""
+    try:
+        if args.command == "worker":
+            return asyncio.run(run_worker(args.target))
+        action: list[str] = args.action
+        if action and (action[0] != "requeue" or len(action) != 2):
+            parser.error(f"inbox takes no argument or `requeue KEY`, got {' '.join(action)!r}")
+        requeue = action[1] if action else None
+        print(asyncio.run(inbox_command(args.state, args.prefix, requeue)), end="")
+    except (ValueError, ImportError, NotImplementedError, TypeError) as exc:
+        print(f"asynclock {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except StateUnavailableError as exc:
+        print(f"asynclock {args.command}: the state is unavailable: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,94 @@
+"""``asynclock worker MODULE:ATTR`` and ``asynclock inbox``: run and inspect the durable inbox.
+
+``worker`` imports the dispatcher the way uvicorn imports an app (the current folder first on
+the import path), runs its ``serve()`` until SIGTERM or SIGINT, then closes it: each key it was
+draining finishes the entry in hand and releases its lock, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from asynclock._dispatch import EventDispatcher
+from asynclock.cli._admin import open_state
+from asynclock.state._protocol import InboxState
+
+if TYPE_CHECKING:
+    from asynclock.state._protocol import InboxKey
+
+
+def load(target: str) -> object:
+    """The object ``MODULE:ATTR`` names (the current folder is searched first, as uvicorn does)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected MODULE:ATTR (e.g. examples.fastapi_bot:bot), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    found: object = module
+    missing = object()
+    for part in attr.split("."):
+        found = getattr(found, part, missing)
+        if found is missing:
+            raise ValueError(f"{module_name!r} has no attribute {attr!r}")
+    return found
+
+
+async def dispatcher_of(target: str) -> EventDispatcher:
+    """The dispatcher at ``target``: an ``EventDispatcher``, or a function returning one."""
+    found = load(target)
+    if not isinstance(found, EventDispatcher) and callable(found):
+        found = found()
+        if inspect.isawaitable(found):
+            found = await found
+    if not isinstance(found, EventDispatcher):
+        raise TypeError(f"{target} is not an EventDispatcher (got {type(found).__name__})")
+    return found
+
+
+async def run_worker(target: str) -> int:
+    """Serve the dispatcher at ``target`` until SIGTERM/SIGINT, then close it."""
+    bot = await dispatcher_of(target)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    serving = asyncio.ensure_future(bot.serve())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        await bot.aclose()  # serve() finishes the entries in hand and returns
+        await serving
+        await bot.state.aclose()
+    return 0
+
+
+def format_inbox(keys: list[InboxKey]) -> str:
+    """The ``asynclock inbox`` table."""
+    if not keys:
+        return "no pending events and no dead letters\n"
+    width = max(len("key"), *(len(k.key) for k in keys))
+    lines = [f"{'key':<{width}}  pending  oldest (s)  dead letters"]
+    lines += [
+        f"{k.key:<{width}}  {k.pending:>7}  {k.oldest_age:>10.1f}  {k.dead:>12}" for k in keys
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def inbox_command(url: str, prefix: str | None, requeue: str | None) -> str:
+    """``asynclock inbox`` (list) or ``asynclock inbox requeue KEY``: the text to print."""
+    async with open_state(url, prefix) as state:
+        if not isinstance(state, InboxState):
+            raise NotImplementedError(f"{type(state).__name__} has no durable inbox")
+        if requeue is not None:
+            moved = await state.inbox_requeue(requeue)
+            return f"requeued {moved} dead letter(s) of {requeue!r}\n"
+        return format_inbox(await state.inbox_keys())

@@ -1,0 +1,55 @@
+"""The dispatcher that ``test_inbox_processes.py`` runs with ``asynclock worker``, as a user would.
+
+Configured by environment variables (the test sets them): ``INBOX_TEST_URL`` and
+``INBOX_TEST_PREFIX`` (the state), ``INBOX_TEST_EFFECTS`` (a Redis URL for the effect store, a
+second client, never faulted). Every handling writes one *effect* through a Lua script that
+fences by the lock's token: per key it rejects a token lower than the last one it accepted, and
+counts such stale writes. While a handler runs, ``<prefix>inside:<pid>`` exists, so the test can
+kill a worker in the middle of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+from redis.asyncio import Redis
+
+from asynclock import Event, EventDispatcher, HandlerContext, state_from_url
+
+#: KEYS[1] the key's effect list, KEYS[2] its last token, KEYS[3] the stale-write counter
+#: ARGV[1] the token, ARGV[2] the effect | returns 1 when written, 0 when rejected as stale
+FENCED_WRITE = """
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < last then
+  redis.call('INCR', KEYS[3])
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('RPUSH', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+def make_bot() -> EventDispatcher:
+    """The worker's dispatcher (``asynclock worker tests._inbox_app:make_bot``)."""
+    prefix = os.environ["INBOX_TEST_PREFIX"]
+    state = state_from_url(os.environ["INBOX_TEST_URL"], prefix=prefix)
+    effects = Redis.from_url(os.environ["INBOX_TEST_EFFECTS"])
+    write = effects.register_script(FENCED_WRITE)
+    bot = EventDispatcher(
+        state, on_lock_conflict="queue", lock_ttl=float(os.environ.get("INBOX_TEST_TTL", "1.0"))
+    )
+    inside = f"{prefix}inside:{os.getpid()}"
+
+    @bot.on("*")
+    async def handle(event: Event, ctx: HandlerContext) -> None:
+        await effects.set(inside, "1")
+        await asyncio.sleep(random.uniform(0.005, 0.03))
+        effect = f"{event.message_id} {ctx.attempt} {ctx.token} {os.getpid()}"
+        keys = [f"{prefix}fx:{ctx.lock_key}", f"{prefix}fx-token:{ctx.lock_key}", f"{prefix}stale"]
+        await write(keys=keys, args=[ctx.token or 0, effect])
+        await effects.delete(inside)
+
+    return bot

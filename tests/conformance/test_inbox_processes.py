@@ -1,0 +1,247 @@
+"""The durable inbox across real worker processes, with ``kill -9`` (SPEC section 6).
+
+Workers are started as a user would start them (``python -m asynclock worker MODULE:ATTR``) and
+write their effects to a token-fenced store (``tests/_inbox_app.py``). Each test counts: every
+accepted event handled (0 lost), per key the first handling of each event in accept order, no
+stale write accepted, and a second handling only where ``ctx.attempt > 1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from redis.asyncio import Redis
+
+from asynclock import Event, EventDispatcher, Outcome, state_from_url
+from tests._matrix import REDIS, purge_namespace, require
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = 20
+EVENTS = 300
+
+pytestmark = [pytest.mark.processes, pytest.mark.redis, pytest.mark.timeout(180)]
+
+
+class Fleet:
+    """Worker processes over one namespace, and the effect store they write to."""
+
+    def __init__(self, namespace: str) -> None:
+        self.prefix = f"asynclock-test:{namespace}:"
+        self.namespace = namespace
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+        self.folder = Path(tempfile.mkdtemp(prefix="inbox-workers-"))
+        self.effects = Redis.from_url(REDIS.url)
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "INBOX_TEST_URL": REDIS.url,
+            "INBOX_TEST_PREFIX": self.prefix,
+            "INBOX_TEST_EFFECTS": REDIS.url,
+            "PYTHONPATH": str(ROOT),
+        }
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = self.folder / f"worker-{len(self.workers)}.log"
+        with log.open("wb") as output:  # the child keeps its own descriptor
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "asynclock", "worker", "tests._inbox_app:make_bot"],
+                cwd=ROOT,
+                env=self.env(),
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        self.workers.append(worker)
+        self.logs.append(log)
+        return worker
+
+    def output(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text()}" for log in self.logs)
+
+    async def handled(self) -> dict[str, list[tuple[str, int, int]]]:
+        """Per lock key: (message id, attempt, token) of every effect, in write order."""
+        found = {}
+        for k in range(KEYS):
+            key = f"slack:C1:T{k}"
+            raw = await self.effects.lrange(f"{self.prefix}fx:{key}", 0, -1)
+            found[key] = [(m, int(a), int(t)) for m, a, t, _ in (_text(r).split(" ") for r in raw)]
+        return found
+
+    async def wait_all(
+        self, expected: int, within: float = 90.0
+    ) -> dict[str, list[tuple[str, int, int]]]:
+        deadline = time.monotonic() + within
+        while True:
+            found = await self.handled()
+            if len({m for effects in found.values() for m, _, _ in effects}) >= expected:
+                return found
+            for worker in self.workers:
+                if worker.poll() not in (None, -signal.SIGKILL):
+                    raise AssertionError(f"a worker exited {worker.returncode}: {self.output()}")
+            assert time.monotonic() < deadline, f"not all handled after {within} s\n{self.output()}"
+            await asyncio.sleep(0.05)
+
+    async def inside(self) -> int | None:
+        """The pid of a worker in the middle of a handler right now, if any."""
+        async for name in self.effects.scan_iter(match=f"{self.prefix}inside:*"):
+            text = name.decode() if isinstance(name, bytes) else name
+            pid = int(text.rsplit(":", 1)[1])
+            if any(w.pid == pid and w.poll() is None for w in self.workers):
+                return pid
+        return None
+
+    def stop(self) -> list[int]:
+        codes = []
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            try:
+                codes.append(worker.wait(timeout=20))
+            except subprocess.TimeoutExpired:  # noqa: PERF203 - a worker that does not stop
+                worker.kill()
+                codes.append(worker.wait())
+        return codes
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    require(REDIS)
+    made = Fleet(uuid.uuid4().hex)
+    try:
+        yield made
+    finally:
+        for worker in made.workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        await made.effects.aclose()
+        await purge_namespace(REDIS, made.namespace)
+        shutil.rmtree(made.folder, ignore_errors=True)
+
+
+def event(key: int, seq: int) -> Event:
+    return Event("message", "slack", "C1", f"T{key}", f"k{key}-{seq:03d}")
+
+
+async def accept_all(fleet: Fleet, events: list[Event]) -> None:
+    state = state_from_url(REDIS.url, prefix=fleet.prefix)
+    try:
+        bot = EventDispatcher(state, on_lock_conflict="queue")
+
+        async def one_key(thread: str) -> list[Outcome]:
+            # one key's events one after the other, so their accept order is the list's (the
+            # keys go concurrently: concurrent accepts of one key are ordered by the server)
+            return [await bot.accept(e) for e in events if e.thread_id == thread]
+
+        threads = dict.fromkeys(e.thread_id for e in events)
+        outcomes = await asyncio.gather(*(one_key(t) for t in threads))
+        assert {o for per_key in outcomes for o in per_key} == {Outcome.ACCEPTED}
+    finally:
+        await state.aclose()
+
+
+def check_history(found: dict[str, list[tuple[str, int, int]]], events: list[Event]) -> int:
+    """Assert the history; return how many events were handled more than once."""
+    doubles = 0
+    for k in range(KEYS):
+        key = f"slack:C1:T{k}"
+        expected = [e.message_id for e in events if e.thread_id == f"T{k}"]
+        effects = found[key]
+        firsts = list(dict.fromkeys(m for m, _, _ in effects))
+        assert firsts == expected, f"{key}: first handlings out of accept order: {firsts}"
+        seen: set[str] = set()
+        for message, attempt, _ in effects:
+            if message in seen:
+                doubles += 1
+                assert attempt > 1, f"{message} handled twice, the second with attempt 1"
+            seen.add(message)
+        tokens = [t for _, _, t in effects]
+        assert tokens == sorted(tokens), f"{key}: tokens went backwards {tokens}"
+    return doubles
+
+
+async def test_three_workers_a_kill_9_mid_handler_and_a_new_one(fleet: Fleet) -> None:
+    for _ in range(3):
+        fleet.start()
+    events = [event(n % KEYS, n // KEYS) for n in range(EVENTS)]
+    await accept_all(fleet, events)
+    # kill a worker in the middle of a handler once a third of the events were handled
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None:
+        found = await fleet.handled()
+        if sum(map(len, found.values())) >= EVENTS // 3:
+            victim = await fleet.inside()
+        assert time.monotonic() < deadline, "no worker seen mid-handler"
+        await asyncio.sleep(0.002)
+    os.kill(victim, signal.SIGKILL)
+    fleet.start()
+    found = await fleet.wait_all(EVENTS)
+    doubles = check_history(found, events)
+    assert int(await fleet.effects.get(f"{fleet.prefix}stale") or 0) == 0
+    codes = fleet.stop()
+    assert sorted(codes) == [-signal.SIGKILL, 0, 0, 0], codes
+    # only entries the killed worker had in hand (at most one per key it was draining) ran twice
+    assert doubles <= KEYS
+    state = state_from_url(REDIS.url, prefix=fleet.prefix)
+    try:
+        assert await state.inbox_ready() == []  # type: ignore[attr-defined]
+    finally:
+        await state.aclose()
+
+
+async def test_accepted_then_the_only_process_killed_a_fresh_worker_handles_all(
+    fleet: Fleet,
+) -> None:
+    # A webhook process accepts 50 events (answering the platform after each) and is killed
+    # before anything ran; a worker started afterwards handles every one, in order per key.
+    script = (
+        "import asyncio, os, signal, sys\n"
+        "from asynclock import Event, EventDispatcher, state_from_url\n"
+        "async def main():\n"
+        f"    state = state_from_url({REDIS.url!r}, prefix={fleet.prefix!r})\n"
+        "    bot = EventDispatcher(state, on_lock_conflict='queue')\n"
+        "    for n in range(50):\n"
+        f"        await bot.accept(Event('message', 'slack', 'C1', f'T{{n % {KEYS}}}', "
+        f"f'k{{n % {KEYS}}}-{{n // {KEYS}:03d}}'))\n"
+        "    print('accepted', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n"
+    )
+    webhook = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        cwd=ROOT,
+        env=fleet.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(webhook.communicate(), 60)
+    assert webhook.returncode == -signal.SIGKILL, err.decode()
+    assert out == b"accepted\n"
+    fleet.start()
+    events = [event(n % KEYS, n // KEYS) for n in range(50)]
+    found = await fleet.wait_all(50)
+    assert check_history(found, events) == 0
+    assert fleet.stop() == [0]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
