@@ -16,6 +16,7 @@ from benchmarks import (
     _dedupe,
     _dispatcher,
     _growth,
+    _inbox,
     _memory,
     _plots,
     _progress,
@@ -53,8 +54,9 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "dedupe": _dedupe.run,
     "sql": _sql.run,
     "cluster": _cluster.run,
+    "inbox": _inbox.run,
 }
-NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe", "cluster"}
+NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe", "cluster", "inbox"}
 
 PREAMBLE = """# Benchmarks
 
