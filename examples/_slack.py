@@ -15,12 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from asynclock import Event, Outcome, StateError
+import asynclock
+from asynclock import (
+    Event,
+    EventDispatcher,
+    HandlerContext,
+    InboxFullError,
+    Outcome,
+    StateError,
+    StateUnavailableError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from asynclock import EventDispatcher, HandlerContext
 
 log = logging.getLogger("examples.slack_bot")
 
@@ -33,7 +40,14 @@ FALLBACK_RETRY_AFTER = 1
 
 #: outcomes after which the platform must not redeliver (the event was dealt with, or had been)
 ACKNOWLEDGED = frozenset(
-    {Outcome.HANDLED, Outcome.QUEUED, Outcome.SKIPPED, Outcome.FORCED, Outcome.DUPLICATE}
+    {
+        Outcome.HANDLED,
+        Outcome.QUEUED,
+        Outcome.SKIPPED,
+        Outcome.FORCED,
+        Outcome.DUPLICATE,
+        Outcome.ACCEPTED,
+    }
 )
 
 
@@ -143,6 +157,38 @@ async def answer_for(bot: EventDispatcher, event: Event, outcome: Outcome) -> An
         seconds = await retry_after(bot, event)
         return Answer(503, {**body, "retry_after": seconds}, {"Retry-After": str(seconds)})
     return Answer(500, body)
+
+
+async def accept_answer(bot: EventDispatcher, event: Event) -> Answer:
+    """The HTTP answer to a delivery stored with ``bot.accept`` (the durable path).
+
+    * 200 once the event is stored (``ACCEPTED``; a worker's ``serve()`` handles it, whatever
+      crashes meanwhile) or was seen before (``DUPLICATE``);
+    * 503 with ``Retry-After`` when its key's inbox is full (``InboxFullError``) or the state
+      cannot be reached: nothing was stored, so the platform must redeliver.
+    """
+    body: dict[str, object] = {"message_id": event.message_id}
+    try:
+        outcome = await bot.accept(event)
+    except InboxFullError as full:
+        seconds = max(1, math.ceil(full.retry_after))
+        return Answer(503, {**body, "error": "inbox full"}, {"Retry-After": str(seconds)})
+    except StateUnavailableError:
+        return Answer(503, {**body, "error": "state unavailable"}, {"Retry-After": "1"})
+    return Answer(200, {**body, "outcome": outcome.value})
+
+
+def worker_dispatcher(state_url: str, prefix: str, delay: float = 0.5) -> EventDispatcher:
+    """The dispatcher a separate ``asynclock worker`` process serves, with the apps' handler."""
+    state = asynclock.state_from_url(state_url, **state_options(state_url, prefix))
+    work = Journal(delay)
+    bot = EventDispatcher(state, on_lock_conflict="queue", raise_errors=False)
+
+    @bot.on("*")
+    async def reply(event: Event, ctx: HandlerContext) -> None:
+        await work.work(event, ctx)
+
+    return bot
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,15 @@ Run it (Redis on 127.0.0.1:6379, or ``ASYNCLOCK_STATE_URL=memory://`` for a sing
 
 The routes are those of ``fastapi_bot.py``: ``POST /slack/events`` answers with the outcome
 (503 + ``Retry-After`` for a busy thread under ``drop``), ``POST /slack/events/background``
-submits and answers 202 at once, ``GET /stats``. ``on_startup`` builds the state and the
+submits and answers 202 at once, ``POST /slack/events/durable`` stores the event in the durable
+inbox and answers 200 (the recommended production route; ``serve()`` runs in the app, and
+``asynclock worker examples.fastapi_bot:bot`` adds workers), ``GET /stats``. ``on_startup`` builds the state and the
 :class:`~asynclock.EventDispatcher`; ``on_cleanup`` drains the dispatcher, then closes the state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -27,6 +30,7 @@ from examples._slack import (
     BadPayload,
     Challenge,
     Journal,
+    accept_answer,
     answer_for,
     parse_payload,
     state_options,
@@ -40,6 +44,7 @@ log = logging.getLogger("examples.aiohttp_bot")
 BOT = web.AppKey("bot", EventDispatcher)
 STATE = web.AppKey("state", State)
 JOURNAL = web.AppKey("journal", Journal)
+SERVING = web.AppKey("serving", asyncio.Task[None])
 
 
 def create_app(
@@ -70,11 +75,13 @@ def create_app(
 
         app[STATE] = state
         app[BOT] = bot
+        app[SERVING] = asyncio.create_task(bot.serve())  # drain the durable inbox here too
 
     async def stop(app: web.Application) -> None:
         work.closing.set()
         try:
             await app[BOT].aclose()  # drains: every submitted event is done after this
+            await app[SERVING]  # aclose() stopped serve(): each key finished its entry in hand
         finally:
             await app[STATE].aclose()
 
@@ -109,6 +116,13 @@ def create_app(
             )
         return web.json_response({"accepted": event.message_id}, status=202)
 
+    async def slack_events_durable(request: web.Request) -> web.Response:
+        event = await read_event(request)
+        if isinstance(event, web.Response):
+            return event
+        answer = await accept_answer(request.app[BOT], event)
+        return web.json_response(dict(answer.body), status=answer.status, headers=answer.headers)
+
     async def stats(request: web.Request) -> web.Response:
         return web.json_response(work.snapshot(request.app.get(BOT)))
 
@@ -118,6 +132,7 @@ def create_app(
     app.on_cleanup.append(stop)
     app.router.add_post("/slack/events", slack_events)
     app.router.add_post("/slack/events/background", slack_events_background)
+    app.router.add_post("/slack/events/durable", slack_events_durable)
     app.router.add_get("/stats", stats)
     return app
 

@@ -11,6 +11,11 @@ Run it (Redis on 127.0.0.1:6379, or ``ASYNCLOCK_STATE_URL=memory://`` for a sing
 * ``POST /slack/events/background`` submits the event and answers 202 at once, as Slack wants
   (within 3 seconds); pair it with ``on_lock_conflict="queue"``, since a dropped event can no
   longer be answered 503. Shutdown drains every submitted event.
+* ``POST /slack/events/durable`` (**recommended in production**) stores the event in the
+  durable inbox and answers 200 as soon as it is stored: no crash of any process loses it
+  after that. The app's own processes drain the inbox (``serve()`` runs in the lifespan), and
+  more workers can be started beside them with ``asynclock worker examples.fastapi_bot:bot``.
+  A full inbox or an unreachable state answers 503 with ``Retry-After``.
 * ``GET /stats``: the dispatcher's outcome counts and what the handler did.
 
 The lifespan builds the state and the :class:`~asynclock.EventDispatcher` and closes both on
@@ -19,6 +24,7 @@ shutdown; ``async with EventDispatcher(...)`` drains what was submitted before t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -38,9 +44,11 @@ from examples._slack import (
     BadPayload,
     Challenge,
     Journal,
+    accept_answer,
     answer_for,
     parse_payload,
     state_options,
+    worker_dispatcher,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +74,7 @@ def create_app(
     delay: float = 0.5,
     journal: Journal | None = None,
     metrics: bool = True,
+    serve_inbox: bool = True,
 ) -> FastAPI:
     """The webhook app.
 
@@ -78,6 +87,7 @@ def create_app(
         delay: seconds the example handler pretends to work.
         journal: the handler and its record (tests pass their own to look at it).
         metrics: report asynclock's metrics to a Prometheus registry served on ``/metrics``.
+        serve_inbox: drain the durable inbox in this process too (``serve()`` in the lifespan).
     """
     work = journal if journal is not None else Journal(delay)
     registry = CollectorRegistry()
@@ -102,8 +112,11 @@ def create_app(
                     )
                     await work.work(event, ctx)
 
+                serving = asyncio.create_task(bot.serve()) if serve_inbox else None
                 yield {"bot": bot}
                 work.closing.set()
+            if serving is not None:  # aclose() stopped it: each key finished its entry in hand
+                await serving
             # leaving `async with` awaited bot.aclose(): every submitted event is done
         finally:
             set_metrics(previous_sink)
@@ -143,6 +156,14 @@ def create_app(
             return JSONResponse({"error": "shutting down"}, 503, headers={"Retry-After": "1"})
         return JSONResponse({"accepted": event.message_id}, 202)
 
+    @app.post("/slack/events/durable")
+    async def slack_events_durable(request: Request) -> JSONResponse:
+        event = await read_event(request)
+        if isinstance(event, JSONResponse):
+            return event
+        answer = await accept_answer(request.state.bot, event)
+        return JSONResponse(dict(answer.body), answer.status, headers=dict(answer.headers))
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         """Lock wait/hold times, conflicts, renewals, losses and outcomes, for Prometheus."""
@@ -158,3 +179,8 @@ def create_app(
 
 #: ``uvicorn examples.fastapi_bot:app``: nothing connects before the lifespan starts
 app = create_app()
+
+
+def bot() -> EventDispatcher:
+    """A worker's dispatcher: ``asynclock worker examples.fastapi_bot:bot`` drains the inbox."""
+    return worker_dispatcher(DEFAULT_STATE_URL, DEFAULT_PREFIX)

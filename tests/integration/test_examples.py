@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 LOCK_TTL = 10.0
 EVENTS = "/slack/events"
 BACKGROUND = "/slack/events/background"
+DURABLE = "/slack/events/durable"
 KINDS = ("fastapi", "aiohttp")
 
 
@@ -364,6 +365,35 @@ async def test_background_mode_answers_at_once_and_shutdown_drains(
         assert sorted(handled_ids(journal)) == sorted(stamps)
         assert journal.most_per_key == 1
         assert journal.running == {}
+
+
+# -- accept: the durable inbox -----------------------------------------------------------------
+
+
+async def test_durable_mode_answers_200_once_stored_and_handles_in_order(
+    kind: str, launch: Launcher
+) -> None:
+    journal = Journal()
+    journal.gate = asyncio.Event()  # nothing can finish while the deliveries are answered
+    threads = ("700.0", "701.0")
+    stamps = {t: [f"{t[:3]}.{i}" for i in range(1, 7)] for t in threads}
+    async with (
+        launch(kind, on_lock_conflict="queue", journal=journal) as running,
+        client_of(running) as client,
+    ):
+        for i in range(6):
+            for thread in threads:
+                answer = await client.post(DURABLE, json=slack(stamps[thread][i], thread=thread))
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["outcome"] == "accepted"
+        again = await client.post(DURABLE, json=slack(stamps[threads[0]][0], thread=threads[0]))
+        assert (again.status_code, again.json()["outcome"]) == (200, "duplicate")
+        journal.gate.set()
+        await wait_until(journal, lambda: len(journal.handled) == 12, "all 12 handled")
+    for thread in threads:
+        mine = [str(h.message_id) for h in journal.handled if h.lock_key.endswith(thread)]
+        assert mine == stamps[thread]
+    assert journal.most_per_key == 1
 
 
 # -- two workers, one Redis ------------------------------------------------------------------
