@@ -20,6 +20,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from asynclock import metrics as _metrics
 from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._handlers import call_all
@@ -176,6 +177,8 @@ class Drainer:
     ) -> tuple[int | None, str | None]:
         """Deliver ``entry``; returns what the next step does with it (done, dead-letter, retry)."""
         event = decode(entry.payload)
+        if _metrics._sink is not None:
+            _metrics.report("inbox_entry", key, entry.pending, entry.age)
         ctx = HandlerContext(key, lock.token, attempt=entry.attempt)
         try:
             await call_all(self._handlers.for_type(event.type), event, ctx)
@@ -184,6 +187,8 @@ class Drainer:
             if entry.attempt < self._max_attempts:
                 return None, None  # the next step hands the same entry out again
             text = f"{type(error).__name__}: {error}"
+            if _metrics._sink is not None:
+                _metrics.report("inbox_dead_letter", key)
             logger.error(
                 "asynclock: inbox entry %s of %r dead-lettered after %d attempts: %s",
                 event.message_id,

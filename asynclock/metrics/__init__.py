@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol, runtime_checkable
 
-__all__ = ("MetricsSink", "default_key_label", "get_metrics", "set_metrics")
+__all__ = ("InboxMetricsSink", "MetricsSink", "default_key_label", "get_metrics", "set_metrics")
 
 logger = logging.getLogger("asynclock")
 
@@ -61,6 +61,21 @@ class MetricsSink(Protocol):
 
     def dispatch_outcome(self, event_type: str, outcome: str, duration: float) -> None:
         """``EventDispatcher.dispatch`` ended with ``outcome`` after ``duration`` seconds."""
+
+
+@runtime_checkable
+class InboxMetricsSink(Protocol):
+    """Optional methods of a sink, for the durable inbox (a sink without them still works).
+
+    Added in 0.1 with the inbox: :func:`report` skips a sink that lacks them.
+    """
+
+    def inbox_entry(self, key: str, pending: int, age: float) -> None:
+        """A worker took an entry of ``key``'s inbox: ``pending`` entries there (this one
+        included), the entry accepted ``age`` seconds ago (the inbox's lag: it is the oldest)."""
+
+    def inbox_dead_letter(self, key: str) -> None:
+        """An entry of ``key``'s inbox was dead-lettered after its last attempt."""
 
 
 _sink: MetricsSink | None = None
@@ -92,7 +107,10 @@ def report(method: str, *args: object) -> None:
     sink = _sink
     if sink is None:
         return
+    call = getattr(sink, method, None)
+    if call is None:  # an optional method (InboxMetricsSink) the sink does not have
+        return
     try:
-        getattr(sink, method)(*args)
+        call(*args)
     except Exception:
         logger.exception("asynclock: the metrics sink failed in %s", method)

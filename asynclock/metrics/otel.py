@@ -13,7 +13,9 @@ Instruments: histograms ``asynclock.lock.wait`` and ``asynclock.lock.hold`` (uni
 counters ``asynclock.lock.acquired``, ``asynclock.lock.conflicts``,
 ``asynclock.lock.renewals``, ``asynclock.lock.losses`` (attribute ``name`` =
 ``key_label(key)``), and ``asynclock.dispatch.outcomes`` / histogram
-``asynclock.dispatch.duration`` (attributes ``event_type``, ``outcome``).
+``asynclock.dispatch.duration`` (attributes ``event_type``, ``outcome``); for the durable
+inbox, histogram ``asynclock.inbox.lag`` (unit ``s``), gauge ``asynclock.inbox.pending`` and
+counter ``asynclock.inbox.dead_letters`` (attribute ``name``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class OpenTelemetryMetrics:
         self.losses = meter.create_counter("asynclock.lock.losses")
         self.outcomes = meter.create_counter("asynclock.dispatch.outcomes")
         self.duration = meter.create_histogram("asynclock.dispatch.duration", unit="s")
+        self.inbox_lag = meter.create_histogram("asynclock.inbox.lag", unit="s")
+        self.inbox_pending = meter.create_gauge("asynclock.inbox.pending")
+        self.dead_letters = meter.create_counter("asynclock.inbox.dead_letters")
 
     def lock_acquired(self, key: str, wait: float, contended: bool) -> None:
         """See :meth:`asynclock.metrics.MetricsSink.lock_acquired`."""
@@ -78,3 +83,13 @@ class OpenTelemetryMetrics:
         attributes = {"event_type": event_type, "outcome": outcome}
         self.outcomes.add(1, attributes)
         self.duration.record(duration, attributes)
+
+    def inbox_entry(self, key: str, pending: int, age: float) -> None:
+        """See :meth:`asynclock.metrics.InboxMetricsSink.inbox_entry`."""
+        name = {"name": self._label(key)}
+        self.inbox_lag.record(age, name)
+        self.inbox_pending.set(pending, name)
+
+    def inbox_dead_letter(self, key: str) -> None:
+        """See :meth:`asynclock.metrics.InboxMetricsSink.inbox_dead_letter`."""
+        self.dead_letters.add(1, {"name": self._label(key)})

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from asynclock.metrics import default_key_label
 
@@ -106,6 +106,29 @@ class PrometheusMetrics:
             buckets=_LATENCY_BUCKETS,
         )
 
+        self.inbox_lag = Histogram(
+            "inbox_lag_seconds",
+            "Seconds from accept to a worker taking the entry (the oldest of its key).",
+            ["name"],
+            namespace=namespace,
+            registry=where,
+            buckets=_HOLD_BUCKETS,
+        )
+        self.inbox_pending = Gauge(
+            "inbox_pending",
+            "Entries pending in an inbox when a worker last took one (per key label).",
+            ["name"],
+            namespace=namespace,
+            registry=where,
+        )
+        self.dead_letters = Counter(
+            "inbox_dead_letters",
+            "Inbox entries dead-lettered after their last attempt.",
+            ["name"],
+            namespace=namespace,
+            registry=where,
+        )
+
     def lock_acquired(self, key: str, wait: float, contended: bool) -> None:
         """See :meth:`asynclock.metrics.MetricsSink.lock_acquired`."""
         name = self._label(key)
@@ -132,3 +155,13 @@ class PrometheusMetrics:
         """See :meth:`asynclock.metrics.MetricsSink.dispatch_outcome`."""
         self.outcomes.labels(event_type, outcome).inc()
         self.dispatch_seconds.labels(event_type, outcome).observe(duration)
+
+    def inbox_entry(self, key: str, pending: int, age: float) -> None:
+        """See :meth:`asynclock.metrics.InboxMetricsSink.inbox_entry`."""
+        name = self._label(key)
+        self.inbox_lag.labels(name).observe(age)
+        self.inbox_pending.labels(name).set(pending)
+
+    def inbox_dead_letter(self, key: str) -> None:
+        """See :meth:`asynclock.metrics.InboxMetricsSink.inbox_dead_letter`."""
+        self.dead_letters.labels(self._label(key)).inc()

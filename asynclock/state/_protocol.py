@@ -268,6 +268,8 @@ class InboxEntry(NamedTuple):
     payload: str
     #: seconds since the entry was accepted (by the state's clock)
     age: float
+    #: entries pending in the key's inbox, this one included
+    pending: int = 1
 
 
 class InboxAccepted(NamedTuple):

@@ -467,7 +467,8 @@ class MemoryState(ClosesOnExit):
             if entries:
                 head = entries[0]
                 head.attempts += 1 if take else 0
-                return InboxEntry(head.id, head.attempts, head.payload, now - head.accepted_at)
+                age = now - head.accepted_at
+                return InboxEntry(head.id, head.attempts, head.payload, age, len(entries))
             if inbox is not None and not inbox.dead:
                 del self._inboxes[key]
             self._release(key, owner, None, None, now)

@@ -369,3 +369,105 @@ async def test_a_backend_without_the_inbox_says_so(other_state: State) -> None:
         await bot.accept(ev(1))
     with pytest.raises((TypeError, NotImplementedError), match="inbox"):
         await bot.serve()
+
+
+class TestInboxMetrics:
+    async def test_pending_lag_and_dead_letters_reach_every_adapter(self, state: State) -> None:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from prometheus_client import CollectorRegistry
+
+        from asynclock.metrics import set_metrics
+        from asynclock.metrics.otel import OpenTelemetryMetrics
+        from asynclock.metrics.prometheus import PrometheusMetrics
+
+        class Both:
+            """Forwards every report to a Prometheus and an OpenTelemetry adapter, and keeps it."""
+
+            def __init__(self, *sinks: object) -> None:
+                self.sinks = sinks
+                self.entries: list[tuple[str, int, float]] = []
+                self.dead: list[str] = []
+
+            def __getattr__(self, name: str) -> Callable[..., None]:
+                def forward(*args: object) -> None:
+                    if name == "inbox_entry":
+                        self.entries.append(args)  # type: ignore[arg-type]
+                    if name == "inbox_dead_letter":
+                        self.dead.append(str(args[0]))
+                    for sink in self.sinks:
+                        getattr(sink, name)(*args)
+
+                return forward
+
+        registry = CollectorRegistry()
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        both = Both(PrometheusMetrics(registry), OpenTelemetryMetrics(provider.get_meter("t")))
+        recorder = Recorder()
+
+        async def handler(event: Event, ctx: HandlerContext) -> None:
+            await recorder(event, ctx)
+            if event.message_id == "m1":
+                raise RuntimeError("poison")
+
+        bot = bot_on(state, handler, max_attempts=1, raise_errors=False)
+        for n in range(3):
+            await bot.accept(ev(n))
+        previous = set_metrics(both)
+        try:
+            task = await serving(bot)
+            await until(lambda: len(recorder.calls) == 3, "all three delivered")
+            await stop(bot, task)
+        finally:
+            set_metrics(previous)
+        assert [(k, p) for k, p, _ in both.entries] == [("slack:C1:T1", n) for n in (3, 2, 1)]
+        assert all(age >= 0 for _, _, age in both.entries)
+        assert both.dead == ["slack:C1:T1"]
+        assert (
+            registry.get_sample_value("asynclock_inbox_lag_seconds_count", {"name": "slack"}) == 3
+        )
+        assert registry.get_sample_value("asynclock_inbox_pending", {"name": "slack"}) == 1
+        assert (
+            registry.get_sample_value("asynclock_inbox_dead_letters_total", {"name": "slack"}) == 1
+        )
+        data = reader.get_metrics_data()
+        assert data is not None
+        names = {
+            metric.name
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+        }
+        assert {
+            "asynclock.inbox.lag",
+            "asynclock.inbox.pending",
+            "asynclock.inbox.dead_letters",
+        } <= names
+        provider.shutdown()
+
+    async def test_a_sink_without_the_inbox_methods_still_works(
+        self, state: State, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        from asynclock.metrics import set_metrics
+
+        class Older:
+            def lock_acquired(self, key: str, wait: float, contended: bool) -> None: ...
+            def lock_released(self, key: str, held: float) -> None: ...
+            def lock_conflict(self, key: str) -> None: ...
+            def lock_renewed(self, key: str) -> None: ...
+            def lock_lost(self, key: str, reason: str) -> None: ...
+            def dispatch_outcome(self, event_type: str, outcome: str, duration: float) -> None: ...
+
+        recorder = Recorder()
+        bot = bot_on(state, recorder)
+        await bot.accept(ev(1))
+        previous = set_metrics(Older())
+        try:
+            with caplog.at_level(logging.ERROR, logger="asynclock"):
+                task = await serving(bot)
+                await until(lambda: len(recorder.calls) == 1, "delivered")
+                await stop(bot, task)
+        finally:
+            set_metrics(previous)
+        assert not [r for r in caplog.records if "metrics sink failed" in r.getMessage()]

@@ -898,10 +898,10 @@ class RedisState(ClosesOnExit):
         )
         reply = await self._eval("inbox_step", keys, *args)
         if isinstance(reply, list):
-            head, count, now_ms = reply
+            head, count, now_ms, pending = reply
             entry_id, accepted_ms, payload = _text(head).split(" ", 2)
             age = max(_as_int(now_ms) - int(accepted_ms), 0) / 1000.0
-            return InboxEntry(int(entry_id), _as_int(count), payload, age)
+            return InboxEntry(int(entry_id), _as_int(count), payload, age, _as_int(pending))
         if _as_int(reply) < 0:
             raise LockNotOwnedError(key, owner)
         return None

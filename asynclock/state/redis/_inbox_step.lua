@@ -5,7 +5,8 @@
 -- ARGV[6] the id of the entry done ('' for none), ARGV[7] '1' to dead-letter it instead,
 -- ARGV[8] its error text, ARGV[9] '1' to hand out the next entry ('0': only look at it),
 -- ARGV[10] the key (as the caller names it)
--- returns -1 when ARGV[1] does not hold the lock (nothing changed); {entry, attempts, now ms} for
+-- returns -1 when ARGV[1] does not hold the lock (nothing changed); {entry, attempts, now ms,
+-- entries pending} for
 -- the next entry (the lock kept; its attempt count incremented only when handed out); else
 -- falls through to release.lua (the inbox is empty: the lock is released, 0)
 local held = redis.call('GET', KEYS[1])
@@ -42,7 +43,8 @@ if head then
     attempts = tonumber(redis.call('GET', KEYS[5]) or '0')
   end
   local now = redis.call('TIME')
-  return {head, attempts, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)}
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  return {head, attempts, now_ms, redis.call('LLEN', KEYS[4])}
 end
 redis.call('ZREM', KEYS[7], ARGV[10])
 redis.call('DEL', KEYS[5])
