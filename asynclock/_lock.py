@@ -1,4 +1,11 @@
-"""AsyncLock: a TTL lock with fencing tokens, FIFO wake-ups and cancellation safety."""
+"""AsyncLock: a TTL lock with fencing tokens, FIFO wake-ups and cancellation safety.
+
+Size: one class, over 500 lines on purpose. Its acquire, place-keeping, release and
+``async with`` paths share the acquisition's invariants (one owner per acquisition, the line's
+member, what a cancellation leaves behind at every await); kept in one file they can be read
+against each other. The waiter line itself lives in ``_waiters.py``, renewal in ``_renew.py``,
+cancellation helpers in ``_cancel.py``.
+"""
 
 from __future__ import annotations
 
@@ -284,13 +291,19 @@ class AsyncLock:
             else:
                 _metrics.report("lock_conflict", self._key)
 
-    async def _acquire(self, blocking: bool, deadline: float | None) -> bool:
+    def _new_ticket(self) -> tuple[Line, Ticket]:
+        """A fresh acquisition: a new owner id and its ticket in this process's line for the key."""
         self._owner = new_owner()
         self._lost = False
+        self._refused = False
         self._retry_after = None
         ticket = Ticket(self._owner, self._ttl)
         line = line_for(self._state, self._key)
         self._ticket, self._line = ticket, line
+        return line, ticket
+
+    async def _acquire(self, blocking: bool, deadline: float | None) -> bool:
+        line, ticket = self._new_ticket()
         if line.member is None:
             line.member = ticket
             return await self._contend(line, ticket, blocking, deadline)
@@ -465,13 +478,7 @@ class AsyncLock:
         """
         if self._busy or self._placed or self._token is not None or self._granted:
             raise RuntimeError(f"AsyncLock {self._key!r} is already held or being acquired")
-        self._owner = new_owner()
-        self._lost = False
-        self._refused = False
-        self._retry_after = None
-        ticket = Ticket(self._owner, self._ttl)
-        line = line_for(self._state, self._key)
-        self._ticket, self._line = ticket, line
+        line, ticket = self._new_ticket()
         if line.member is None:
             line.member = ticket
         else:
