@@ -188,7 +188,7 @@ class TestDurations:
             await lock.release()
         else:
             await lock.extend(anything)
-            await release_unless_expired(lock)
+            await release_unless_expired(lock, None if ttl is None else float(anything))
         await assert_free(state, "k")
 
     @FAST
@@ -270,14 +270,17 @@ class TestDurations:
             AsyncLock(MemoryState(), "k", blocking=anything)
 
 
-async def release_unless_expired(lock: AsyncLock) -> None:
-    """Release ``lock``; a TTL of a few milliseconds may have run out first (that is fine)."""
+async def release_unless_expired(lock: AsyncLock, ttl: float | None = None) -> None:
+    """Release ``lock``; a TTL of a few milliseconds may have run out first (that is fine).
+
+    ``ttl``: the TTL the lock was last given, when an ``extend`` changed it from ``lock.ttl``.
+    """
     from asynclock import LockNotOwnedError
 
     try:
         await lock.release()
     except LockNotOwnedError:
-        assert lock.ttl < 1.0, "a lock with a long TTL was lost"
+        assert (lock.ttl if ttl is None else ttl) < 1.0, "a lock with a long TTL was lost"
 
 
 # -- the dispatcher and retry options -----------------------------------------------------------
