@@ -826,13 +826,16 @@ class RedisState(ClosesOnExit):
 
     # -- the inbox (InboxState) -------------------------------------------------------------
 
-    def _inbox_keys(self, key: str) -> tuple[str, str, str, str]:
-        """The inbox's list, head attempt count, dead letters and entry counter (one slot)."""
+    def _no_cluster_inbox(self) -> None:
         if self._router is not None:
             raise NotImplementedError(
                 "the durable inbox on Redis Cluster is not built yet: the set of keys with work "
                 "must be sharded first (asynclock#12); use a plain or Sentinel Redis"
             )
+
+    def _inbox_keys(self, key: str) -> tuple[str, str, str, str]:
+        """The inbox's list, head attempt count, dead letters and entry counter (one slot)."""
+        self._no_cluster_inbox()
         base = f"{self.lock_key(key)}:inbox"
         return base, f"{base}:attempts", f"{base}:dead", f"{base}:seq"
 
@@ -903,17 +906,16 @@ class RedisState(ClosesOnExit):
         reply = await self._eval("inbox_step", keys, *args)
         if isinstance(reply, list):
             head, count, now_ms, pending = reply
-            entry_id, accepted_ms, payload = _text(head).split(" ", 2)
-            age = max(_as_int(now_ms) - int(accepted_ms), 0) / 1000.0
-            return InboxEntry(int(entry_id), _as_int(count), payload, age, _as_int(pending))
+            entry_id, accepted_ms, payload = _entry(head)
+            age = max(_as_int(now_ms) - accepted_ms, 0) / 1000.0
+            return InboxEntry(entry_id, _as_int(count), payload, age, _as_int(pending))
         if _as_int(reply) < 0:
             raise LockNotOwnedError(key, owner)
         return None
 
     async def inbox_ready(self) -> list[str]:
         """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE)."""
-        if self._router is not None:
-            self._inbox_keys("")
+        self._no_cluster_inbox()
         reply = await self._command(self._inbox_ready_key, "ZRANGE", self._inbox_ready_key, 0, -1)
         assert isinstance(reply, list)
         return [_text(member) for member in reply]
@@ -932,15 +934,14 @@ class RedisState(ClosesOnExit):
         async for name in self._scan(pattern):
             keys.add(self._key_of(name[: -len(":inbox:dead")]))
         found = []
+        now = await self._command(self._inbox_ready_key, "TIME")  # the server's clock, once
+        assert isinstance(now, list)
+        now_ms = _as_int(now[0]) * 1000 + _as_int(now[1]) // 1000
         for key in sorted(keys):
             entries, _, dead_letters, _ = self._inbox_keys(key)
             pending = _as_int(await self._command(entries, "LLEN", entries))
             head = await self._command(entries, "LINDEX", entries, 0)
-            now = await self._command(entries, "TIME")
-            age = 0.0
-            if head is not None and isinstance(now, list):
-                now_ms = _as_int(now[0]) * 1000 + _as_int(now[1]) // 1000
-                age = max(now_ms - int(_text(head).split(" ", 2)[1]), 0) / 1000.0
+            age = 0.0 if head is None else max(now_ms - _entry(head)[1], 0) / 1000.0
             dead = _as_int(await self._command(dead_letters, "LLEN", dead_letters))
             found.append(InboxKey(key, pending, age, dead))
         return found
@@ -953,8 +954,8 @@ class RedisState(ClosesOnExit):
         letters = []
         for raw in reply:
             entry, attempts, error = json.loads(_text(raw))
-            entry_id, _, payload = entry.split(" ", 2)
-            letters.append(DeadLetter(key, int(entry_id), int(attempts), error, payload))
+            entry_id, _, payload = _entry(entry)
+            letters.append(DeadLetter(key, entry_id, int(attempts), error, payload))
         return letters
 
     async def inbox_requeue(self, key: str) -> int:
@@ -1020,3 +1021,9 @@ def _describe(client: Redis | RedisCluster) -> str:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry(raw: object) -> tuple[int, int, str]:
+    """An inbox entry ``"<id> <accepted ms> <payload>"`` (``inbox_accept.lua``) as its parts."""
+    entry_id, accepted_ms, payload = _text(raw).split(" ", 2)
+    return int(entry_id), int(accepted_ms), payload
