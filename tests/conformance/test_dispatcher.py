@@ -109,6 +109,16 @@ class Conflicts:
     async def reach(self, n: int) -> None:
         await until(lambda: len(self.seen) >= n, f"{n} conflicts (have {len(self.seen)})")
 
+    async def one_by_one(
+        self, bot: EventDispatcher, events: list[Event]
+    ) -> list[asyncio.Task[Outcome]]:
+        """Dispatch ``events`` in order, each once the one before it is waiting."""
+        tasks = []
+        for event in events:
+            tasks.append(asyncio.create_task(bot.dispatch(event)))
+            await self.reach(len(self.seen) + 1)
+        return tasks
+
 
 class Gate:
     """Handlers that block until ``open()``; records calls, contexts and who is inside."""
@@ -717,10 +727,7 @@ class TestBatchesReachTheirHandlers:
 
         holder = asyncio.create_task(bot.dispatch(ev("h")))
         await soon(entered.wait())
-        m1 = asyncio.create_task(bot.dispatch(ev("m1")))
-        await conflicts.reach(1)
-        m2 = asyncio.create_task(bot.dispatch(ev("m2", type="message")))
-        await conflicts.reach(2)
+        m1, m2 = await conflicts.one_by_one(bot, [ev("m1"), ev("m2", type="message")])
         opened.set()
         assert await soon(asyncio.gather(holder, m1, m2)) == [
             Outcome.HANDLED,
@@ -750,10 +757,7 @@ class TestBatchesReachTheirHandlers:
         holder = asyncio.create_task(bot.dispatch(ev("h")))
         await soon(entered.wait())
         batch = [("a1", "mention"), ("b1", "message"), ("a2", "mention"), ("b2", "message")]
-        tasks = []
-        for n, (message, kind) in enumerate(batch, 1):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(message, type=kind))))
-            await conflicts.reach(n)
+        tasks = await conflicts.one_by_one(bot, [ev(m, type=kind) for m, kind in batch])
         opened.set()
         outcomes = await soon(asyncio.gather(holder, *tasks))
         assert outcomes == [
@@ -784,10 +788,7 @@ class TestBatchesReachTheirHandlers:
 
         holder = asyncio.create_task(bot.dispatch(ev("h")))
         await soon(entered.wait())
-        tasks = []
-        for n in (1, 2):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(f"r{n}", type="reaction"))))
-            await conflicts.reach(n)
+        tasks = await conflicts.one_by_one(bot, [ev(f"r{n}", type="reaction") for n in (1, 2)])
         opened.set()
         # no handler takes a reaction: each ends as a lone dispatch would, none SKIPPED
         assert (
@@ -805,10 +806,7 @@ class TestBatchesReachTheirHandlers:
         bot = bot_with(state, gate, on_lock_conflict=conflicts, lock_scope="channel", debounce=0.01)
         holder = await hold_key(bot, gate, ev("h"))
         arrivals = [("t1a", "T1"), ("t2a", "T2"), ("t1b", "T1"), ("t2b", "T2"), ("t3a", "T3")]
-        tasks = []
-        for n, (message, thread) in enumerate(arrivals, 1):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(message, thread=thread))))
-            await conflicts.reach(n)
+        tasks = await conflicts.one_by_one(bot, [ev(m, thread=t) for m, t in arrivals])
         gate.open()
         outcomes = await soon(asyncio.gather(holder, *tasks))
         assert outcomes == [
