@@ -2,7 +2,8 @@
 
 ``KIND`` is ``slack`` (``examples.slack_bolt_bot``) or ``telegram`` (``examples.aiogram_bot``).
 Configured by the environment the test sets: ``BOT_STATE_URL``, ``BOT_PREFIX`` (the shared
-Redis namespace) and ``BOT_API_URL`` (the test's API stand-in). Serves on 127.0.0.1:<free
+Redis namespace) and ``BOT_API_URL`` (the test's API stand-in), and for Slack ``BOT_SERVE`` (``0``: a web process
+that only stores and acknowledges, draining nothing). Serves on 127.0.0.1:<free
 port>, prints ``PORT <n>`` once it answers, and runs until SIGTERM, then shuts down cleanly
 (the app's cleanup drains what it holds).
 """
@@ -28,7 +29,13 @@ def build(kind: str) -> web.Application:
         from tests.integration._standins import BOT_TOKEN, SIGNING_SECRET
 
         return slack_bolt_bot.create_app(
-            url, prefix, signing_secret=SIGNING_SECRET, token=BOT_TOKEN, api_url=api, delay=0.02
+            url,
+            prefix,
+            signing_secret=SIGNING_SECRET,
+            token=BOT_TOKEN,
+            api_url=api,
+            delay=0.02,
+            serve=os.environ.get("BOT_SERVE", "1") == "1",
         )
     from examples.aiogram_bot import create_app
     from tests.integration._standins import TELEGRAM_TOKEN

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -18,8 +17,8 @@ import pytest
 
 from asynclock import Outcome
 from examples import aiogram_bot
-from tests._matrix import REDIS, purge_namespace, require
-from tests.integration._processes import bot_processes
+from tests._matrix import REDIS
+from tests.integration._processes import bot_processes, deliver_each_twice, tally
 from tests.integration._standins import TELEGRAM_TOKEN, StandIn, serve_app, telegram_api
 
 if TYPE_CHECKING:
@@ -49,14 +48,6 @@ def update(chat: int, text: str, *, update_id: int | None = None) -> dict[str, o
 
 
 @pytest.fixture
-async def namespace() -> AsyncIterator[str]:
-    require(REDIS)
-    made = uuid.uuid4().hex
-    yield made
-    await purge_namespace(REDIS, made)
-
-
-@pytest.fixture
 async def api() -> AsyncIterator[StandIn]:
     async with telegram_api() as standin:
         yield standin
@@ -64,11 +55,11 @@ async def api() -> AsyncIterator[StandIn]:
 
 @asynccontextmanager
 async def served(
-    namespace: str, api: StandIn, *, delay: float, background: bool
+    prefix: str, api: StandIn, *, delay: float, background: bool
 ) -> AsyncIterator[tuple[str, httpx.AsyncClient, EventDispatcher]]:
     app = aiogram_bot.create_app(
         REDIS.url,
-        str(REDIS.options(namespace)["prefix"]),
+        prefix,
         token=TELEGRAM_TOKEN,
         api_url=api.url,
         delay=delay,
@@ -82,9 +73,9 @@ def replies(api: StandIn, chat: int) -> list[str]:
     return [text.removeprefix("re: ") for text in api.recorder.texts(str(chat))]
 
 
-async def test_one_chat_in_order_other_chats_in_parallel(namespace: str, api: StandIn) -> None:
+async def test_one_chat_in_order_other_chats_in_parallel(prefix: str, api: StandIn) -> None:
     burst = 5
-    async with served(namespace, api, delay=0.1, background=True) as (url, client, bot):
+    async with served(prefix, api, delay=0.1, background=True) as (url, client, bot):
         # aiogram answers each update at once and handles it in the background: without the
         # middleware, the burst's handlers would run at the same time
         for n in range(burst):
@@ -99,8 +90,8 @@ async def test_one_chat_in_order_other_chats_in_parallel(namespace: str, api: St
         assert bot.stats[Outcome.QUEUED] >= 1
 
 
-async def test_a_duplicate_update_is_never_answered_twice(namespace: str, api: StandIn) -> None:
-    async with served(namespace, api, delay=0.05, background=False) as (url, client, bot):
+async def test_a_duplicate_update_is_never_answered_twice(prefix: str, api: StandIn) -> None:
+    async with served(prefix, api, delay=0.05, background=False) as (url, client, bot):
         first = update(3, "once")
         # Telegram's redelivery arriving while the first is being handled, and after
         answers = await asyncio.gather(*(client.post(url, json=first) for _ in range(3)))
@@ -113,42 +104,23 @@ async def test_a_duplicate_update_is_never_answered_twice(namespace: str, api: S
 
 @pytest.mark.processes
 async def test_two_processes_sharing_redis_lose_nothing_and_reply_once_in_order(
-    namespace: str, api: StandIn
+    prefix: str, api: StandIn
 ) -> None:
     chats, per_chat = 4, 5
-    sent = redeliveries = 0
+    bodies = {(c, n): update(100 + c, f"{c}-{n}") for c in range(chats) for n in range(per_chat)}
     async with (
-        bot_processes(
-            "telegram",
-            2,
-            state_url=REDIS.url,
-            prefix=str(REDIS.options(namespace)["prefix"]),
-            api_url=api.url,
-        ) as urls,
+        bot_processes("telegram", 2, state_url=REDIS.url, prefix=prefix, api_url=api.url) as bots,
         httpx.AsyncClient(timeout=30.0) as client,
     ):
 
-        async def chat(c: int) -> None:
-            nonlocal sent, redeliveries
-            for n in range(per_chat):
-                body = update(100 + c, f"{c}-{n}")
-                # to one process, then Telegram's redelivery of it to the other one
-                first = await client.post(urls[n % 2] + PATH, json=body)
-                retry = await client.post(urls[(n + 1) % 2] + PATH, json=body)
-                assert (first.status_code, retry.status_code) == (200, 200)
-                sent += 1
-                redeliveries += 1
+        async def send(url: str, c: int, n: int, retry: int | None) -> int:
+            # a redelivery is the same update again (same update_id)
+            return (await client.post(url + PATH, json=bodies[c, n])).status_code
 
-        await asyncio.gather(*(chat(c) for c in range(chats)))
-        total = chats * per_chat
-        await api.recorder.wait_for(lambda: len(api.recorder.replies) >= total)
-    got = api.recorder.replies
-    for c in range(chats):
-        assert replies(api, 100 + c) == [f"{c}-{n}" for n in range(per_chat)]
-    duplicates = len(got) - len({r.text for r in got})
-    lost = total - len({r.text for r in got})
-    print(
-        f"telegram: updates={sent} redeliveries={redeliveries} replies={len(got)} "
-        f"duplicates={duplicates} lost={lost}"
-    )
-    assert (len(got), duplicates, lost) == (total, 0, 0)
+        sent = await deliver_each_twice(bots.urls, chats, per_chat, send)
+        await api.recorder.wait_for(lambda: len(api.recorder.replies) >= sent)
+    expected = {str(100 + c): [f"{c}-{n}" for n in range(per_chat)] for c in range(chats)}
+    figures, got = tally(api.recorder, expected, redeliveries=sent)
+    print(f"telegram, 2 processes: {figures}")
+    assert got == expected
+    assert (figures.replies, figures.duplicates, figures.lost) == (sent, 0, 0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -20,8 +19,8 @@ import pytest
 
 from asynclock import Outcome
 from examples import slack_bolt_bot
-from tests._matrix import REDIS, purge_namespace, require
-from tests.integration._processes import bot_processes
+from tests._matrix import REDIS
+from tests.integration._processes import bot_processes, deliver_each_twice, tally
 from tests.integration._standins import (
     BOT_TOKEN,
     SIGNING_SECRET,
@@ -67,14 +66,6 @@ async def deliver(
 
 
 @pytest.fixture
-async def namespace() -> AsyncIterator[str]:
-    require(REDIS)
-    made = uuid.uuid4().hex
-    yield made
-    await purge_namespace(REDIS, made)
-
-
-@pytest.fixture
 async def api() -> AsyncIterator[StandIn]:
     async with slack_api() as standin:
         yield standin
@@ -92,7 +83,7 @@ class Served:
 
 @asynccontextmanager
 async def served(
-    namespace: str,
+    prefix: str,
     api: StandIn,
     *,
     mode: Mode = "submit",
@@ -101,7 +92,7 @@ async def served(
 ) -> AsyncIterator[Served]:
     app = slack_bolt_bot.create_app(
         REDIS.url,
-        str(REDIS.options(namespace)["prefix"]),
+        prefix,
         signing_secret=SIGNING_SECRET,
         token=BOT_TOKEN,
         api_url=api.url,
@@ -117,10 +108,8 @@ def replies_in(recorder: Recorder, conversation: str) -> list[str]:
     return [text.removeprefix("re: ") for text in recorder.texts(conversation)]
 
 
-async def test_a_bad_signature_is_refused_and_nothing_is_handled(
-    namespace: str, api: StandIn
-) -> None:
-    async with served(namespace, api) as app:
+async def test_a_bad_signature_is_refused_and_nothing_is_handled(prefix: str, api: StandIn) -> None:
+    async with served(prefix, api) as app:
         body = envelope("EvBad", "1.1")
         forged = slack_headers(body, secret="not-the-signing-secret")
         refused = await app.client.post(app.url + PATH, content=body, headers=forged)
@@ -135,10 +124,10 @@ async def test_a_bad_signature_is_refused_and_nothing_is_handled(
 
 
 async def test_a_burst_in_one_thread_is_answered_once_each_in_order(
-    namespace: str, api: StandIn
+    prefix: str, api: StandIn
 ) -> None:
     count = 8
-    async with served(namespace, api, mode="submit", delay=0.05) as app:
+    async with served(prefix, api, mode="submit", delay=0.05) as app:
         # each delivery is acknowledged at once (200), long before its handler ran
         for n in range(count):
             answer = await deliver(app.client, app.url, envelope(f"Ev{n}", f"1.{n}", thread="1.0"))
@@ -155,10 +144,8 @@ async def test_a_burst_in_one_thread_is_answered_once_each_in_order(
         assert app.bot.stats[Outcome.HANDLED] + app.bot.stats[Outcome.QUEUED] == count + 1
 
 
-async def test_retries_1_to_3_are_answered_200_and_handled_once(
-    namespace: str, api: StandIn
-) -> None:
-    async with served(namespace, api, mode="submit") as app:
+async def test_retries_1_to_3_are_answered_200_and_handled_once(prefix: str, api: StandIn) -> None:
+    async with served(prefix, api, mode="submit") as app:
         body = envelope("EvRetry", "3.1")
         first = await deliver(app.client, app.url, body)
         # Slack's retries of one event: the first handling is still running or done
@@ -172,9 +159,9 @@ async def test_retries_1_to_3_are_answered_200_and_handled_once(
 
 
 async def test_dispatch_mode_answers_503_for_a_busy_thread_and_handles_the_retry(
-    namespace: str, api: StandIn
+    prefix: str, api: StandIn
 ) -> None:
-    async with served(namespace, api, mode="dispatch", on_lock_conflict="drop", delay=0.5) as app:
+    async with served(prefix, api, mode="dispatch", on_lock_conflict="drop", delay=0.5) as app:
         first_body = envelope("EvA", "4.1")
         first = asyncio.create_task(deliver(app.client, app.url, first_body))
         key = "slack:C1:4.1"
@@ -193,47 +180,60 @@ async def test_dispatch_mode_answers_503_for_a_busy_thread_and_handles_the_retry
         assert app.bot.stats[Outcome.DROPPED] == 1
 
 
+def thread_of(t: int) -> str:
+    return f"7{t}.0"
+
+
+def event_of(t: int, n: int) -> bytes:
+    return envelope(f"Ev{t}-{n}", f"7{t}.{n + 1}", thread=thread_of(t))
+
+
+def expected(threads: int, per_thread: int) -> dict[str, list[str]]:
+    return {f"C1:{thread_of(t)}": [f"Ev{t}-{n}" for n in range(per_thread)] for t in range(threads)}
+
+
 @pytest.mark.processes
 async def test_two_processes_sharing_redis_lose_nothing_and_reply_once_in_order(
-    namespace: str, api: StandIn
+    prefix: str, api: StandIn
 ) -> None:
     threads, per_thread = 4, 5
-    sent = redeliveries = 0
     async with (
-        bot_processes(
-            "slack",
-            2,
-            state_url=REDIS.url,
-            prefix=str(REDIS.options(namespace)["prefix"]),
-            api_url=api.url,
-        ) as urls,
+        bot_processes("slack", 2, state_url=REDIS.url, prefix=prefix, api_url=api.url) as bots,
         httpx.AsyncClient(timeout=30.0) as client,
     ):
 
-        async def conversation(t: int) -> None:
-            nonlocal sent, redeliveries
-            root = f"7{t}.0"
-            for n in range(per_thread):
-                body = envelope(f"Ev{t}-{n}", f"7{t}.{n + 1}", thread=root)
-                # to one process, then Slack's retry of it to the other one
-                first = await deliver(client, urls[n % 2], body)
-                retry = await deliver(client, urls[(n + 1) % 2], body, retry=1)
-                assert (first.status_code, retry.status_code) == (200, 200)
-                sent += 1
-                redeliveries += 1
+        async def send(url: str, t: int, n: int, retry: int | None) -> int:
+            return (await deliver(client, url, event_of(t, n), retry=retry)).status_code
 
-        await asyncio.gather(*(conversation(t) for t in range(threads)))
-        total = threads * per_thread
-        await api.recorder.wait_for(lambda: len(api.recorder.replies) >= total)
+        sent = await deliver_each_twice(bots.urls, threads, per_thread, send)
+        await api.recorder.wait_for(lambda: len(api.recorder.replies) >= sent)
     # both processes shut down cleanly: nothing more can arrive
-    replies = api.recorder.replies
-    for t in range(threads):
-        got = replies_in(api.recorder, f"C1:7{t}.0")
-        assert got == [f"Ev{t}-{n}" for n in range(per_thread)], got
-    duplicates = len(replies) - len({r.text for r in replies})
-    lost = total - len({r.text for r in replies})
-    print(
-        f"slack: events={sent} redeliveries={redeliveries} replies={len(replies)} "
-        f"duplicates={duplicates} lost={lost}"
-    )
-    assert (len(replies), duplicates, lost) == (total, 0, 0)
+    figures, got = tally(api.recorder, expected(threads, per_thread), redeliveries=sent)
+    print(f"slack, 2 processes: {figures}")
+    assert got == expected(threads, per_thread)
+    assert (figures.replies, figures.duplicates, figures.lost) == (sent, 0, 0)
+
+
+@pytest.mark.processes
+async def test_events_acknowledged_by_a_process_killed_after_the_ack_are_not_lost(
+    prefix: str, api: StandIn
+) -> None:
+    threads, per_thread = 3, 4
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        # a web process that stores and acknowledges, and is killed before anyone drained
+        async with bot_processes(
+            "slack", 1, state_url=REDIS.url, prefix=prefix, api_url=api.url, serve=False
+        ) as web:
+            for t in range(threads):
+                for n in range(per_thread):
+                    answer = await deliver(client, web.urls[0], event_of(t, n))
+                    assert answer.status_code == 200
+            await web.kill(0)
+        assert api.recorder.replies == []
+        # a worker started afterwards answers every acknowledged event, in order
+        async with bot_processes("slack", 1, state_url=REDIS.url, prefix=prefix, api_url=api.url):
+            await api.recorder.wait_for(lambda: len(api.recorder.replies) >= threads * per_thread)
+    figures, got = tally(api.recorder, expected(threads, per_thread), redeliveries=0)
+    print(f"slack, web process killed after the ack: {figures}")
+    assert got == expected(threads, per_thread)
+    assert (figures.duplicates, figures.lost) == (0, 0)
