@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, final
 from asynclock._dispatch import EventDispatcher
 from asynclock._errors import InboxFullError, StateError, StateUnavailableError
 from asynclock._event import Event, Outcome
+from asynclock.state._protocol import InboxState
 
 if TYPE_CHECKING:
     from slack_bolt.request.async_request import AsyncBoltRequest
@@ -149,6 +150,12 @@ class SlackEventsMiddleware(AsyncMiddleware):
             raise TypeError(f"SlackEventsMiddleware needs an EventDispatcher, got {bot!r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "accept" and not isinstance(bot.state, InboxState):
+            # refused here, not by every delivery's accept() answering 500 to Slack
+            raise TypeError(
+                f"mode='accept' needs a state with the durable inbox (MemoryState, RedisState); "
+                f"{type(bot.state).__name__} has none"
+            )
         self._bot = bot
         self._mode: Mode = mode
         self._redeliveries = 0
