@@ -6,11 +6,17 @@ What they do with real frameworks over HTTP is in ``tests/integration/test_slack
 
 from __future__ import annotations
 
-import pytest
-from aiogram.dispatcher.middlewares.user_context import UserContextMiddleware
-from aiogram.types import Update
+import asyncio
+import json
 
-from asynclock import Event, EventDispatcher, MemoryState, state_from_url
+import pytest
+from aiogram import Bot, Dispatcher
+from aiogram.dispatcher.middlewares.user_context import UserContextMiddleware
+from aiogram.types import ErrorEvent, Message, Update
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
+
+from asynclock import Event, EventDispatcher, HandlerContext, MemoryState, Outcome, state_from_url
 from asynclock.integrations.aiogram import UpdateMiddleware, telegram_event
 from asynclock.integrations.slack_bolt import SlackEventsMiddleware, slack_event
 
@@ -143,3 +149,95 @@ class TestUpdateMiddleware:
         stray = Event("message", "telegram", "1", "chat", "1:1")
         with pytest.raises(RuntimeError, match="no update in flight belongs to"):
             await bot.dispatch(stray)
+
+
+async def _not_called() -> BoltResponse:
+    raise AssertionError("an Events API delivery must not go on to Bolt's listeners")
+
+
+def bolt_request(body: dict[str, object]) -> AsyncBoltRequest:
+    """What Bolt's adapters build from an HTTP request (signature already checked by Bolt)."""
+    return AsyncBoltRequest(body=json.dumps(body), headers={"content-type": "application/json"})
+
+
+class TestSlackAnswers:
+    async def test_a_full_inbox_is_answered_503_with_retry_after(self) -> None:
+        bot = EventDispatcher(MemoryState(), max_pending=1)
+        middleware = SlackEventsMiddleware(bot, mode="accept")
+        answers = []
+        for n in range(2):  # nobody serves: the second finds the thread's inbox full
+            inner: dict[str, object] = {"type": "app_mention", "channel": "C1", "ts": f"1.{n}"}
+            inner["thread_ts"] = "1.0"
+            body = envelope(inner)
+            body["event_id"] = f"Ev{n}"
+            resp = BoltResponse(status=200, body="")
+            answer = await middleware.async_process(
+                req=bolt_request(body), resp=resp, next=_not_called
+            )
+            assert answer is not None
+            answers.append(answer)
+        assert [a.status for a in answers] == [200, 503]
+        assert int(answers[1].headers["retry-after"][0]) >= 1
+        assert "inbox full" in answers[1].body
+
+    async def test_an_unreachable_state_is_answered_503_quickly(self) -> None:
+        state = state_from_url("redis://127.0.0.1:1/0", connect_timeout=0.5, op_timeout=0.5)
+        middleware = SlackEventsMiddleware(EventDispatcher(state), mode="accept")
+        body = envelope({"type": "app_mention", "channel": "C1", "ts": "1.1"})
+        try:
+            answer = await asyncio.wait_for(
+                middleware.async_process(
+                    req=bolt_request(body), resp=BoltResponse(status=200, body=""), next=_not_called
+                ),
+                10,
+            )
+        finally:
+            await state.aclose()
+        assert answer is not None
+        assert (answer.status, answer.headers["retry-after"]) == (503, ["1"])
+
+    async def test_other_requests_go_on_to_bolt(self) -> None:
+        middleware = SlackEventsMiddleware(EventDispatcher(MemoryState()))
+        passed = BoltResponse(status=200, body="from the listener")
+
+        async def listener_chain() -> BoltResponse:
+            return passed
+
+        command = bolt_request({"command": "/deploy", "text": "now"})
+        answer = await middleware.async_process(
+            req=command, resp=BoltResponse(status=200, body=""), next=listener_chain
+        )
+        assert answer is passed
+
+
+class TestAiogramErrors:
+    async def test_a_failing_handler_reaches_aiogram_and_its_redelivery_runs(self) -> None:
+        dp = Dispatcher()
+        bot = EventDispatcher(MemoryState())
+        dp.update.outer_middleware(UpdateMiddleware(bot))
+        tokens: list[int | None] = []
+        errors: list[str] = []
+
+        @dp.message()
+        async def handler(message: Message, asynclock: HandlerContext) -> None:
+            tokens.append(asynclock.token)
+            if len(tokens) == 1:
+                raise RuntimeError("boom")
+
+        @dp.error()
+        async def on_error(event: ErrorEvent) -> bool:
+            errors.append(str(event.exception))
+            return True
+
+        telegram = Bot(token="42:UNIT-TEST")  # no call leaves: the handler sends nothing
+        try:
+            delivery = update(topic_message(None))
+            await dp.feed_update(telegram, delivery)
+            await dp.feed_update(telegram, delivery)  # Telegram's redelivery: handled this time
+            await dp.feed_update(telegram, delivery)  # and now a duplicate
+        finally:
+            await telegram.session.close()
+        assert errors == ["boom"]
+        assert len(tokens) == 2
+        assert (bot.stats[Outcome.FAILED], bot.stats[Outcome.HANDLED]) == (1, 1)
+        assert bot.stats[Outcome.DUPLICATE] == 1
