@@ -15,8 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, final
 
-from asynclock._dispatch import EventDispatcher
-from asynclock._event import Event, HandlerContext
+from asynclock import Event, EventDispatcher, HandlerContext
 from asynclock._validate import check_key
 
 try:

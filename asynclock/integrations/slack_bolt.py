@@ -16,9 +16,14 @@ import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, final
 
-from asynclock._dispatch import EventDispatcher
-from asynclock._errors import InboxFullError, StateError, StateUnavailableError
-from asynclock._event import Event, Outcome
+from asynclock import (
+    Event,
+    EventDispatcher,
+    InboxFullError,
+    Outcome,
+    StateError,
+    StateUnavailableError,
+)
 from asynclock.state._protocol import InboxState
 
 if TYPE_CHECKING:
