@@ -89,14 +89,17 @@ async def deliver_each_twice(
 ) -> int:
     """Send every conversation's events in order, conversations at once; return how many.
 
-    Each event goes to one process and, once answered, its redelivery (retry 1) to the next
-    one: the platform retrying an event whose first answer it did not trust.
+    Each event goes to one process and, at the same time, its redelivery (retry 1) to the next
+    one: the platform retrying an event whose first answer it did not wait for. The next event
+    of the conversation is sent once both are answered.
     """
 
     async def conversation(c: int) -> None:
         for n in range(per_conversation):
-            first = await deliver(urls[n % len(urls)], c, n, None)
-            retry = await deliver(urls[(n + 1) % len(urls)], c, n, 1)
+            first, retry = await asyncio.gather(
+                deliver(urls[n % len(urls)], c, n, None),
+                deliver(urls[(n + 1) % len(urls)], c, n, 1),
+            )
             assert (first, retry) == (200, 200), (c, n, first, retry)
 
     await asyncio.gather(*(conversation(c) for c in range(conversations)))
