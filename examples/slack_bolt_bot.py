@@ -9,7 +9,8 @@ Run it (Redis on 127.0.0.1:6379; Slack's signing secret and bot token from the e
 delivery in the durable inbox (``mode="accept"``) and answers 200 within Slack's 3 seconds;
 ``serve()`` (here, and in any ``asynclock worker examples.slack_bolt_bot:worker`` beside it)
 answers each event in its thread, one at a time per thread, in order. A redelivery
-(``X-Slack-Retry-Num``) is a duplicate and answered 200 without running anything twice.
+(``X-Slack-Retry-Num``) is a duplicate and answered 200 without running anything twice. Both
+read ``ASYNCLOCK_STATE_URL``, ``ASYNCLOCK_PREFIX``, ``SLACK_BOT_TOKEN`` and ``SLACK_API_URL``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ log = logging.getLogger("examples.slack_bolt_bot")
 
 DEFAULT_STATE_URL = os.environ.get("ASYNCLOCK_STATE_URL", "redis://127.0.0.1:6379/0")
 DEFAULT_PREFIX = os.environ.get("ASYNCLOCK_PREFIX", "slack-bolt-bot:")
+#: the Web API's base URL (Slack's own unless ``SLACK_API_URL`` says otherwise)
+DEFAULT_API_URL = os.environ.get("SLACK_API_URL", AsyncWebClient.BASE_URL)
 
 BOT = web.AppKey("bot", EventDispatcher)
 STATE = web.AppKey("state", State)
@@ -77,7 +80,7 @@ def create_app(
     *,
     signing_secret: str | None = None,
     token: str | None = None,
-    api_url: str = AsyncWebClient.BASE_URL,
+    api_url: str = DEFAULT_API_URL,
     mode: Mode = "accept",
     on_lock_conflict: PolicyName = "queue",
     delay: float = 0.0,
@@ -134,7 +137,7 @@ def create_app(
 def worker() -> EventDispatcher:
     """``asynclock worker examples.slack_bolt_bot:worker``: more processes draining the inbox."""
     state = asynclock.state_from_url(DEFAULT_STATE_URL, prefix=DEFAULT_PREFIX)
-    client = AsyncWebClient(token=os.environ.get("SLACK_BOT_TOKEN"))
+    client = AsyncWebClient(token=os.environ.get("SLACK_BOT_TOKEN"), base_url=DEFAULT_API_URL)
     return build_dispatcher(state, client)
 
 

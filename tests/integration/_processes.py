@@ -80,6 +80,27 @@ async def bot_processes(
     assert clean == [0] * len(clean), f"bot processes exited with {codes}"
 
 
+@asynccontextmanager
+async def asynclock_worker(target: str, env: dict[str, str]) -> AsyncIterator[None]:
+    """``python -m asynclock worker TARGET`` with ``env`` added; on exit SIGTERM, must exit 0."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "asynclock",
+        "worker",
+        target,
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        yield
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        code = await asyncio.wait_for(process.wait(), STARTUP)
+    assert code == 0, f"asynclock worker {target} exited with {code}"
+
+
 #: (process URL, conversation, event number, retry number or None) -> the HTTP status
 Deliver = Callable[[str, int, int, "int | None"], "Awaitable[int]"]
 

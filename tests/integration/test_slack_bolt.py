@@ -20,7 +20,12 @@ import pytest
 from asynclock import Outcome
 from examples import slack_bolt_bot
 from tests._matrix import REDIS
-from tests.integration._processes import bot_processes, deliver_each_twice, tally
+from tests.integration._processes import (
+    asynclock_worker,
+    bot_processes,
+    deliver_each_twice,
+    tally,
+)
 from tests.integration._standins import (
     BOT_TOKEN,
     SIGNING_SECRET,
@@ -230,8 +235,15 @@ async def test_events_acknowledged_by_a_process_killed_after_the_ack_are_not_los
                     assert answer.status_code == 200
             await web.kill(0)
         assert api.recorder.replies == []
-        # a worker started afterwards answers every acknowledged event, in order
-        async with bot_processes("slack", 1, state_url=REDIS.url, prefix=prefix, api_url=api.url):
+        # a worker started afterwards (the command line, as in production) answers every
+        # acknowledged event, in order
+        env = {
+            "ASYNCLOCK_STATE_URL": REDIS.url,
+            "ASYNCLOCK_PREFIX": prefix,
+            "SLACK_BOT_TOKEN": BOT_TOKEN,
+            "SLACK_API_URL": api.url,
+        }
+        async with asynclock_worker("examples.slack_bolt_bot:worker", env):
             await api.recorder.wait_for(lambda: len(api.recorder.replies) >= threads * per_thread)
     figures, got = tally(api.recorder, expected(threads, per_thread), redeliveries=0)
     print(f"slack, web process killed after the ack: {figures}")
