@@ -1,0 +1,233 @@
+"""The chat-sdk queue on the same Redis: the peer of the ``inbox`` scenario (#12).
+
+chat-sdk (the Python port of Vercel's Chat SDK) has no "store now, handle elsewhere" path. Every
+message goes through ``Chat.handle_incoming_message``, which with ``concurrency="queue"``:
+
+1. marks the message seen (``SET NX PX``, dedupe);
+2. tries the thread's lock (``SET NX PX``). Won: runs the handlers in the caller, then drains
+   the thread's queue (``LPOP`` until it answers nothing, an ``EVAL`` extend before and after
+   each handler call, which gets the newest entry with the older ones in
+   ``context.skipped``), then releases the lock (``EVAL``). An entry pushed after the last
+   empty ``LPOP`` and before the release is left with no holder: *stranded*
+   (vercel/chat#928);
+3. lost: reads the queue's depth (``LLEN``) and enqueues (``EVAL``: RPUSH, LTRIM to
+   ``max_queue_size`` dropping the oldest, PEXPIRE) and returns.
+
+Its counterparts of the asynclock figures, same server, same process, same keys:
+
+* **enqueue throughput**: serial ``handle_incoming_message`` on threads whose lock this
+  benchmark holds, so every call takes path 3 (a message stored for a later handler, as
+  ``accept`` stores one); and ``RedisStateAdapter.enqueue`` alone (its one script, no dedupe).
+* **message -> handler start**: serial ``handle_incoming_message`` on an idle thread (the
+  handler starts in the caller after steps 1-2), idle and with a producer sending to 10 other
+  threads meanwhile.
+* **burst**: every message at once over the keys; afterwards every call has returned and no
+  lock is held, so what is still queued is stranded, and what is neither handled, in a
+  ``context.skipped``, nor stranded was trimmed away (dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio
+
+from benchmarks._dispatcher import ADAPTER, POOL, SendCounter
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+    from benchmarks._env import Config
+
+#: chat-sdk's default queue bound (``ConcurrencyConfig.max_queue_size``)
+DEFAULT_QUEUE = 10
+#: seconds a benchmark holds a thread's lock (longer than any measurement)
+HOLD_MS = 600_000
+
+
+@dataclass(frozen=True)
+class Burst:
+    """One burst of ``n`` messages: what happened to them and what it cost."""
+
+    n: int
+    seconds: float
+    #: handler calls (chat-sdk: one per drain batch; asynclock: one per event)
+    handled: int
+    #: folded into a handler call's ``context.skipped`` (chat-sdk only)
+    skipped: int
+    #: left in a queue with no holder once every call returned
+    stranded: int
+    #: neither handled, skipped nor queued: trimmed by the queue bound (or expired)
+    dropped: int
+    #: client round trips per message, the drain included
+    trips: float
+
+    @property
+    def rate(self) -> float:
+        """Messages per second that reached a handler (handled or skipped)."""
+        return (self.handled + self.skipped) / self.seconds
+
+
+class ChatQueue:
+    """A chat-sdk ``Chat(concurrency="queue")`` over ``RedisStateAdapter`` on the bench server.
+
+    Its own client with a pool bounded like asynclock's (``RedisStateAdapter(url=...)`` would
+    build an unbounded one); keys under ``cfg.key("inbox", "chat-sdk", tag)``.
+    """
+
+    def __init__(self, sdk: Any, cfg: Config, tag: str, *, max_queue_size: int) -> None:
+        self.sdk = sdk
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            cfg.url, max_connections=POOL, decode_responses=True
+        )
+        self.client = redis.asyncio.Redis(connection_pool=pool)
+        self.prefix = cfg.key("inbox", "chat-sdk", tag)
+        self.state = sdk.RedisStateAdapter(client=self.client, key_prefix=self.prefix)
+        self.adapter = sdk.MockAdapter(ADAPTER)
+        concurrency = sdk.ConcurrencyConfig(strategy="queue", max_queue_size=max_queue_size)
+        config = sdk.ChatConfig(
+            adapters={ADAPTER: self.adapter},
+            state=self.state,
+            user_name="bot",
+            concurrency=concurrency,
+            logger="silent",
+        )
+        self.chat = sdk.Chat(config)
+        self.chat.on_mention(self._on_mention)
+        self.handled = 0
+        self.skipped = 0
+        #: message id -> perf_counter() when its handler call started
+        self.started: dict[str, float] = {}
+
+    async def __aenter__(self) -> Self:
+        await self.state.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.state.disconnect()
+        await self.client.aclose()
+
+    async def _on_mention(self, thread: Any, message: Any, context: Any = None) -> None:
+        self.started[message.id] = time.perf_counter()
+        self.handled += 1
+        self.skipped += len(getattr(context, "skipped", None) or ())
+        await asyncio.sleep(0)  # the same handler as asynclock's side: count, yield once
+
+    @staticmethod
+    def thread(key: str) -> str:
+        return f"{ADAPTER}:C:{key}"
+
+    def message(self, key: str, message_id: str) -> Any:
+        return self.sdk.create_test_message(
+            message_id, "@bot hi", thread_id=self.thread(key), is_mention=True
+        )
+
+    def messages(self, n: int, keys: list[str], tag: str) -> list[tuple[str, Any]]:
+        """``n`` messages ``<tag>-<i>`` round-robin over ``keys``, each with its key."""
+        return [
+            (keys[i % len(keys)], self.message(keys[i % len(keys)], f"{tag}-{i}")) for i in range(n)
+        ]
+
+    async def send(self, key: str, message: Any) -> None:
+        await self.chat.handle_incoming_message(self.adapter, self.thread(key), message)
+
+    async def hold(self, keys: list[str]) -> None:
+        """Take the lock of every thread of ``keys``: each message to them is enqueued."""
+        for key in keys:
+            if await self.state.acquire_lock(self.thread(key), HOLD_MS) is None:
+                raise RuntimeError(f"chat-sdk: the lock of {self.thread(key)!r} is taken")
+
+    async def queued(self, keys: list[str]) -> int:
+        """Entries in the queues of ``keys`` (the adapter's own LLEN)."""
+        return sum([await self.state.queue_depth(self.thread(key)) for key in keys])
+
+
+async def enqueue_rate(
+    sdk: Any, cfg: Config, n: int, keys: list[str], tag: str
+) -> tuple[float, float]:
+    """(messages per second, round trips per message) of serial ``handle_incoming_message``
+    calls that each enqueue (every thread is held; the queue bound is ``n``: nothing trimmed)."""
+    async with ChatQueue(sdk, cfg, tag, max_queue_size=n) as peer:
+        await peer.hold(keys)
+        messages = peer.messages(n, keys, tag)
+        await peer.send(keys[0], peer.message(keys[0], f"{tag}-warm"))
+        sends = SendCounter()
+        t0 = time.perf_counter()
+        with sends.counting():
+            for key, message in messages:
+                await peer.send(key, message)
+        elapsed = time.perf_counter() - t0
+        if peer.handled or await peer.queued(keys) != n + 1:
+            raise RuntimeError("chat-sdk: not every message took the enqueue path")
+    return n / elapsed, sends.sends / n
+
+
+async def adapter_enqueue_rate(sdk: Any, cfg: Config, n: int, keys: list[str], tag: str) -> float:
+    """Entries per second of serial ``RedisStateAdapter.enqueue`` calls (one EVAL each)."""
+    async with ChatQueue(sdk, cfg, tag, max_queue_size=n) as peer:
+        now = int(time.time() * 1000)
+        entries = [
+            (peer.thread(key), sdk.QueueEntry(message=m, enqueued_at=now, expires_at=now + 90_000))
+            for key, m in peer.messages(n, keys, tag)
+        ]
+        t0 = time.perf_counter()
+        for thread, entry in entries:
+            await peer.state.enqueue(thread, entry, n)
+        elapsed = time.perf_counter() - t0
+    return n / elapsed
+
+
+async def latency(sdk: Any, cfg: Config, n: int, *, loaded: bool) -> list[float]:
+    """Seconds from calling ``handle_incoming_message`` on an idle thread until its handler
+    starts, one message at a time; ``loaded``: a producer sends to 10 other threads meanwhile."""
+    tag = "loaded" if loaded else "idle"
+    async with ChatQueue(sdk, cfg, tag, max_queue_size=DEFAULT_QUEUE) as peer:
+        stop = asyncio.Event()
+
+        async def producer() -> None:
+            i = 0
+            while not stop.is_set():
+                key = f"L{i % 10}"
+                await peer.send(key, peer.message(key, f"load-{i}"))
+                i += 1
+
+        load = asyncio.create_task(producer()) if loaded else None
+        await asyncio.sleep(0.2)  # the producer is running
+        samples = []
+        for i in range(n):
+            message = peer.message("probe", f"p-{i}")
+            t0 = time.perf_counter()
+            await peer.send("probe", message)
+            samples.append(peer.started[message.id] - t0)
+        stop.set()
+        if load is not None:
+            await load
+    return samples
+
+
+async def burst(
+    sdk: Any, cfg: Config, n: int, keys: list[str], tag: str, *, max_queue_size: int
+) -> Burst:
+    """``n`` messages over ``keys``, every ``handle_incoming_message`` call started at once."""
+    async with ChatQueue(sdk, cfg, tag, max_queue_size=max_queue_size) as peer:
+        messages = peer.messages(n, keys, tag)
+        sends = SendCounter()
+        with sends.counting():
+            t0 = time.perf_counter()
+            await asyncio.gather(*(peer.send(key, message) for key, message in messages))
+            elapsed = time.perf_counter() - t0
+        # every call returned, so every holder released: what is queued now has no holder
+        stranded = await peer.queued(keys)
+        handled, skipped = peer.handled, peer.skipped
+    dropped = n - handled - skipped - stranded
+    return Burst(n, elapsed, handled, skipped, stranded, dropped, sends.sends / n)
