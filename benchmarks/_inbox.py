@@ -10,14 +10,16 @@
   process, the time from calling ``accept`` until its handler starts; idle, and with a producer
   accepting to 10 other keys meanwhile. chat-sdk: ``handle_incoming_message`` on an idle thread
   until its handler starts (in the caller).
-* **burst**: 2,000 events over the 20 keys all at once (a ``serve()`` running; chat-sdk: every
-  ``handle_incoming_message`` at once), then what became of each: handled, folded, stranded
-  in a queue with no holder, dropped; and the round trips per event, drain included.
+* **burst**: 2,000 events over the 20 keys, all at once and evenly over a second (a ``serve()``
+  running; chat-sdk: ``handle_incoming_message`` calls), then what became of each: handled,
+  folded, stranded in a queue with no holder, dropped; and the round trips per event, drain
+  included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,8 @@ KEYS = 20
 NAMES = [f"T{i}" for i in range(KEYS)]
 #: seconds a burst may take to be handled before what is left counts as stranded
 BURST_BOUND = 60.0
+#: how the burst's events arrive: all at once, and evenly over a second (about chat-sdk's pace)
+SPREADS = (0.0, 1.0)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -154,8 +158,9 @@ async def _latency(api: Any, cfg: Config, n: int, *, loaded: bool) -> list[float
     return samples
 
 
-async def _burst(api: Any, cfg: Config, n: int, tag: str) -> peer.Burst:
-    """``n`` events over the keys, every ``accept`` at once while one ``serve()`` drains."""
+async def _burst(api: Any, cfg: Config, n: int, tag: str, spread: float) -> peer.Burst:
+    """``n`` events over the keys, the ``accept`` calls started evenly over ``spread`` seconds
+    (0: all at once) while one ``serve()`` drains."""
     state = api.module.RedisState.from_url(cfg.url, prefix=cfg.key("inbox", tag) + ":")
     bot = api.module.EventDispatcher(state, on_lock_conflict="queue", max_pending=10**6)
     event = api.module.Event
@@ -175,7 +180,7 @@ async def _burst(api: Any, cfg: Config, n: int, tag: str) -> peer.Burst:
     sends = SendCounter()
     with sends.counting():
         t0 = time.perf_counter()
-        await asyncio.gather(*(bot.accept(e) for e in events))
+        await peer.arriving([functools.partial(bot.accept, e) for e in events], spread)
         try:
             await asyncio.wait_for(done.wait(), BURST_BOUND)
         except TimeoutError:
@@ -235,16 +240,22 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     loaded = await _latency(api, cfg, probes, loaded=True)
     chat_idle = await peer.latency(sdk, cfg, probes, loaded=False)
     chat_loaded = await peer.latency(sdk, cfg, probes, loaded=True)
-    bursts: dict[str, list[peer.Burst]] = {"asynclock": [], "chat": [], "chat-unbounded": []}
+    bursts: dict[tuple[str, float], list[peer.Burst]] = {
+        (who, spread): [] for spread in SPREADS for who in ("asynclock", "chat", "chat-unbounded")
+    }
     for r in range(rounds):
         log(f"inbox: burst round {r + 1}/{rounds}")
-        bursts["asynclock"].append(await _burst(api, cfg, n, f"b{r}"))
-        bursts["chat"].append(
-            await peer.burst(sdk, cfg, n, NAMES, f"b{r}", max_queue_size=peer.DEFAULT_QUEUE)
-        )
-        bursts["chat-unbounded"].append(
-            await peer.burst(sdk, cfg, n, NAMES, f"u{r}", max_queue_size=n)
-        )
+        for i, spread in enumerate(SPREADS):
+            tag = f"b{r}-{i}"
+            bursts["asynclock", spread].append(await _burst(api, cfg, n, tag, spread))
+            bursts["chat", spread].append(
+                await peer.burst(
+                    sdk, cfg, n, NAMES, tag, max_queue_size=peer.DEFAULT_QUEUE, spread=spread
+                )
+            )
+            bursts["chat-unbounded", spread].append(
+                await peer.burst(sdk, cfg, n, NAMES, f"u{tag}", max_queue_size=n, spread=spread)
+            )
     median = Spread.of(o / f for o, f in zip(ours, floor, strict=True)).median
     body = _body(
         cfg,
@@ -287,8 +298,8 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         (
             "inbox burst stranded+dropped: asynclock / chat-sdk (median of rounds)",
             (
-                f"{_median(b.stranded + b.dropped for b in bursts['asynclock']):.0f} / "
-                f"{_median(b.stranded + b.dropped for b in bursts['chat']):.0f} of {n}"
+                f"{_median(b.stranded + b.dropped for b in bursts['asynclock', 0.0]):.0f} / "
+                f"{_median(b.stranded + b.dropped for b in bursts['chat', 0.0]):.0f} of {n}"
             ),
         ),
     ]
@@ -308,7 +319,7 @@ def _body(
     throughput: list[tuple[str, list[float], list[float], list[float], list[float]]],
     drain: tuple[float, float],
     latencies: list[tuple[str, list[float], list[float]]],
-    bursts: dict[str, list[peer.Burst]],
+    bursts: dict[tuple[str, float], list[peer.Burst]],
 ) -> str:
     """The section's text: three tables side by side with chat-sdk, one line per figure."""
     accept_rows = [
@@ -323,20 +334,30 @@ def _body(
     ]
     latency_rows = [(name, _ms(idle), _ms(loaded)) for name, idle, loaded in latencies]
     labels = {
-        "asynclock": "**asynclock** `accept` x n at once, one `serve()`",
+        "asynclock": "**asynclock** `accept`, one `serve()`",
         "chat": f"chat-sdk queue, defaults (`max_queue_size={peer.DEFAULT_QUEUE}`, drop-oldest)",
         "chat-unbounded": f"chat-sdk queue, `max_queue_size={n}`",
     }
     burst_rows = []
-    for name, results in bursts.items():
+    for (name, spread), results in bursts.items():
+        arrival = "all at once" if not spread else f"over {spread:g} s"
+        strandings = (
+            "none: release-if-empty is one step"
+            if name == "asynclock"
+            else fmt_spread(Spread.of(b.stranding_releases for b in results), 0)
+            + " ("
+            + fmt_spread(Spread.of(b.left_behind for b in results), 0)
+            + " entries)"
+        )
         burst_rows.append(
             (
-                labels[name],
+                f"{labels[name]}, {arrival}",
                 fmt_spread(Spread.of(b.rate for b in results), 0),
                 fmt_spread(Spread.of(b.handled for b in results), 0),
                 fmt_spread(Spread.of(b.skipped for b in results), 0),
                 fmt_spread(Spread.of(b.stranded for b in results), 0),
                 fmt_spread(Spread.of(b.dropped for b in results), 0),
+                strandings,
                 fmt_spread(Spread.of(b.trips for b in results), 2),
             )
         )
@@ -365,9 +386,12 @@ def _body(
             ),
             _table(("what", "idle", "under load"), latency_rows),
             (
-                f"**A burst**: {n} events over the {KEYS} keys, all at once; afterwards nothing is "
-                "held, so what is still queued is stranded, and what is neither handled, folded into "
-                "a handler's `context.skipped`, nor queued was dropped:"
+                f"**A burst**: {n} events over the {KEYS} keys, all at once or arriving evenly "
+                "over a second; afterwards nothing is held, so what is still queued is stranded, "
+                "and what is neither handled, folded into a handler's `context.skipped`, nor "
+                "queued was dropped. chat-sdk: after each `release_lock`, a look (not counted in "
+                "its round trips) at whether entries sit in the queue while nobody holds the "
+                "lock, which strands them until a later message of the thread arrives:"
             ),
             _table(
                 (
@@ -375,8 +399,9 @@ def _body(
                     "events/s reaching a handler",
                     "handler calls",
                     "folded (`skipped`)",
-                    "stranded",
+                    "stranded at the end",
                     "dropped",
+                    "releases that left entries without a holder",
                     "round trips / event",
                 ),
                 burst_rows,

@@ -21,14 +21,20 @@ Its counterparts of the asynclock figures, same server, same process, same keys:
 * **message -> handler start**: serial ``handle_incoming_message`` on an idle thread (the
   handler starts in the caller after steps 1-2), idle and with a producer sending to 10 other
   threads meanwhile.
-* **burst**: every message at once over the keys; afterwards every call has returned and no
-  lock is held, so what is still queued is stranded, and what is neither handled, in a
-  ``context.skipped``, nor stranded was trimmed away (dropped).
+* **burst**: every message over the keys at once, or arriving evenly over a second; afterwards
+  every call has returned and no lock is held, so what is still queued is stranded, and what is
+  neither handled, in a ``context.skipped``, nor stranded was trimmed away (dropped). During the
+  burst, every ``release_lock`` is followed by a look (``LLEN`` + ``EXISTS`` in one
+  transaction, not counted as the peer's round trips) at whether entries sit in the thread's
+  queue while nobody holds its lock: each such release strands them until a later message of
+  the thread happens to arrive (they are counted when the look sees them; one that a new holder
+  drains first is missed, so the count is a lower bound).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +44,7 @@ import redis.asyncio
 from benchmarks._dispatcher import ADAPTER, POOL, SendCounter
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
     from typing_extensions import Self
@@ -66,6 +73,10 @@ class Burst:
     dropped: int
     #: client round trips per message, the drain included
     trips: float
+    #: chat-sdk: releases that left entries in the queue with no holder (a lower bound)
+    stranding_releases: int = 0
+    #: chat-sdk: the entries those releases left behind
+    left_behind: int = 0
 
     @property
     def rate(self) -> float:
@@ -101,6 +112,9 @@ class ChatQueue:
         self.chat.on_mention(self._on_mention)
         self.handled = 0
         self.skipped = 0
+        self.stranding_releases = 0
+        self.left_behind = 0
+        self.looks = 0
         #: message id -> perf_counter() when its handler call started
         self.started: dict[str, float] = {}
 
@@ -140,6 +154,24 @@ class ChatQueue:
 
     async def send(self, key: str, message: Any) -> None:
         await self.chat.handle_incoming_message(self.adapter, self.thread(key), message)
+
+    def watch_releases(self) -> None:
+        """After every ``release_lock``, look whether it left entries with no holder."""
+        release = self.state.release_lock
+
+        async def release_and_look(lock: Any) -> None:
+            await release(lock)
+            thread = lock.thread_id
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.llen(f"{self.prefix}:queue:{thread}")
+                pipe.exists(f"{self.prefix}:lock:{thread}")
+                depth, held = await pipe.execute()
+            self.looks += 1
+            if depth and not held:
+                self.stranding_releases += 1
+                self.left_behind += depth
+
+        self.state.release_lock = release_and_look
 
     async def hold(self, keys: list[str]) -> None:
         """Take the lock of every thread of ``keys``: each message to them is enqueued."""
@@ -215,19 +247,42 @@ async def latency(sdk: Any, cfg: Config, n: int, *, loaded: bool) -> list[float]
     return samples
 
 
+async def arriving(calls: list[Callable[[], Awaitable[object]]], spread: float) -> None:
+    """Start ``calls`` evenly over ``spread`` seconds (0: all at once); wait for all of them."""
+
+    async def at(offset: float, call: Callable[[], Awaitable[object]]) -> None:
+        if offset:
+            await asyncio.sleep(offset)  # the workload's arrival schedule
+        await call()
+
+    n = len(calls)
+    await asyncio.gather(*(at(spread * i / n, call) for i, call in enumerate(calls)))
+
+
 async def burst(
-    sdk: Any, cfg: Config, n: int, keys: list[str], tag: str, *, max_queue_size: int
+    sdk: Any,
+    cfg: Config,
+    n: int,
+    keys: list[str],
+    tag: str,
+    *,
+    max_queue_size: int,
+    spread: float,
 ) -> Burst:
-    """``n`` messages over ``keys``, every ``handle_incoming_message`` call started at once."""
+    """``n`` messages over ``keys``, the ``handle_incoming_message`` calls started evenly over
+    ``spread`` seconds (0: all at once)."""
     async with ChatQueue(sdk, cfg, tag, max_queue_size=max_queue_size) as peer:
         messages = peer.messages(n, keys, tag)
+        peer.watch_releases()
         sends = SendCounter()
         with sends.counting():
             t0 = time.perf_counter()
-            await asyncio.gather(*(peer.send(key, message) for key, message in messages))
+            await arriving([functools.partial(peer.send, k, m) for k, m in messages], spread)
             elapsed = time.perf_counter() - t0
         # every call returned, so every holder released: what is queued now has no holder
         stranded = await peer.queued(keys)
         handled, skipped = peer.handled, peer.skipped
+        trips = (sends.sends - peer.looks) / n  # the looks are this benchmark's, not chat-sdk's
+        found = (peer.stranding_releases, peer.left_behind)
     dropped = n - handled - skipped - stranded
-    return Burst(n, elapsed, handled, skipped, stranded, dropped, sends.sends / n)
+    return Burst(n, elapsed, handled, skipped, stranded, dropped, trips, *found)
