@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -217,6 +218,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     n = 500 if cfg.quick else 2000
     rounds = cfg.rounds_or(5, 3)
     started = now_utc()
+    load = os.getloadavg()[0]  # the machine is shared: other processes' load moves the numbers
     ours: list[float] = []
     floor: list[float] = []
     trips: list[float] = []
@@ -260,6 +262,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     body = _body(
         cfg,
         started=started,
+        load=load,
         n=n,
         rounds=rounds,
         throughput=[
@@ -314,6 +317,7 @@ def _body(
     cfg: Config,
     *,
     started: str,
+    load: float,
     n: int,
     rounds: int,
     throughput: list[tuple[str, list[float], list[float], list[float], list[float]]],
@@ -363,8 +367,9 @@ def _body(
         )
     facts = (
         f"Run {started} against {cfg.url} (chat-sdk {_dist_version('chat-sdk')}, "
-        f"redis-py {_dist_version('redis')}, git {_git('rev-parse', '--short', 'HEAD')}); "
-        f"{rounds} rounds, interleaved; cells are median (min-max) over the rounds."
+        f"redis-py {_dist_version('redis')}, git {_git('rev-parse', '--short', 'HEAD')}, "
+        f"1-minute load average {load:.1f} on 2 cores when it started); {rounds} rounds, "
+        "interleaved; cells are median (min-max) over the rounds."
     )
     return "\n\n".join(
         [
