@@ -7,8 +7,8 @@
 * **round trips per event**: connection sends counted on the client while accepting, and while
   one ``serve()`` drains what was accepted (subscription and rescans included).
 * **accept -> handler start**: one event at a time accepted while a ``serve()`` runs in the same
-  process, the time from calling ``accept`` until its handler starts; idle, and with a producer
-  accepting to 10 other keys meanwhile. chat-sdk: ``handle_incoming_message`` on an idle thread
+  process, the time from calling ``accept`` until its handler starts; idle, and under a load of
+  1,000 events/s to 10 other keys (``offered_load``, the same for both). chat-sdk: ``handle_incoming_message`` on an idle thread
   until its handler starts (in the caller).
 * **burst**: 2,000 events over the 20 keys, all at once and evenly over a second (a ``serve()``
   running; chat-sdk: ``handle_incoming_message`` calls), then what became of each: handled,
@@ -135,13 +135,10 @@ async def _latency(api: Any, cfg: Config, n: int, *, loaded: bool) -> list[float
     serving = asyncio.create_task(bot.serve())
     stop = asyncio.Event()
 
-    async def producer() -> None:
-        i = 0
-        while not stop.is_set():
-            await bot.accept(event("message", "bench", "C", f"L{i % 10}", f"load-{i}"))
-            i += 1
+    async def send(i: int) -> None:
+        await bot.accept(event("message", "bench", "C", f"L{i % 10}", f"load-{i}"))
 
-    load = asyncio.create_task(producer()) if loaded else None
+    load = asyncio.create_task(peer.offered_load(send, stop)) if loaded else None
     await asyncio.sleep(0.2)
     samples = []
     for i in range(n):
@@ -387,7 +384,8 @@ def _body(
             ),
             (
                 "**From the call until the handler starts**, one event at a time, p50 / p99 ms "
-                "(under load: a producer sends to 10 other keys meanwhile):"
+                f"(under load: {peer.LOAD_RATE:,} more events per second to 10 other keys, each "
+                "call in a task of its own):"
             ),
             _table(("what", "idle", "under load"), latency_rows),
             (

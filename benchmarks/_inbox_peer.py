@@ -19,8 +19,8 @@ Its counterparts of the asynclock figures, same server, same process, same keys:
   benchmark holds, so every call takes path 3 (a message stored for a later handler, as
   ``accept`` stores one); and ``RedisStateAdapter.enqueue`` alone (its one script, no dedupe).
 * **message -> handler start**: serial ``handle_incoming_message`` on an idle thread (the
-  handler starts in the caller after steps 1-2), idle and with a producer sending to 10 other
-  threads meanwhile.
+  handler starts in the caller after steps 1-2), idle and under the same offered load as
+  asynclock's (:func:`offered_load`: ``LOAD_RATE`` messages per second to 10 other threads).
 * **burst**: every message over the keys at once, or arriving evenly over a second; afterwards
   every call has returned and no lock is held, so what is still queued is stranded, and what is
   neither handled, in a ``context.skipped``, nor stranded was trimmed away (dropped). During the
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 DEFAULT_QUEUE = 10
 #: seconds a benchmark holds a thread's lock (longer than any measurement)
 HOLD_MS = 600_000
+#: events per second of the load under which both sides' latency is measured
+LOAD_RATE = 1000
 
 
 @dataclass(frozen=True)
@@ -226,14 +228,11 @@ async def latency(sdk: Any, cfg: Config, n: int, *, loaded: bool) -> list[float]
     async with ChatQueue(sdk, cfg, tag, max_queue_size=DEFAULT_QUEUE) as peer:
         stop = asyncio.Event()
 
-        async def producer() -> None:
-            i = 0
-            while not stop.is_set():
-                key = f"L{i % 10}"
-                await peer.send(key, peer.message(key, f"load-{i}"))
-                i += 1
+        async def send(i: int) -> None:
+            key = f"L{i % 10}"
+            await peer.send(key, peer.message(key, f"load-{i}"))
 
-        load = asyncio.create_task(producer()) if loaded else None
+        load = asyncio.create_task(offered_load(send, stop)) if loaded else None
         await asyncio.sleep(0.2)  # the producer is running
         samples = []
         for i in range(n):
@@ -257,6 +256,23 @@ async def arriving(calls: list[Callable[[], Awaitable[object]]], spread: float) 
 
     n = len(calls)
     await asyncio.gather(*(at(spread * i / n, call) for i, call in enumerate(calls)))
+
+
+async def offered_load(send: Callable[[int], Awaitable[object]], stop: asyncio.Event) -> int:
+    """Call ``send(0)``, ``send(1)``, ... ``LOAD_RATE`` times a second, each in a task of its own
+    (a slow call does not slow the load down), until ``stop``; wait for them; how many."""
+    tasks: set[asyncio.Task[object]] = set()
+    start = time.perf_counter()
+    i = 0
+    while not stop.is_set():
+        # the load's schedule; at least one pass of the loop per call, even when behind it
+        await asyncio.sleep(max(start + i / LOAD_RATE - time.perf_counter(), 0.0))
+        task: asyncio.Task[object] = asyncio.ensure_future(send(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        i += 1
+    await asyncio.gather(*tasks)
+    return i
 
 
 async def burst(
