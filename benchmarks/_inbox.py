@@ -348,7 +348,7 @@ def _body(
             else fmt_spread(Spread.of(b.stranding_releases for b in results), 0)
             + " ("
             + fmt_spread(Spread.of(b.left_behind for b in results), 0)
-            + " entries)"
+            + f" entries); {sum(b.stranding_releases for b in results)} in all"
         )
         burst_rows.append(
             (
@@ -404,7 +404,7 @@ def _body(
                     "folded (`skipped`)",
                     "stranded at the end",
                     "dropped",
-                    "releases that left entries without a holder",
+                    "releases that left entries without a holder (per round; all rounds)",
                     "round trips / event",
                 ),
                 burst_rows,
