@@ -9,7 +9,10 @@ head; once its lock's TTL ran out, another worker takes the key over and deliver
 again with ``ctx.attempt`` one higher.
 
 Workers learn of new work by push (:meth:`InboxState.inbox_watch`) and rescan the keys with
-work every few seconds, which is how a key whose drainer died is picked up again.
+work every few seconds, which is how a key whose drainer died is picked up again. A wake-up
+whose scan finds its key still taken by a drainer of this worker (one that has just released
+it on an empty inbox, but whose task has not ended yet) is not lost: that task's end triggers
+a new scan.
 """
 
 from __future__ import annotations
@@ -92,7 +95,17 @@ def decode(payload: str) -> Event:
 class Drainer:
     """One ``serve()``: finds the keys with work and drains each in a task of its own."""
 
-    __slots__ = ("_handlers", "_inbox", "_keys", "_lock_ttl", "_max_attempts", "_record", "_state")
+    __slots__ = (
+        "_again",
+        "_handlers",
+        "_inbox",
+        "_keys",
+        "_lock_ttl",
+        "_max_attempts",
+        "_recheck",
+        "_record",
+        "_state",
+    )
 
     def __init__(
         self,
@@ -111,6 +124,11 @@ class Drainer:
         self._max_attempts = max_attempts
         self._record = record
         self._keys: dict[str, asyncio.Task[None]] = {}
+        #: keys the last scan found with work while their drainer still ran: that drainer may
+        #: be past its last step (it released the lock on an empty inbox before the accept
+        #: landed), so the end of its task triggers a new scan instead of waiting for a rescan
+        self._again: set[str] = set()
+        self._recheck = asyncio.Event()
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Drain until ``stopping`` is set, then let each key finish the entry in hand."""
@@ -119,18 +137,20 @@ class Drainer:
             async with self._inbox.inbox_watch() as watch:
                 while not stopping.is_set():
                     watch.reset()
+                    self._recheck.clear()
                     try:
                         ready = await self._inbox.inbox_ready()
                     except StateUnavailableError as exc:
                         logger.warning("asynclock: inbox rescan failed: %s", exc)
                         ready = []
+                    self._again = {key for key in ready if key in self._keys}
                     for key in ready:
                         if key not in self._keys:
                             task = asyncio.ensure_future(self._drain(key, stopping))
                             task.set_name(f"asynclock inbox {key!r}")
                             self._keys[key] = task
                             task.add_done_callback(functools.partial(self._gone, key))
-                    await _first_of(watch.wait(interval), stopping.wait())
+                    await _first_of(watch.wait(interval), stopping.wait(), self._recheck.wait())
         finally:
             drainers = tuple(self._keys.values())
             if not stopping.is_set():  # cancelled: the drainers go too (their entries stay)
@@ -140,6 +160,9 @@ class Drainer:
 
     def _gone(self, key: str, _: asyncio.Task[None]) -> None:
         self._keys.pop(key, None)
+        if key in self._again:
+            self._again.discard(key)
+            self._recheck.set()
 
     async def _drain(self, key: str, stopping: asyncio.Event) -> None:
         lock = AsyncLock(self._state, key, self._lock_ttl, auto_renew=True)

@@ -243,9 +243,9 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql and cluster blocks carry their own environment (servers, drivers, commit): a
-        # run of one of them alone keeps the environment block of the Redis scenarios above
-        kept = names in (["sql"], ["cluster"])
+        # the sql, cluster and inbox blocks carry their own environment (servers, drivers,
+        # commit): a run of one of them alone keeps the environment block of the others above
+        kept = names in (["sql"], ["cluster"], ["inbox"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

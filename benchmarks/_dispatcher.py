@@ -386,6 +386,8 @@ def _chat_sdk() -> Any | str:
     class Sdk:
         Chat = chat.Chat
         ChatConfig = types_.ChatConfig
+        ConcurrencyConfig = types_.ConcurrencyConfig
+        QueueEntry = types_.QueueEntry
         MockAdapter = testing.MockAdapter
         create_test_message = staticmethod(testing.create_test_message)
         MemoryStateAdapter = memory.MemoryStateAdapter

@@ -2,7 +2,9 @@
 
 Fault tests stop, restart and pause servers: they must never do that to the shared server of
 ``.ci/services.sh``, so each test gets its own process with nothing persisted (``--save ""``,
-no AOF). Every wait here is on a condition with a deadline (the port answers PING, the process
+no AOF), or, with ``durable=True``, an append-only file fsynced on every write
+(``--appendfsync always``), so a restart keeps every write it confirmed (the durable inbox's
+soak). Every wait here is on a condition with a deadline (the port answers PING, the process
 exited), never a fixed sleep.
 """
 
@@ -45,9 +47,10 @@ def _ping(port: int, timeout: float) -> bool:
 class RedisServer:
     """One ``redis-server`` process on ``127.0.0.1:port``; :meth:`restart` keeps the port."""
 
-    def __init__(self, binary: str, port: int | None = None) -> None:
+    def __init__(self, binary: str, port: int | None = None, *, durable: bool = False) -> None:
         self.binary = binary
         self.port = port or free_port()
+        self.durable = durable
         self._dir = tempfile.TemporaryDirectory(prefix="asynclock-faults-")
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -74,7 +77,9 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.durable else "no",
+                "--appendfsync",
+                "always",
                 "--daemonize",
                 "no",
                 "--dir",
@@ -112,7 +117,8 @@ class RedisServer:
             proc.wait(START_BOUND)
 
     def restart(self, *, kill: bool = False) -> None:
-        """Stop the server and start a new one on the same port (its data is gone)."""
+        """Stop the server and start a new one on the same port (its data is gone, unless
+        ``durable``: then it reloads its append-only file)."""
         self.stop(kill=kill)
         self.start()
 

@@ -36,9 +36,24 @@ which is never faulted):
    and one that raised although ``raise_errors=False``.
 3. **Nothing vanishes.** Every send ended (acknowledged or reported failed), and an event that
    was never applied must have been reported failed: one whose every send was acknowledged
-   (e.g. answered ``duplicate``) without ever being applied is *lost*.
+   (e.g. answered ``duplicate``, or ``accepted`` in the durable mode) without ever being
+   applied is *lost*.
 
-Per-thread order is not checked: the platform delivers out of order on purpose.
+In the **durable mode** (``History.durable``: the workers answer each delivery once
+``EventDispatcher.accept`` returned and their ``serve()`` handles the inbox) two checks replace
+the dispatch mode's excuses for a double application:
+
+4. **Doubles only on a redelivery.** Every accepted application of an event after its first one
+   was made by a handler call with ``ctx.attempt > 1`` (the inbox delivered the entry again
+   after a crash or a lost lock). A second application by a first delivery means the event was
+   stored twice, or delivered twice without counting: a violation, whatever faults came before.
+5. **First handlings in accept order, per key** (see :func:`_check_order`). Event A was surely
+   stored before event B when a delivery of A was acknowledged (``answered``, store clock)
+   before any delivery of B was sent; then A's first ``begin`` must come before B's. Pairs
+   whose accepts may have overlapped are not ordered by the history and are not checked.
+
+Per-thread order is not checked in the dispatch mode: the platform delivers out of order on
+purpose, and a dispatch is handled on arrival.
 """
 
 from __future__ import annotations
@@ -52,7 +67,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
 #: dispatch outcomes that acknowledge a delivery (the platform does not redeliver it)
-ACKNOWLEDGED = frozenset({"handled", "queued", "duplicate", "skipped"})
+ACKNOWLEDGED = frozenset({"handled", "queued", "duplicate", "skipped", "accepted"})
 #: outcomes that say a handler ran to its end under the lock
 HANDLED = frozenset({"handled", "queued"})
 #: what a worker reports when ``dispatch()`` raised instead of returning an outcome
@@ -74,6 +89,8 @@ class Stamp:
     pid: int
     at: int
     accepted: bool = True
+    #: the handler call's ``ctx.attempt`` (1: the first delivery of the event to a handler)
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,10 @@ class Delivery:
     #: its dispatcher could not keep the event's claim: ``renew`` (a renewal of its lease
     #: failed) and/or ``mark`` (marking it done failed), as its log says
     unkept: frozenset[str] = frozenset()
+    #: store time at which the platform sent it (before any worker could take it)
+    sent: int | None = None
+    #: store time at which the worker had its answer (durable mode: ``accept`` had returned)
+    answered: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,11 +135,18 @@ class History:
     kills: Mapping[int, int] = field(default_factory=dict)
     #: restarts of the lock server: (store time before it was stopped, time it answered again)
     restarts: tuple[tuple[int, int], ...] = ()
+    #: the workers answered after ``accept`` and handled in ``serve()`` (checks 4 and 5)
+    durable: bool = False
 
 
 @dataclass
 class Holder:
-    """One handler call under one lock grant (key, token), from its stamps."""
+    """One lock grant (key, token), from its stamps: one handler call in the dispatch mode.
+
+    In the durable mode one grant drains several entries of its key: the holder then spans
+    from its first ``begin`` to its last stamp (``write``/``end`` are the last ones), which
+    the fencing check treats as one critical section (conservatively: a longer window).
+    """
 
     key: str
     token: int
@@ -157,6 +185,12 @@ class Verdict:
     applied_twice_after_restart: int = 0
     applied_twice_after_unkept_claim: int = 0
     applied_twice_unexplained: int = 0
+    #: durable mode: applied again by a redelivery (``ctx.attempt > 1``)
+    applied_twice_redelivered: int = 0
+    #: durable mode: pairs of a key's events first handled against their accept order
+    out_of_order: int = 0
+    #: durable mode: pairs of a key's events whose accept order the history fixes
+    ordered_pairs: int = 0
     holders: int = 0
     overlapping_sections: int = 0
     rejected_writes: int = 0
@@ -260,8 +294,14 @@ def _check_events(history: History, verdict: Verdict) -> None:
             verdict.outcomes[delivery.outcome] += 1
         if delivery.outcome == RAISED:
             verdict.violations.append(
-                f"event {delivery.event}: delivery {delivery.id}: dispatch() raised "
-                f"({delivery.error}) although raise_errors=False: no outcome was recorded"
+                f"event {delivery.event}: delivery {delivery.id}: "
+                + (
+                    f"accept() raised ({delivery.error}), neither StateUnavailableError nor "
+                    "InboxFullError"
+                    if history.durable
+                    else f"dispatch() raised ({delivery.error}) although raise_errors=False: "
+                    "no outcome was recorded"
+                )
             )
         if delivery.outcome in HANDLED and not any(
             s.delivery == delivery.id for s in applications[delivery.event]
@@ -304,6 +344,9 @@ def _check_events(history: History, verdict: Verdict) -> None:
             continue
         verdict.handled += 1
         for first, again in itertools.pairwise(applied):
+            if history.durable:
+                _durable_double(event, again, verdict)
+                continue
             one, other = deliveries.get(first.delivery), deliveries.get(again.delivery)
             if one is not None and one.killed:
                 verdict.applied_twice_after_kill += 1
@@ -321,6 +364,63 @@ def _check_events(history: History, verdict: Verdict) -> None:
                         if send_of.get(first.delivery) == send_of.get(again.delivery)
                         else f"another send: {_answers(history, _send_of(history, again))}"
                     )
+                )
+
+
+def _durable_double(event: str, again: Stamp, verdict: Verdict) -> None:
+    """Check 4: a later application of an accepted event must come from a redelivery."""
+    if again.attempt > 1:
+        verdict.applied_twice_redelivered += 1
+        return
+    verdict.applied_twice_unexplained += 1
+    verdict.violations.append(
+        f"event {event}: applied twice, the second time by a first delivery "
+        f"(ctx.attempt == 1, token {again.token}, pid {again.pid}): stored or handed out twice"
+    )
+
+
+def _check_order(history: History, verdict: Verdict) -> None:
+    """Check 5: per key, first handlings follow the order the inbox must have stored them in.
+
+    For each event, the history bounds the moment its entry was stored: not before the first
+    send of any of its deliveries (``received``, else ``sent``; an event with a delivery of
+    unknown start gets no lower bound), and not after the first acknowledged answer to one of
+    them (``accepted``, or ``duplicate``: the entry was stored by an earlier accept, with its
+    dedupe record, in one atomic step). When A's upper bound is below B's lower bound, A's entry
+    precedes B's in the key's inbox, so A's first ``begin`` must precede B's.
+    """
+    first_begin: dict[str, Stamp] = {}
+    for stamp in sorted(history.stamps, key=lambda s: s.at):
+        if stamp.kind == "begin":
+            first_begin.setdefault(stamp.event, stamp)
+    stored_by: dict[str, int] = {}
+    not_before: dict[str, int] = {}
+    unbounded: set[str] = set()
+    for delivery in history.deliveries.values():
+        event = delivery.event
+        start = delivery.received if delivery.received is not None else delivery.sent
+        if start is None:
+            unbounded.add(event)
+        else:
+            not_before[event] = min(not_before.get(event, start), start)
+        if delivery.outcome in ACKNOWLEDGED and delivery.answered is not None:
+            stored_by[event] = min(stored_by.get(event, delivery.answered), delivery.answered)
+    for event in unbounded:
+        not_before.pop(event, None)
+    by_key: dict[str, list[str]] = defaultdict(list)
+    for event, stamp in first_begin.items():
+        by_key[stamp.key].append(event)
+    for key, events in sorted(by_key.items()):
+        for a, b in itertools.permutations(events, 2):
+            if a not in stored_by or b not in not_before or stored_by[a] >= not_before[b]:
+                continue
+            verdict.ordered_pairs += 1
+            if first_begin[b].at < first_begin[a].at:
+                verdict.out_of_order += 1
+                verdict.violations.append(
+                    f"order: {key}: {b} was first handled (at {first_begin[b].at}) before {a} "
+                    f"(at {first_begin[a].at}), although {a} was accepted (answered at "
+                    f"{stored_by[a]}) before {b} was sent (at {not_before[b]})"
                 )
 
 
@@ -399,4 +499,6 @@ def check(history: History) -> Verdict:
     verdict.holders = len(holders)
     _check_fencing(history, holders, verdict)
     _check_events(history, verdict)
+    if history.durable:
+        _check_order(history, verdict)
     return verdict

@@ -23,6 +23,15 @@ token of its lock, in three steps, each one ``STAMP`` script stamped with the st
 
 A rejected ``begin`` or ``apply`` makes the handler raise :class:`StaleTokenError`, as a
 fenced store's error would: the dispatch reports ``failed`` and the platform redelivers.
+Every stamp carries the handler call's ``ctx.attempt``, and the store counts, per worker
+process, the handler calls inside their critical section (``HANDLING``): the platform kills a
+worker mid-handler with it.
+
+In the **durable mode** a worker answers each delivery once ``EventDispatcher.accept``
+returned (``accepted`` or ``duplicate`` acknowledge; ``StateUnavailableError`` and
+``InboxFullError`` answer ``failed``, and the platform redelivers), and its ``serve()`` runs the
+same handler on the inbox. With each answer it reports the store time it had the answer at
+(``answered``): the history check orders the accepts by it.
 
 With its outcome, a worker reports whether the dispatcher could not keep the event's dedupe
 claim (it logged that renewing the claim's lease, or marking it done, failed): the history
@@ -48,7 +57,14 @@ from urllib.parse import urlsplit
 import anyio
 from redis.asyncio import Redis
 
-from asynclock import Event, EventDispatcher, HandlerContext, Outcome
+from asynclock import (
+    Event,
+    EventDispatcher,
+    HandlerContext,
+    InboxFullError,
+    Outcome,
+    StateUnavailableError,
+)
 from asynclock.state import MySQLState, PostgresState, RedisState
 from tests.faults._soak_history import RAISED
 
@@ -61,6 +77,9 @@ if TYPE_CHECKING:
 LOCK_TTL = 1.0
 DEDUPE_TTL = 600.0
 QUEUE_TIMEOUT = 5.0
+#: durable mode: deliveries of an inbox entry before it is dead-lettered (a dead letter is never
+#: applied: the history check reports it lost); a fenced handler fails a few times at most
+MAX_ATTEMPTS = 50
 #: op_timeout and connect_timeout of the lock state
 OP_TIMEOUT = 0.5
 #: connections of a worker's SQL state (the shared servers' connection slots are finite)
@@ -74,6 +93,8 @@ SLOW = (0.15, 0.4)
 RESULTS = "soak:results"
 LOG = "soak:log"
 APPLIED = "soak:applied"
+#: pid -> handler calls of that worker process inside their critical section right now
+HANDLING = "soak:handling"
 
 
 def inbox(worker: str) -> str:
@@ -88,13 +109,18 @@ def thread_list(lock_key: str) -> str:
     return f"soak:thread:{lock_key}"
 
 
-#: KEYS: highest token of the key, the log, the per-event counts, the thread's list;
-#: ARGV: kind, lock key, token, event, delivery, pid, status. Returns 1 (accepted) or 0.
+#: KEYS: highest token of the key, the log, the per-event counts, the thread's list, HANDLING;
+#: ARGV: kind, lock key, token, event, delivery, pid, status, attempt. Returns 1 (accepted) or 0.
 STAMP = """
 local now = redis.call('TIME')
 local at = now[1] .. string.format('%06d', tonumber(now[2]))
 local kind = ARGV[1]
 local ok = 1
+if kind == 'begin' then
+  redis.call('HINCRBY', KEYS[5], ARGV[6], 1)
+elseif kind == 'end' then
+  redis.call('HINCRBY', KEYS[5], ARGV[6], -1)
+end
 if kind ~= 'end' then
   local seen = redis.call('GET', KEYS[1])
   if seen and tonumber(ARGV[3]) < tonumber(seen) then
@@ -108,7 +134,8 @@ if kind ~= 'end' then
   end
 end
 redis.call('RPUSH', KEYS[2], cjson.encode({kind = kind, key = ARGV[2], token = ARGV[3],
-  event = ARGV[4], delivery = ARGV[5], pid = ARGV[6], status = ARGV[7], at = at, ok = ok}))
+  event = ARGV[4], delivery = ARGV[5], pid = ARGV[6], status = ARGV[7], at = at, ok = ok,
+  attempt = ARGV[8]}))
 return ok
 """
 
@@ -194,10 +221,14 @@ def event_of(message: dict[str, str]) -> Event:
     )
 
 
-def serve(worker: str, lock: LockSpec, store_url: str, seed: str, log: str) -> None:
+def serve(
+    worker: str, lock: LockSpec, store_url: str, seed: str, log: str, durable: bool = False
+) -> None:
     """Serve the inbox of ``worker`` until a ``stop`` message (or SIGKILL).
 
-    The dispatcher's log lines (one per outcome, the warnings) go to the file ``log``.
+    Each delivery is dispatched (``dispatch()``), or with ``durable`` accepted (``accept()``)
+    while a ``serve()`` drains the durable inbox. The dispatcher's log lines (one per outcome,
+    the warnings) go to the file ``log``.
     """
     handler = logging.FileHandler(log)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -207,7 +238,7 @@ def serve(worker: str, lock: LockSpec, store_url: str, seed: str, log: str) -> N
     library.propagate = False
     warnings = ClaimWarnings()
     library.addHandler(warnings)
-    asyncio.run(_serve(worker, lock, store_url, seed, warnings))
+    asyncio.run(_serve(worker, lock, store_url, seed, warnings, durable=durable))
 
 
 def _log_tasks() -> None:
@@ -244,7 +275,7 @@ class _Worker:
     async def stamp(
         self, kind: str, event: Event, ctx: HandlerContext, token: int, status: str = ""
     ) -> bool:
-        keys = [highest(ctx.lock_key), LOG, APPLIED, thread_list(ctx.lock_key)]
+        keys = [highest(ctx.lock_key), LOG, APPLIED, thread_list(ctx.lock_key), HANDLING]
         args: list[str | int] = [
             kind,
             ctx.lock_key,
@@ -253,7 +284,7 @@ class _Worker:
             str(event.raw["delivery"]),
             self.pid,
         ]
-        return bool(await self.stamp_script(keys=keys, args=[*args, status]))
+        return bool(await self.stamp_script(keys=keys, args=[*args, status, ctx.attempt]))
 
     async def handle(self, event: Event, ctx: HandlerContext) -> None:
         token = ctx.token
@@ -280,10 +311,14 @@ class _Worker:
             with anyio.CancelScope(shield=True):
                 await self.stamp("end", event, ctx, token, status)
 
+    async def now(self) -> int:
+        """The store's clock (microseconds), the one every stamp of the history uses."""
+        seconds, micros = await self.store.time()
+        return int(seconds) * 1_000_000 + int(micros)
+
     async def deliver(self, bot: EventDispatcher, message: dict[str, str]) -> None:
         error: str | None = None
-        seconds, micros = await self.store.time()
-        received = int(seconds) * 1_000_000 + int(micros)
+        received = await self.now()
         delivery = message["delivery"]
         DELIVERY.set(delivery)  # this task's own context: the dispatch's warnings name it
         try:
@@ -292,14 +327,52 @@ class _Worker:
         except Exception as exc:  # noqa: BLE001 - raise_errors=False: reported as a finding
             outcome, error = RAISED, f"{type(exc).__name__}: {exc}"
         unkept = sorted(self.warnings.unkept.pop(delivery, ()))
+        await self.answer(delivery, outcome, error, received, unkept=unkept)
+
+    async def accept(self, bot: EventDispatcher, message: dict[str, str]) -> None:
+        """The durable mode's delivery: answered once ``accept`` returned, handled by serve()."""
+        error: str | None = None
+        received = await self.now()
+        try:
+            outcome: str = (await bot.accept(event_of(message))).value
+        except (StateUnavailableError, InboxFullError) as exc:  # the platform redelivers
+            outcome, error = Outcome.FAILED.value, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - any other error is reported as a finding
+            outcome, error = RAISED, f"{type(exc).__name__}: {exc}"
+        await self.answer(message["delivery"], outcome, error, received, answered=await self.now())
+
+    async def serve_ended(self, serving: asyncio.Task[None]) -> None:
+        """Report that ``serve()`` returned or raised before the stop: a finding."""
+        error = "cancelled" if serving.cancelled() else repr(serving.exception())
+        report = {"kind": "serve-ended", "worker": self.worker, "pid": self.pid, "error": error}
+        await self.store.rpush(RESULTS, json.dumps(report))
+
+    async def answer(
+        self,
+        delivery: str,
+        outcome: str,
+        error: str | None,
+        received: int,
+        *,
+        unkept: list[str] | None = None,
+        answered: int | None = None,
+    ) -> None:
+        """Report a delivery's outcome to the platform."""
         report: dict[str, object] = {"kind": "outcome", "delivery": delivery}
-        report |= {"outcome": outcome, "error": error, "received": received, "unkept": unkept}
+        report |= {"outcome": outcome, "error": error, "received": received}
+        report |= {"unkept": unkept or [], "answered": answered}
         report |= {"worker": self.worker, "pid": self.pid}
         await self.store.rpush(RESULTS, json.dumps(report))
 
 
 async def _serve(
-    worker: str, lock: LockSpec, store_url: str, seed: str, warnings: ClaimWarnings
+    worker: str,
+    lock: LockSpec,
+    store_url: str,
+    seed: str,
+    warnings: ClaimWarnings,
+    *,
+    durable: bool,
 ) -> None:
     # SIGUSR1 (sent by the platform when this worker does not stop in time) logs where every
     # task is: a dispatch or a close that hangs shows up in the worker's log
@@ -314,26 +387,35 @@ async def _serve(
         dedupe_ttl=DEDUPE_TTL,
         raise_errors=False,
         queue_timeout=QUEUE_TIMEOUT,
-        on_outcome=me.on_outcome,
+        max_attempts=MAX_ATTEMPTS,
+        # the durable mode answers from accept(); the drain's failures are the handler's own
+        on_outcome=None if durable else me.on_outcome,
     )
     bot.add_handler("message", me.handle)
+    deliver = me.accept if durable else me.deliver
     tasks: set[asyncio.Task[None]] = set()
+    serving = asyncio.create_task(bot.serve()) if durable else None
     await store.rpush(RESULTS, json.dumps({"kind": "ready", "worker": worker, "pid": me.pid}))
     try:
         while True:
             item = await store.blpop([inbox(worker)], timeout=1)
+            if serving is not None and serving.done():
+                await me.serve_ended(serving)
+                serving = None
             if item is None:
                 continue
             message: dict[str, str] = json.loads(item[1])
             if message["kind"] == "stop":
                 break
-            task = asyncio.create_task(me.deliver(bot, message))
+            task = asyncio.create_task(deliver(bot, message))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
             await asyncio.wait(tasks, timeout=QUEUE_TIMEOUT + 5.0)
     finally:
         with contextlib.suppress(Exception):
-            await bot.aclose()
+            await bot.aclose()  # a serve() finishes the entries in hand and returns
+            if serving is not None:
+                await serving
             await state.aclose()
             await store.aclose()

@@ -27,15 +27,18 @@ if TYPE_CHECKING:
 OP_TIMEOUT = 0.5
 
 
-def throwaway_redis() -> Iterator[RedisServer]:
-    """Start a throwaway server, yield it, stop it (the body of the server fixtures)."""
+def throwaway_redis(*, durable: bool = False) -> Iterator[RedisServer]:
+    """Start a throwaway server, yield it, stop it (the body of the server fixtures).
+
+    ``durable``: it keeps an append-only file fsynced on every write (see ``_server.py``).
+    """
     binary = redis_server_binary()
     if binary is None:
         reason = "redis-server is not installed: the fault tests start their own servers"
         if IN_CI:
             pytest.fail(f"CI=true and {reason}", pytrace=False)
         pytest.skip(reason)
-    server = RedisServer(binary)
+    server = RedisServer(binary, durable=durable)
     server.start()
     try:
         yield server

@@ -4,6 +4,9 @@ A checker that passes everything proves nothing: each broken history here must b
 (overlapping holders that both wrote, a token that went backwards, a vanished event, a double
 application), and each sound one, including the documented at-least-once cases (a ``kill -9``,
 a restart of the lock server, a claim that lapsed while the state was out of reach), must pass.
+The durable mode's checks too: an accepted event never handled, a double application by a first
+delivery (``ctx.attempt == 1``), and a key's first handlings against accept order are flagged;
+a redelivery after a kill and accepts that overlapped in time pass.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ def section(
     pid: int = 100,
     begin_ok: bool = True,
     write_ok: bool = True,
+    attempt: int = 1,
 ) -> list[Stamp]:
     """The stamps of one handler call: begin, apply (unless ``write`` is None), end."""
-    stamps = [Stamp("begin", KEY, token, event, delivery, pid, begin, begin_ok)]
+    stamps = [Stamp("begin", KEY, token, event, delivery, pid, begin, begin_ok, attempt)]
     if write is not None:
-        stamps.append(Stamp("apply", KEY, token, event, delivery, pid, write, write_ok))
+        stamps.append(Stamp("apply", KEY, token, event, delivery, pid, write, write_ok, attempt))
     if end is not None:
-        stamps.append(Stamp("end", KEY, token, event, delivery, pid, end))
+        stamps.append(Stamp("end", KEY, token, event, delivery, pid, end, attempt=attempt))
     return stamps
 
 
@@ -41,6 +45,7 @@ def history(
     fates: dict[str, SendFate] | None = None,
     kills: dict[int, int] | None = None,
     restarts: tuple[tuple[int, int], ...] = (),
+    durable: bool = False,
 ) -> History:
     """One send per key of ``answers`` (``"event/n"``), delivered as listed."""
     applied: dict[str, int] = {}
@@ -59,6 +64,7 @@ def history(
         applied=applied,
         kills=kills or {},
         restarts=restarts,
+        durable=durable,
     )
 
 
@@ -273,3 +279,81 @@ def test_a_dispatch_that_raised_is_flagged() -> None:
     }
     verdict = check(history(stamps, answers))
     assert any("raise_errors=False" in v for v in verdict.violations), verdict.violations
+
+
+# -- the durable mode: answered after accept(), handled by serve() ------------------------------
+
+
+def accepted(delivery: str, event: str, sent: int, answered: int | None) -> Delivery:
+    """A delivery whose accept() was answered ``accepted`` (``None``: killed before answering)."""
+    if answered is None:
+        return Delivery(delivery, event, None, killed=True, sent=sent)
+    return Delivery(delivery, event, "accepted", sent=sent, received=sent + 1, answered=answered)
+
+
+def test_a_sound_durable_history_passes() -> None:
+    # e1 accepted, then e2; e1's first handler was killed after it wrote, the inbox delivered e1
+    # again (attempt 2) to another worker, then e2; e3's accept overlapped e2's (no order fixed)
+    stamps = section(10, "e1", "x", 100, 110, None, pid=7)
+    stamps += section(11, "e1", "x", 300, 310, 320, attempt=2)
+    stamps += section(12, "e3", "x", 330, 340, 350) + section(13, "e2", "x", 360, 370, 380)
+    answers = {
+        "e1/0": [accepted("d1", "e1", 10, 20)],
+        "e1/1": [Delivery("d4", "e1", "duplicate", sent=30, received=31, answered=35)],
+        "e2/0": [accepted("d2", "e2", 40, 50)],
+        "e3/0": [accepted("d3", "e3", 45, 55)],
+    }
+    verdict = check(history(stamps, answers, kills={7: 115}, durable=True))
+    assert verdict.ok, verdict.violations
+    assert verdict.applied_twice_redelivered == 1
+    # e1 before e2 and e3 (both sent after e1 was answered); e2 and e3 overlapped
+    assert (verdict.ordered_pairs, verdict.out_of_order) == (2, 0)
+
+
+def test_an_accepted_event_never_handled_is_lost() -> None:
+    stamps = section(10, "e1", "x", 100, 110, 120)
+    answers = {"e1/0": [accepted("d1", "e1", 10, 20)], "e2/0": [accepted("d2", "e2", 30, 40)]}
+    verdict = check(history(stamps, answers, durable=True))
+    assert verdict.lost == 1
+    assert any(
+        "e2: lost: acknowledged but never applied (1x accepted" in v for v in verdict.violations
+    )
+
+
+def test_a_double_application_by_a_first_delivery_is_flagged() -> None:
+    # applied twice, both times with ctx.attempt == 1: the event was stored or handed out twice
+    stamps = section(10, "e1", "x", 100, 110, 120) + section(11, "e1", "x", 200, 210, 220)
+    answers = {"e1/0": [accepted("d1", "e1", 10, 20)], "e1/1": [accepted("d2", "e1", 30, 40)]}
+    verdict = check(history(stamps, answers, durable=True))
+    assert verdict.applied_twice_unexplained == 1
+    assert any("second time by a first delivery" in v for v in verdict.violations)
+    # the dispatch mode's excuses do not apply: a kill before does not explain it
+    killed = section(10, "e1", "x", 100, 110, None, pid=7) + section(11, "e1", "x", 200, 210, 220)
+    after_kill = history(killed, answers, kills={7: 115}, durable=True)
+    assert check(after_kill).applied_twice_unexplained == 1
+
+
+def test_first_handlings_against_accept_order_are_flagged() -> None:
+    # e1 was answered at 20, e2 sent only at 30: e1's entry precedes e2's, yet e2 ran first
+    stamps = section(10, "e2", "x", 100, 110, 120) + section(11, "e1", "x", 130, 140, 150)
+    answers = {"e1/0": [accepted("d1", "e1", 10, 20)], "e2/0": [accepted("d2", "e2", 30, 40)]}
+    verdict = check(history(stamps, answers, durable=True))
+    assert verdict.out_of_order == 1
+    assert any("order: soak:C1:t1: e2 was first handled" in v for v in verdict.violations)
+    # a handling of e1 before e2's (one whose begin the store rejected too) keeps the order
+    redelivered = section(9, "e1", "x", 90, None, 95, begin_ok=False) + stamps
+    assert check(history(redelivered, answers, durable=True)).out_of_order == 0
+    # accepts that overlapped in time (e2 sent at 15, before e1 was answered) fix no order
+    overlapping = {
+        "e1/0": [accepted("d1", "e1", 10, 20)],
+        "e2/0": [accepted("d2", "e2", 15, 40)],
+    }
+    assert check(history(stamps, overlapping, durable=True)).ok
+    # a delivery of e2 of unknown start (it may have stored e2 early) fixes no order either
+    unknown = {
+        "e1/0": [accepted("d1", "e1", 10, 20)],
+        "e2/0": [Delivery("d3", "e2", None, killed=True), accepted("d2", "e2", 30, 40)],
+    }
+    assert check(history(stamps, unknown, durable=True)).out_of_order == 0
+    # the dispatch mode does not check order (the platform delivers out of order)
+    assert check(history(stamps, answers)).out_of_order == 0
