@@ -98,11 +98,10 @@ class Fleet:
 
     async def inside(self) -> int | None:
         """The pid of a worker in the middle of a handler right now, if any."""
-        async for name in self.effects.scan_iter(match=f"{self.prefix}inside:*"):
-            text = name.decode() if isinstance(name, bytes) else name
-            pid = int(text.rsplit(":", 1)[1])
-            if any(w.pid == pid and w.poll() is None for w in self.workers):
-                return pid
+        for worker in self.workers:
+            running = await self.effects.get(f"{self.prefix}inside:{worker.pid}")
+            if worker.poll() is None and int(running or 0) > 0:
+                return worker.pid
         return None
 
     def stop(self) -> list[int]:
