@@ -62,7 +62,9 @@ class ReadySet:
 
     listing = ""
 
-    def __init__(self, prefix: str, command: Callable[[str, str, str, int, int], Awaitable[object]]) -> None:
+    def __init__(
+        self, prefix: str, command: Callable[[str, str, str, int, int], Awaitable[object]]
+    ) -> None:
         """``command(key, *args)`` runs one command (the state's, under its deadline)."""
         self._key = f"{prefix}inbox:ready"
         self.channel = f"{prefix}inbox:wake"
