@@ -66,7 +66,7 @@ from asynclock.state.redis._sentinel import SentinelMaster, parse_sentinel_url
 from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from redis.asyncio.connection import AbstractConnection
 
@@ -872,18 +872,16 @@ class RedisState(ClosesOnExit):
         if not self._ready.atomic_with(lock_key, claim_key):
             return await self._accept_claimed_apart(key, payload, claim_key, claim_ttl, max_pending)
         ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
-        keys = (entries, seq, ready, claim_key, mark)
-        args = (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0")
-        listing = self._ready.listing
-        while True:
-            reply = await self._eval_confirmed(
-                "inbox_accept", keys, (*args, listing, self._ready.channel), key
-            )
-            assert isinstance(reply, list)
-            status, pending = _text(reply[0]), _as_int(reply[1])
-            if status != "unlisted":
-                return InboxAccepted(status, pending)
-            listing = await self._ready.list_for(lock_key)
+        reply = await self._eval_listing(
+            "inbox_accept",
+            lock_key,
+            (entries, seq, ready, claim_key, mark),
+            (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
+            lambda reply: isinstance(reply, list) and _text(reply[0]) == "unlisted",
+            f"an event for {key!r} was accepted",
+        )
+        assert isinstance(reply, list)
+        return InboxAccepted(_text(reply[0]), _as_int(reply[1]))
 
     async def _accept_claimed_apart(
         self, key: str, payload: str, claim_key: str, claim_ttl: float, max_pending: int
@@ -904,14 +902,36 @@ class RedisState(ClosesOnExit):
             await self._command(claim_key, "DEL", claim_key)
         return accepted
 
-    async def _eval_confirmed(
-        self, name: str, keys: tuple[str, ...], args: tuple[str | int, ...], key: str
+    async def _eval_listing(
+        self,
+        name: str,
+        lock_key: str,
+        keys: tuple[str, ...],
+        args: tuple[str | int, ...],
+        unlisted: Callable[[object], bool],
+        what: str,
     ) -> object:
-        """:meth:`_eval`, or with ``replicas=N`` :meth:`_eval_waited` raising on a shortfall."""
+        """Run a script that may add ``lock_key``'s key to its set of keys with work
+        (``_listed.lua``); if that set was ``unlisted``, list it and run the script again.
+
+        The script gets ``args``, then the listing, then the wake-up channel. With
+        ``replicas=N``, each run is confirmed by WAIT (a shortfall raises, naming ``what``).
+        """
+        channel = self._ready.channel
+        reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, channel), what)
+        if unlisted(reply):  # a run with a generation is never unlisted (_listed.lua)
+            generation = await self._ready.list_for(lock_key)
+            reply = await self._eval_confirmed(name, keys, (*args, generation, channel), what)
+        return reply
+
+    async def _eval_confirmed(
+        self, name: str, keys: tuple[str, ...], args: tuple[str | int, ...], what: str
+    ) -> object:
+        """:meth:`_eval`; with ``replicas=N``, :meth:`_eval_waited`, a shortfall raising."""
         if not self._replicas:
             return await self._eval(name, keys, *args)
         reply, acks = await self._eval_waited(name, keys, *args)
-        error = self._short(acks, f"an event for {key!r} was accepted")
+        error = self._short(acks, what)
         if error is not None:
             raise error
         return reply
@@ -1010,15 +1030,15 @@ class RedisState(ClosesOnExit):
         entries, attempts, dead_letters, _ = self._inbox_keys(key)
         lock_key = self.lock_key(key)
         ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
-        keys = (entries, attempts, dead_letters, ready, mark)
-        listing = self._ready.listing
-        while True:
-            moved = _as_int(
-                await self._eval("inbox_requeue", keys, key, listing, self._ready.channel)
-            )
-            if moved >= 0:
-                return moved
-            listing = await self._ready.list_for(lock_key)
+        reply = await self._eval_listing(
+            "inbox_requeue",
+            lock_key,
+            (entries, attempts, dead_letters, ready, mark),
+            (key,),
+            lambda reply: _as_int(reply) < 0,
+            f"dead letters of {key!r} were requeued",
+        )
+        return _as_int(reply)
 
 
 def _glob_escape(text: str) -> str:
