@@ -117,9 +117,13 @@ class SlotReadySets:
         self._subscribed_at: Address | None = None
         self._pruned_at = time.monotonic()
         self._empty_at_last_prune: set[int] = set()
+        self._known: set[int] = set()  # the slots the directory listed at the last read
 
     def _set_of(self, slot: int) -> str:
         return f"{self._prefix}{{{slot_tag(slot)}}}:inbox:ready"
+
+    def _read_set(self, slot: int) -> tuple[int, tuple[str | int, ...]]:
+        return slot, ("ZRANGE", self._set_of(slot), 0, -1, "WITHSCORES")
 
     def ready_key(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.ready_key`: the set of the key's slot."""
@@ -146,19 +150,34 @@ class SlotReadySets:
         return generation
 
     async def keys(self) -> list[str]:
-        """See :meth:`ReadyIndex.keys`: the directory, then the sets it lists (each step one
-        pipelined write per master, the masters at once); every ``PRUNE_EVERY`` s, pruning."""
+        """See :meth:`ReadyIndex.keys`: the directory, and the sets it lists.
+
+        The sets of the slots listed at the previous call are read along with the directory
+        (one pipelined write per master, the masters at once), so a steady inbox costs one
+        round; a slot listed since then costs a second one. A key that had work when the call
+        began is returned: its slot was listed before (``_listed.lua``), so the directory read
+        shows it, and its set is read after that. Every ``PRUNE_EVERY`` s, pruning.
+        """
         router = self._router
+        known = sorted(self._known)
         async with self._guard():
-            shards = await router.call_each([(slot_of(d), ("HKEYS", d)) for d in self.directory])
-            slots = sorted({int(_text(s)) for reply in shards for s in _list(reply)})
-            reads = [(s, ("ZRANGE", self._set_of(s), 0, -1, "WITHSCORES")) for s in slots]
-            replies = await router.call_each(reads)
+            replies = await router.call_each(
+                [(slot_of(d), ("HKEYS", d)) for d in self.directory]
+                + [self._read_set(slot) for slot in known]
+            )
+            shards, read = replies[:DIRECTORY_SHARDS], replies[DIRECTORY_SHARDS:]
+            sets = dict(zip(known, read, strict=True))
+            listed = {int(_text(s)) for reply in shards for s in _list(reply)}
+            new = sorted(listed - self._known)
+            if new:
+                read = await router.call_each([self._read_set(s) for s in new])
+                sets.update(zip(new, read, strict=True))
+        self._known = listed
         found: list[tuple[float, str]] = []
         empty: set[int] = set()
-        for slot, reply in zip(slots, replies, strict=True):
+        for slot, reply in sets.items():
             pairs = _scored(reply)
-            if not pairs:
+            if not pairs and slot in listed:
                 empty.add(slot)
             found.extend(pairs)
         if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
