@@ -13,6 +13,9 @@ atomic against every client of the server and uses the server's clock. Dedupe is
   Redis Cluster hash tag, so everything about one lock lives in one slot.
 * ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
 * ``P<namespace>:<id>``: a dedupe record.
+* ``P{key}:inbox`` (and ``:attempts``, ``:dead``, ``:seq``): the key's durable inbox; the set of
+  keys with work and the wake-up channel are the ready index's (``_ready.py``: one set on one
+  server; one per slot and a directory on a cluster, ``_cluster_inbox.py``).
 
 On Redis Cluster (``redis+cluster://`` or a ``RedisCluster`` client) the same scripts run on
 the master owning the key's slot (``_cluster.py``: per-master pools, ``MOVED``/``ASK``
