@@ -19,7 +19,7 @@ import pytest
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
-from asynclock import RedisState, state_from_url
+from asynclock import RedisState, StateUnavailableError, state_from_url
 from asynclock.state.redis._cluster_inbox import DIRECTORY_SHARDS, SlotReadySets, slot_tag
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
 from tests.conftest import new_namespace
@@ -196,6 +196,22 @@ async def test_a_claim_outside_the_keys_slot_still_dedupes(inbox: Inbox) -> None
     assert await inbox.raw.exists(inbox.state.prefix + claims[1]) == 0
     await inbox.drain(key)
     assert await accept(claims[1]) == "accepted"
+
+
+async def test_an_unreachable_cluster_is_unavailable_to_the_inbox() -> None:
+    async with state_from_url(
+        "redis+cluster://127.0.0.1:1", connect_timeout=1.0, op_timeout=2.0
+    ) as state:
+        assert isinstance(state, RedisState)
+        with pytest.raises(StateUnavailableError):
+            await state.inbox_ready()
+        with pytest.raises(StateUnavailableError):
+            await state.inbox_accept("k", "{}", claim=None, claim_ttl=5.0, max_pending=5)
+        with pytest.raises(StateUnavailableError):
+            await state.inbox_requeue("k")
+        with pytest.raises(StateUnavailableError):
+            async with state.inbox_watch():
+                pass
 
 
 async def _run(*command: str) -> str:

@@ -30,9 +30,7 @@ slot). The broadcast costs each node one message per accept.
 
 from __future__ import annotations
 
-import asyncio
 import binascii
-import contextlib
 import time
 import uuid
 from functools import cache
@@ -155,8 +153,9 @@ class SlotReadySets:
         The sets of the slots listed at the previous call are read along with the directory
         (one pipelined write per master, the masters at once), so a steady inbox costs one
         round; a slot listed since then costs a second one. A key that had work when the call
-        began is returned: its slot was listed before (``_listed.lua``), so the directory read
-        shows it, and its set is read after that. Every ``PRUNE_EVERY`` s, pruning.
+        began is returned: its slot was listed before that (``_listed.lua``), so the directory
+        read shows it, and its set is read after the call began, in either round. Every
+        ``PRUNE_EVERY`` s, pruning.
         """
         router = self._router
         known = sorted(self._known)
@@ -227,9 +226,7 @@ class SlotReadySets:
         """Close the wake-up subscriber."""
         subscriber, self._subscriber = self._subscriber, None
         if subscriber is not None:
-            with contextlib.suppress(Exception):
-                await subscriber.aclose()
-        await asyncio.sleep(0)
+            await subscriber.aclose()
 
 
 def _text(value: object) -> str:
