@@ -33,12 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = 20
 EVENTS = 300
 
-pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.redis, pytest.mark.timeout(180)]
 
 
 class Fleet:
-    """Worker processes over one namespace of ``backend``, and the effect store they write to
-    (always the plain Redis server)."""
+    """Worker processes over one namespace, and the effect store they write to."""
 
     def __init__(self, backend: Backend, namespace: str) -> None:
         self.backend = backend
@@ -77,12 +76,15 @@ class Fleet:
 
     async def handled(self) -> dict[str, list[tuple[str, int, int]]]:
         """Per lock key: (message id, attempt, token) of every effect, in write order."""
-        found = {}
-        for k in range(KEYS):
-            key = f"slack:C1:T{k}"
-            raw = await self.effects.lrange(f"{self.prefix}fx:{key}", 0, -1)
-            found[key] = [(m, int(a), int(t)) for m, a, t, _ in (_text(r).split(" ") for r in raw)]
-        return found
+        keys = [f"slack:C1:T{k}" for k in range(KEYS)]
+        async with self.effects.pipeline(transaction=False) as pipe:  # one round trip
+            for key in keys:
+                pipe.lrange(f"{self.prefix}fx:{key}", 0, -1)
+            lists = await pipe.execute()
+        return {
+            key: [(m, int(a), int(t)) for m, a, t, _ in (_text(r).split(" ") for r in raw)]
+            for key, raw in zip(keys, lists, strict=True)
+        }
 
     async def wait_all(
         self, expected: int, within: float = 90.0
@@ -100,12 +102,8 @@ class Fleet:
 
     async def inside(self) -> int | None:
         """The pid of a worker in the middle of a handler right now, if any."""
-        async for name in self.effects.scan_iter(match=f"{self.prefix}inside:*"):
-            text = name.decode() if isinstance(name, bytes) else name
-            pid = int(text.rsplit(":", 1)[1])
-            if any(w.pid == pid and w.poll() is None for w in self.workers):
-                return pid
-        return None
+        pids = {int(pid) for pid in await self.effects.smembers(f"{self.prefix}inside")}
+        return next((w.pid for w in self.workers if w.pid in pids and w.poll() is None), None)
 
     def stop(self) -> list[int]:
         codes = []
@@ -124,8 +122,8 @@ class Fleet:
 @pytest.fixture(params=INBOX_SERVER_STATES)
 async def fleet(request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
     backend: Backend = request.param
+    require(REDIS)  # the effect store
     require(backend)
-    require(REDIS)
     made = Fleet(backend, uuid.uuid4().hex)
     try:
         yield made
@@ -135,8 +133,9 @@ async def fleet(request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
                 worker.kill()
                 worker.wait()
         await made.effects.aclose()
-        for used in dict.fromkeys((backend, REDIS)):  # the state's server and the effect store
-            await purge_namespace(used, made.namespace)
+        await purge_namespace(REDIS, made.namespace)
+        if backend is not REDIS:  # the state lives elsewhere too
+            await purge_namespace(backend, made.namespace)
         shutil.rmtree(made.folder, ignore_errors=True)
 
 
