@@ -112,6 +112,8 @@ async def test_the_keys_with_work_spread_over_slots_and_masters(inbox: Inbox) ->
         listed |= {int(slot) for slot in await inbox.raw.hkeys(shard)}
     assert listed == {inbox.slot(key) for key in keys}
     assert len({inbox.master_of(shard) for shard in inbox.index.directory}) == 3
+    # none of it is taken for a lock by the operators' listing
+    assert [info async for info in inbox.state.held_locks()] == []
 
 
 async def test_a_slot_is_listed_once_and_pruned_only_when_empty(inbox: Inbox) -> None:

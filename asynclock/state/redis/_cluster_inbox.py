@@ -6,7 +6,7 @@ atomic with the dedupe record and the append). So the set a key joins lives in t
 spreads the writes of accept and drain over every slot, hence every master: no hot slot.
 
 A rescan must not read 16,384 sets, nor SCAN every node. A *directory* lists the slots whose set
-may have members: ``DIRECTORY_SHARDS`` hashes ``P{P inbox:slots:j}`` (slot -> generation), slot
+may have members: ``DIRECTORY_SHARDS`` hashes ``P{P inbox-j}:inbox:slots`` (slot -> generation), slot
 ``s`` in shard ``s % DIRECTORY_SHARDS``, spread over the masters. It is written only when a slot
 starts or stops being listed, not per event. Invariants (``_listed.lua``):
 
@@ -109,7 +109,9 @@ class SlotReadySets:
         self._op_timeout = op_timeout
         self.channel = f"{prefix}inbox:wake"
         self.directory = tuple(
-            f"{prefix}{{{prefix}inbox:slots:{j}}}" for j in range(DIRECTORY_SHARDS)
+            # never a name ending in "}": held_locks() takes those for locks
+            f"{prefix}{{{prefix}inbox-{j}}}:inbox:slots"
+            for j in range(DIRECTORY_SHARDS)
         )
         self._subscriber: Subscriber | None = None
         self._subscribed_at: Address | None = None
