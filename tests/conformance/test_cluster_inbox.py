@@ -22,10 +22,11 @@ from redis.crc import key_slot
 from asynclock import RedisState, StateUnavailableError, state_from_url
 from asynclock.state.redis._cluster_inbox import DIRECTORY_SHARDS, SlotReadySets, slot_tag
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
+from tests.conformance.test_cluster import node_client
 from tests.conftest import new_namespace
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
 pytestmark = pytest.mark.redis
 
@@ -198,6 +199,38 @@ async def test_a_claim_outside_the_keys_slot_still_dedupes(inbox: Inbox) -> None
     assert await inbox.raw.exists(inbox.state.prefix + claims[1]) == 0
     await inbox.drain(key)
     assert await accept(claims[1]) == "accepted"
+
+
+async def test_the_wake_up_subscription_comes_back_after_its_connection_is_killed(
+    inbox: Inbox,
+) -> None:
+    # Only this state's own subscriber connection is killed (the cluster is shared): by the
+    # client address it has on the master it subscribed on.
+    async with inbox.state.inbox_watch() as watch:
+        subscriber = inbox.index.wake_subscriber()
+        conn, address = subscriber._conn, inbox.index._subscribed_at
+        assert conn is not None
+        assert address is not None
+        host, port = conn._writer.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
+        watch.reset()
+        master = node_client(*address)
+        try:
+            assert await master.client_kill(f"{host}:{port}")
+        finally:
+            await master.aclose()
+        # the subscriber reconnects, subscribes again, and wakes its watchers to rescan
+        assert await watch.wait(5.0)
+        await _eventually(lambda: subscriber._conn not in (None, conn))
+        watch.reset()
+        assert await inbox.accept("slack:C1:after-kill") == "accepted"
+        assert await watch.wait(5.0)  # an accept on any master is heard again
+
+
+async def _eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "still not true"
+        await asyncio.sleep(0.01)
 
 
 async def test_an_unreachable_cluster_is_unavailable_to_the_inbox() -> None:
