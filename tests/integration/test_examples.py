@@ -9,7 +9,6 @@ scenario is arranged by waiting for events, never by sleeping: they hold on a lo
 from __future__ import annotations
 
 import asyncio
-import uuid
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -18,7 +17,7 @@ import pytest
 
 from examples import aiohttp_bot, fastapi_bot
 from examples._slack import Journal
-from tests._matrix import REDIS, purge_namespace, require
+from tests._matrix import REDIS
 from tests.integration._servers import bounded, serve_aiohttp, serve_fastapi
 
 if TYPE_CHECKING:
@@ -49,14 +48,6 @@ def slack(
     if thread is not None:
         event["thread_ts"] = thread
     return {"type": "event_callback", "event_id": f"Ev{ts.replace('.', '')}", "event": event}
-
-
-@pytest.fixture
-async def namespace() -> AsyncIterator[str]:
-    require(REDIS)
-    made = uuid.uuid4().hex
-    yield made
-    await purge_namespace(REDIS, made)
 
 
 class Launcher:
