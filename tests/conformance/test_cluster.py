@@ -23,6 +23,7 @@ from redis.exceptions import MovedError
 
 from asynclock import AsyncLock, RedisState, StateUnavailableError, state_from_url
 from asynclock.cli._admin import held_locks
+from asynclock.state.redis._cluster_inbox import SlotReadySets
 from tests._helpers import eventually, token_of
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
 from tests.conftest import Target, new_namespace
@@ -321,3 +322,44 @@ async def test_keys_starting_with_a_brace_keep_one_slot_and_their_names(
     assert sorted(info.key for info in await held_locks(state, "}*")) == ["}starts", "}{"]
     for lock in locks:
         await lock.release()
+
+
+async def test_an_inbox_follows_its_slot_to_another_master(
+    cluster: Cluster, state: RedisState
+) -> None:
+    # The inbox, its slot's set of keys with work and the set's listing mark share the key's
+    # slot, so they move together; reads that reach the old master are redirected.
+    key = "inbox-resharded"
+    lock_key = state.lock_key(key)
+    slot = key_slot(lock_key.encode())
+    home = await cluster.owner(slot)
+    away = next(a for a in cluster.nodes if a != home)
+    assert isinstance(state._ready, SlotReadySets)
+    shard = state._ready.directory[slot % len(state._ready.directory)]
+    directory = cluster.nodes[await cluster.owner(key_slot(shard.encode()))]
+
+    async def accept(n: int) -> str:
+        reply = await state.inbox_accept(
+            key, f'{{"n": {n}}}', claim=None, claim_ttl=30.0, max_pending=10
+        )
+        return reply.status
+
+    assert await accept(1) == "accepted"
+    assert await state.inbox_ready() == [key]  # the state knows the slot's master now
+    listed = await directory.hget(shard, str(slot))
+    try:
+        await cluster.move_slot(slot, away)
+        assert await state.inbox_ready() == [key]  # the set's read answered MOVED: followed
+        assert await accept(2) == "accepted"
+        assert await directory.hget(shard, str(slot)) == listed  # not listed again: it moved
+        assert await cluster.nodes[away].llen(f"{lock_key}:inbox") == 2
+        assert (await state.acquire(key, "drainer", 10.0)).token is not None
+        taken = []
+        entry = await state.inbox_step(key, "drainer")
+        while entry is not None:
+            taken.append(entry.payload)
+            entry = await state.inbox_step(key, "drainer", done=entry.id)
+        assert taken == ['{"n": 1}', '{"n": 2}']
+        assert await state.inbox_ready() == []
+    finally:
+        await cluster.move_slot(slot, home)

@@ -305,6 +305,10 @@ async def test_replicas_wait(topology: SentinelSet, open_state: Callable[..., Re
             assert await replica.exists(state.lock_key(f"w{n}")) == 1
             await bounded(lock.extend(5.0), "extend", 5.0)
             await lock.release()
+        # an accepted inbox entry is on the replica before accept returned, too
+        accepted = await state.inbox_accept("inbox", "{}", claim=None, claim_ttl=5.0, max_pending=9)
+        assert accepted.status == "accepted"
+        assert await replica.llen(f"{state.lock_key('inbox')}:inbox") == 1
         assert state.replica_shortfalls == 0
 
         # no replica to confirm: an acquire is undone and raises, the key stays free
@@ -314,6 +318,9 @@ async def test_replicas_wait(topology: SentinelSet, open_state: Callable[..., Re
             await bounded(lock.acquire(blocking=False), "acquire without a replica", 5.0)
         assert state.replica_shortfalls == 1
         assert await state.inspect("alone") is None
+        with pytest.raises(StateUnavailableError, match="an event for 'inbox' was accepted"):
+            await state.inbox_accept("inbox", "{}", claim=None, claim_ttl=5.0, max_pending=9)
+        assert state.replica_shortfalls == 2
         plain = open_state()  # replicas=0 still works on the master
         assert await bounded(AsyncLock(plain, "alone", ttl=5.0).acquire(blocking=False), "", 5.0)
     finally:

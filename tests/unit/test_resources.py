@@ -26,6 +26,9 @@ SCRIPTS = {
     "inbox_accept.lua",
     "_inbox_step.lua",
     "inbox_requeue.lua",
+    "_listed.lua",
+    "inbox_unlist.lua",
+    "inbox_forget_slot.lua",
 }
 
 

@@ -13,6 +13,9 @@ atomic against every client of the server and uses the server's clock. Dedupe is
   Redis Cluster hash tag, so everything about one lock lives in one slot.
 * ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
 * ``P<namespace>:<id>``: a dedupe record.
+* ``P{key}:inbox`` (and ``:attempts``, ``:dead``, ``:seq``): the key's durable inbox; the set of
+  keys with work and the wake-up channel are the ready index's (``_ready.py``: one set on one
+  server; one per slot and a directory on a cluster, ``_cluster_inbox.py``).
 
 On Redis Cluster (``redis+cluster://`` or a ``RedisCluster`` client) the same scripts run on
 the master owning the key's slot (``_cluster.py``: per-master pools, ``MOVED``/``ASK``
@@ -59,12 +62,14 @@ from asynclock.state._protocol import (
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 from asynclock.state.redis._cluster import ClusterRouter, slot_of
+from asynclock.state.redis._cluster_inbox import SlotReadySets
 from asynclock.state.redis._pool import LeanPool
+from asynclock.state.redis._ready import ReadyIndex, ReadySet
 from asynclock.state.redis._sentinel import SentinelMaster, parse_sentinel_url
 from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from redis.asyncio.connection import AbstractConnection
 
@@ -118,9 +123,13 @@ def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
     scripts = {name: _Script(name, sharded=sharded) for name in names}
     scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire", sharded=sharded)
     scripts["release_claimed"] = _Script("release_claimed", "_settle", "release", sharded=sharded)
-    scripts["inbox_accept"] = _Script("inbox_accept", sharded=sharded)
+    # the inbox wake-up stays a PUBLISH on a cluster too (see _cluster_inbox.py): the prelude
+    # that says whether the key may be added to its set of keys with work goes first
+    scripts["inbox_accept"] = _Script("inbox_accept", "_listed", "inbox_accept")
+    scripts["inbox_requeue"] = _Script("inbox_requeue", "_listed", "inbox_requeue")
     scripts["inbox_step"] = _Script("inbox_step", "_inbox_step", "release", sharded=sharded)
-    scripts["inbox_requeue"] = _Script("inbox_requeue", sharded=sharded)
+    scripts["inbox_unlist"] = _Script("inbox_unlist")
+    scripts["inbox_forget_slot"] = _Script("inbox_forget_slot")
     return scripts
 
 
@@ -209,6 +218,8 @@ class RedisState(ClosesOnExit):
         self._router: ClusterRouter | None = None
         self._sentinel: SentinelMaster | None = None
         self._pool: LeanPool | SentinelMaster
+        # where the inbox's keys with work are kept: one set, or one per slot on a cluster
+        self._ready: ReadyIndex = ReadySet(prefix, self._command)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise ValueError(f"replicas must be an int >= 0, got {replicas!r}")
         self._replicas = replicas
@@ -227,6 +238,14 @@ class RedisState(ClosesOnExit):
             size = client.connection_kwargs.get("max_connections")
             self._router = ClusterRouter(client, _pool_size(size))
             self._scripts = _scripts(sharded=True)
+            self._ready = SlotReadySets(
+                self._router,
+                prefix,
+                self._guard,
+                unlist=self._scripts["inbox_unlist"],
+                forget=self._scripts["inbox_forget_slot"],
+                op_timeout=self._op_timeout or 5.0,
+            )
             # unused on a cluster: every command goes through the router's per-master pools
             self._pool = LeanPool(_no_connection, 1)
         elif isinstance(client.connection_pool, SentinelConnectionPool):
@@ -402,6 +421,7 @@ class RedisState(ClosesOnExit):
         subscriber, self._subscriber = self._subscriber, None
         if subscriber is not None:
             await subscriber.aclose()
+        await self._ready.aclose()
         if self._sentinel is not None:
             await self._sentinel.aclose(sentinels=self._owns_client)
         else:
@@ -574,6 +594,13 @@ class RedisState(ClosesOnExit):
                     yield raw.decode() if isinstance(raw, bytes) else str(raw)
                 if _as_int(cursor) == 0:
                     break
+
+    @contextlib.asynccontextmanager
+    async def _guard(self) -> AsyncIterator[None]:
+        """One operation: its ``op_timeout`` deadline, its driver errors StateUnavailableError."""
+        with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
+            async with deadline_after(self._op_timeout):
+                yield
 
     def _unavailable(self, exc: BaseException) -> StateUnavailableError:
         return unavailable_error(exc, self._where, self._op_timeout)
@@ -797,9 +824,12 @@ class RedisState(ClosesOnExit):
             yield watch
 
     @contextlib.asynccontextmanager
-    async def _watch_channel(self, channel: bytes) -> AsyncIterator[EventWatch]:
-        """A watch woken by every message on ``channel``, on the state's pub/sub connection."""
-        if self._subscriber is None:
+    async def _watch_channel(
+        self, channel: bytes, subscriber: Subscriber | ShardedSubscriber | None = None
+    ) -> AsyncIterator[EventWatch]:
+        """A watch woken by every message on ``channel``, on ``subscriber`` (by default the
+        state's own pub/sub connection)."""
+        if subscriber is None and self._subscriber is None:
             if self._router is not None:
                 self._subscriber = ShardedSubscriber(self._router, self._op_timeout or 5.0)
             elif self._sentinel is not None:
@@ -815,7 +845,8 @@ class RedisState(ClosesOnExit):
                 self._subscriber = Subscriber(
                     lambda: _subscriber_connection(client), self._op_timeout or 5.0
                 )
-        subscriber = self._subscriber
+        subscriber = subscriber or self._subscriber
+        assert subscriber is not None
         watch = EventWatch(asyncio.get_running_loop())
         with map_driver_errors(_UNAVAILABLE, self._where, self._op_timeout):
             await subscriber.add(channel, watch)
@@ -826,47 +857,87 @@ class RedisState(ClosesOnExit):
 
     # -- the inbox (InboxState) -------------------------------------------------------------
 
-    def _no_cluster_inbox(self) -> None:
-        if self._router is not None:
-            raise NotImplementedError(
-                "the durable inbox on Redis Cluster is not built yet: the set of keys with work "
-                "must be sharded first (asynclock#12); use a plain or Sentinel Redis"
-            )
-
     def _inbox_keys(self, key: str) -> tuple[str, str, str, str]:
         """The inbox's list, head attempt count, dead letters and entry counter (one slot)."""
-        self._no_cluster_inbox()
         base = f"{self.lock_key(key)}:inbox"
         return base, f"{base}:attempts", f"{base}:dead", f"{base}:seq"
-
-    @property
-    def _inbox_ready_key(self) -> str:
-        return f"{self._prefix}inbox:ready"
-
-    @property
-    def _inbox_channel(self) -> str:
-        return f"{self._prefix}inbox:wake"
 
     async def inbox_accept(
         self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
     ) -> InboxAccepted:
         """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept.lua``, one EVALSHA;
-        with ``replicas=``, WAIT in the same write)."""
+        with ``replicas=``, WAIT in the same write; on a cluster, two more the first time a slot
+        gets work: see ``_cluster_inbox.py``)."""
         check_key(key)
         entries, _, _, seq = self._inbox_keys(key)
+        lock_key = self.lock_key(key)
         claim_key = self._prefix + claim if claim is not None else seq
-        keys = (entries, seq, self._inbox_ready_key, self._inbox_channel, claim_key)
-        args = (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0")
-        if self._replicas:
-            reply, acks = await self._eval_waited("inbox_accept", keys, *args)
-            error = self._short(acks, f"an event for {key!r} was accepted")
-            if error is not None:
-                raise error
-        else:
-            reply = await self._eval("inbox_accept", keys, *args)
+        if not self._ready.atomic_with(lock_key, claim_key):
+            return await self._accept_claimed_apart(key, payload, claim_key, claim_ttl, max_pending)
+        ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
+        reply = await self._eval_listing(
+            "inbox_accept",
+            lock_key,
+            (entries, seq, ready, claim_key, mark),
+            (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
+            lambda reply: isinstance(reply, list) and _text(reply[0]) == "unlisted",
+            f"an event for {key!r} was accepted",
+        )
         assert isinstance(reply, list)
-        status, pending = reply
-        return InboxAccepted(_text(status), _as_int(pending))
+        return InboxAccepted(_text(reply[0]), _as_int(reply[1]))
+
+    async def _accept_claimed_apart(
+        self, key: str, payload: str, claim_key: str, claim_ttl: float, max_pending: int
+    ) -> InboxAccepted:
+        """A claim that no script can reach with the inbox (a cluster key starting with a brace,
+        see :meth:`lock_key`): record it first, then accept without it, and forget it again if
+        the entry was not appended. Two round trips; a crash between them loses the event's
+        redelivery as a duplicate, as :meth:`acquire_claimed` does for such keys."""
+        if not await self._set_if_absent(claim_key, "accepted", claim_ttl):
+            entries = self._inbox_keys(key)[0]
+            return InboxAccepted(
+                "duplicate", _as_int(await self._command(entries, "LLEN", entries))
+            )
+        accepted = await self.inbox_accept(
+            key, payload, claim=None, claim_ttl=claim_ttl, max_pending=max_pending
+        )
+        if accepted.status != "accepted":
+            await self._command(claim_key, "DEL", claim_key)
+        return accepted
+
+    async def _eval_listing(
+        self,
+        name: str,
+        lock_key: str,
+        keys: tuple[str, ...],
+        args: tuple[str | int, ...],
+        unlisted: Callable[[object], bool],
+        what: str,
+    ) -> object:
+        """Run a script that may add ``lock_key``'s key to its set of keys with work
+        (``_listed.lua``); if that set was ``unlisted``, list it and run the script again.
+
+        The script gets ``args``, then the listing, then the wake-up channel. With
+        ``replicas=N``, each run is confirmed by WAIT (a shortfall raises, naming ``what``).
+        """
+        channel = self._ready.channel
+        reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, channel), what)
+        if unlisted(reply):  # a run with a generation is never unlisted (_listed.lua)
+            generation = await self._ready.list_for(lock_key)
+            reply = await self._eval_confirmed(name, keys, (*args, generation, channel), what)
+        return reply
+
+    async def _eval_confirmed(
+        self, name: str, keys: tuple[str, ...], args: tuple[str | int, ...], what: str
+    ) -> object:
+        """:meth:`_eval`; with ``replicas=N``, :meth:`_eval_waited`, a shortfall raising."""
+        if not self._replicas:
+            return await self._eval(name, keys, *args)
+        reply, acks = await self._eval_waited(name, keys, *args)
+        error = self._short(acks, what)
+        if error is not None:
+            raise error
+        return reply
 
     async def inbox_step(
         self,
@@ -888,7 +959,7 @@ class RedisState(ClosesOnExit):
             entries,
             attempts,
             dead_letters,
-            self._inbox_ready_key,
+            self._ready.ready_key(lock_key),
             seq,
         )
         args = (
@@ -914,16 +985,15 @@ class RedisState(ClosesOnExit):
         return None
 
     async def inbox_ready(self) -> list[str]:
-        """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE)."""
-        self._no_cluster_inbox()
-        reply = await self._command(self._inbox_ready_key, "ZRANGE", self._inbox_ready_key, 0, -1)
-        assert isinstance(reply, list)
-        return [_text(member) for member in reply]
+        """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE; on a cluster, the
+        directory and the sets it lists, see ``_cluster_inbox.py``)."""
+        return await self._ready.keys()
 
     @contextlib.asynccontextmanager
     async def inbox_watch(self) -> AsyncIterator[EventWatch]:
         """See :meth:`asynclock.state.InboxState.inbox_watch` (SUBSCRIBE to the wake-up channel)."""
-        async with self._watch_channel(self._inbox_channel.encode()) as watch:
+        channel = self._ready.channel.encode()
+        async with self._watch_channel(channel, self._ready.wake_subscriber()) as watch:
             yield watch
 
     async def inbox_keys(self) -> list[InboxKey]:
@@ -934,7 +1004,7 @@ class RedisState(ClosesOnExit):
         async for name in self._scan(pattern):
             keys.add(self._key_of(name[: -len(":inbox:dead")]))
         found = []
-        now = await self._command(self._inbox_ready_key, "TIME")  # the server's clock, once
+        now = await self._command(self._ready.channel, "TIME")  # the server's clock, once
         assert isinstance(now, list)
         now_ms = _as_int(now[0]) * 1000 + _as_int(now[1]) // 1000
         for key in sorted(keys):
@@ -961,8 +1031,17 @@ class RedisState(ClosesOnExit):
     async def inbox_requeue(self, key: str) -> int:
         """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue.lua``)."""
         entries, attempts, dead_letters, _ = self._inbox_keys(key)
-        keys = (entries, attempts, dead_letters, self._inbox_ready_key, self._inbox_channel)
-        return _as_int(await self._eval("inbox_requeue", keys, key))
+        lock_key = self.lock_key(key)
+        ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
+        reply = await self._eval_listing(
+            "inbox_requeue",
+            lock_key,
+            (entries, attempts, dead_letters, ready, mark),
+            (key,),
+            lambda reply: _as_int(reply) < 0,
+            f"dead letters of {key!r} were requeued",
+        )
+        return _as_int(reply)
 
 
 def _glob_escape(text: str) -> str:

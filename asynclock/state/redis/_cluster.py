@@ -33,9 +33,19 @@ from redis.crc import key_slot
 from asynclock.state.redis._pool import LeanPool
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from redis.asyncio import RedisCluster
 
 Address = tuple[str, int]
+
+#: error replies meaning the command did not run where it was sent (it may be sent again)
+_NOT_RUN = (
+    redis_errors.MovedError,
+    redis_errors.AskError,
+    redis_errors.TryAgainError,
+    redis_errors.NoScriptError,
+)
 
 SLOTS = 16384
 #: redirections followed for one command before giving up (redis-py uses the same bound)
@@ -229,6 +239,47 @@ class ClusterRouter:
                 self._stale = True  # a failover may have moved the slot
                 raise
         raise redis_errors.ClusterError(f"too many redirections for slot {slot}")
+
+    async def call_each(
+        self,
+        commands: Sequence[tuple[int, tuple[str | int | bytes, ...]]],
+        *,
+        script: str | None = None,
+    ) -> list[object]:
+        """Run ``(slot, args)`` commands, one pipelined write per master, the masters at once.
+
+        Returns the replies in the order of ``commands``. Each command runs at most once
+        where it was sent; one that was refused there (``MOVED``, ``ASK``, ``TRYAGAIN``,
+        ``NOSCRIPT``: it did not run) is sent again alone through :meth:`call`, which follows
+        the redirection. Any other error reply raises. For commands that may run in any order.
+        """
+        for slot, _ in commands:
+            await self.address_of(slot)  # the slot map, read once if stale
+        by_node: dict[Address, list[int]] = {}
+        for index, (slot, _) in enumerate(commands):
+            address = self._slots[slot]
+            assert address is not None  # address_of raised otherwise
+            by_node.setdefault(address, []).append(index)
+
+        async def on_node(address: Address, indexes: list[int]) -> list[object]:
+            try:
+                return await self.pool(address).call_many([commands[i][1] for i in indexes])
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+                self._stale = True
+                raise
+
+        groups = list(by_node.items())
+        answers = await asyncio.gather(*(on_node(a, i) for a, i in groups))
+        replies: list[object] = [None] * len(commands)
+        for (_, indexes), answer in zip(groups, answers, strict=True):
+            for index, reply in zip(indexes, answer, strict=True):
+                if isinstance(reply, _NOT_RUN):
+                    slot, args = commands[index]
+                    reply = await self.call(slot, *args, script=script)
+                elif isinstance(reply, redis_errors.ResponseError):
+                    raise reply
+                replies[index] = reply
+        return replies
 
     async def call_on(self, address: Address, *args: str | int | bytes) -> object:
         """Run one command on the node at ``address`` (for per-node commands such as SCAN)."""

@@ -23,7 +23,7 @@ from redis import exceptions as redis_errors
 from asynclock.state._pool import ConnectionPool
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from redis.asyncio.connection import AbstractConnection
 
@@ -106,17 +106,27 @@ class LeanPool(ConnectionPool["AbstractConnection"]):
         Returns both replies; an error reply is returned as its ``ResponseError``, not raised,
         so that the caller sees what the second command said whatever the first said.
         """
+        replies = await self.call_many((first, second))
+        return replies[0], replies[1]
+
+    async def call_many(self, commands: Sequence[tuple[str | int | bytes, ...]]) -> list[object]:
+        """Commands in one write on one connection (a pipeline); their replies, in order.
+
+        An error reply is returned as its ``ResponseError``, not raised (each reply is read
+        whole, so the stream stays in sync whatever one command said).
+        """
         conn, _ = await self.checkout()
         replies: list[object] = []
         try:
-            await conn.send_packed_command(pack(first) + pack(second), check_health=False)
-            replies.append(await _reply_or_error(conn))
-            replies.append(await _reply_or_error(conn))
+            await conn.send_packed_command(
+                b"".join(pack(command) for command in commands), check_health=False
+            )
+            replies.extend([await _reply_or_error(conn) for _ in commands])
         except BaseException:
             self.checkin(conn, broken=True)
             raise
         self.checkin(conn, broken=False)
-        return replies[0], replies[1]
+        return replies
 
     def retire(self) -> None:
         """Stop reusing connections (the server behind them is no longer the one to talk to).

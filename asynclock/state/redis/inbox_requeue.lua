@@ -1,10 +1,15 @@
 -- KEYS[1] the inbox, KEYS[2] the head's attempt count, KEYS[3] the dead letters, KEYS[4] the set
--- of keys with work, KEYS[5] the inbox wake-up channel | ARGV[1] the key (as the caller names it)
+-- of keys with work, KEYS[5] its listing mark | ARGV[1] the key (as the caller names it),
+-- ARGV[2] the listing (see _listed.lua), ARGV[3] the inbox wake-up channel
 -- Puts every dead letter back in front of the inbox, in their order, with fresh attempt counts.
--- returns how many were put back
+-- returns how many were put back, or -1 when the set of keys with work is not listed (nothing
+-- changed: see _listed.lua)
 local dead = redis.call('LRANGE', KEYS[3], 0, -1)
 if #dead == 0 then
   return 0
+end
+if not listed(KEYS[5], ARGV[2]) then
+  return -1
 end
 for i = #dead, 1, -1 do
   redis.call('LPUSH', KEYS[1], cjson.decode(dead[i])[1])
@@ -13,5 +18,5 @@ redis.call('DEL', KEYS[3])
 redis.call('DEL', KEYS[2])  -- the head changed: counts start afresh
 local now = redis.call('TIME')
 redis.call('ZADD', KEYS[4], 'NX', tonumber(now[1]) * 1000, ARGV[1])
-redis.call('PUBLISH', KEYS[5], ARGV[1])
+redis.call('PUBLISH', ARGV[3], ARGV[1])
 return #dead

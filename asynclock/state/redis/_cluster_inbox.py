@@ -1,0 +1,248 @@
+"""The inbox's set of keys with work on Redis Cluster: one sorted set per hash slot, and a directory.
+
+A script reaches the keys of one slot only, and ``accept`` must stay one script (one round trip,
+atomic with the dedupe record and the append). So the set a key joins lives in the key's own slot:
+``P{t}:inbox:ready``, where ``t`` is a tag chosen to hash to that slot (:func:`slot_tag`). That
+spreads the writes of accept and drain over every slot, hence every master: no hot slot.
+
+A rescan must not read 16,384 sets, nor SCAN every node. A *directory* lists the slots whose set
+may have members: ``DIRECTORY_SHARDS`` hashes ``P{P inbox-j}:inbox:slots`` (slot -> generation), slot
+``s`` in shard ``s % DIRECTORY_SHARDS``, spread over the masters. It is written only when a slot
+starts or stops being listed, not per event. Invariants (``_listed.lua``):
+
+* A slot's set gains a key only while its *listing mark* ``P{t}:inbox:listed`` exists, and the
+  mark holds a generation that was written into the directory before it was set. So a slot with
+  work is always in the directory: the accept that finds no mark writes a fresh generation into
+  the directory first (``unlisted`` -> HSET -> the accept again: three round trips, once per slot
+  listing; one otherwise).
+* A slot leaves the directory in two fenced steps: ``inbox_unlist.lua`` removes the mark of an
+  *empty* set (atomic with that emptiness, in the slot) and returns its generation;
+  ``inbox_forget_slot.lua`` then removes the directory entry only if it still holds that
+  generation. An accept that listed the slot again in between wrote a newer one, so its entry
+  stays. A crash between the two steps leaves an entry listing an empty slot: one extra read per
+  rescan until the slot is listed again, never a key missed.
+
+Workers hear of new work by a plain PUBLISH from the accept script: Redis Cluster broadcasts it on
+its bus to every node, so one subscription on any master hears every accept (a sharded SPUBLISH
+would have to go to a channel of the key's own slot, and a worker would have to subscribe on every
+slot). The broadcast costs each node one message per accept.
+"""
+
+from __future__ import annotations
+
+import binascii
+import time
+import uuid
+from functools import cache
+from typing import TYPE_CHECKING, Protocol
+
+from asynclock.state.redis._cluster import SLOTS, slot_of
+from asynclock.state.redis._subscriber import Subscriber
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from contextlib import AbstractAsyncContextManager
+
+    from redis.asyncio.connection import AbstractConnection
+
+    from asynclock.state.redis._cluster import Address, ClusterRouter
+
+#: hashes the directory of slots with work is sharded over
+DIRECTORY_SHARDS = 16
+#: seconds between two prunings of the directory by one process; a slot is taken off only if its
+#: set was empty at two prunings in a row (so a slot in use is not re-listed over and over)
+PRUNE_EVERY = 30.0
+
+
+class _Script(Protocol):
+    @property
+    def sha(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+
+
+@cache
+def _slot_tags() -> tuple[str, ...]:
+    """A hash tag for every slot (``inbox-<hex>``, the first of that form hashing to it).
+
+    Redis Cluster hashes with CRC16-CCITT (XMODEM), which is ``binascii.crc_hqx(data, 0)``;
+    finding all 16,384 takes ~0.06 s, once per process.
+    """
+    tags: list[str | None] = [None] * SLOTS
+    left, n = SLOTS, 0
+    while left:
+        name = b"inbox-%x" % n
+        slot = binascii.crc_hqx(name, 0) % SLOTS
+        if tags[slot] is None:
+            tags[slot] = name.decode()
+            left -= 1
+        n += 1
+    return tuple(t for t in tags if t is not None)
+
+
+def slot_tag(slot: int) -> str:
+    """A hash tag whose keys live in ``slot``."""
+    return _slot_tags()[slot]
+
+
+class SlotReadySets:
+    """:class:`~asynclock.state.redis._ready.ReadyIndex` of a cluster (see the module)."""
+
+    listing = "?"
+
+    def __init__(
+        self,
+        router: ClusterRouter,
+        prefix: str,
+        guard: Callable[[], AbstractAsyncContextManager[None]],
+        *,
+        unlist: _Script,
+        forget: _Script,
+        op_timeout: float,
+    ) -> None:
+        """``guard()``: one operation's deadline and error mapping (the state's)."""
+        self._router = router
+        self._prefix = prefix
+        self._guard = guard
+        self._unlist = unlist
+        self._forget = forget
+        self._op_timeout = op_timeout
+        self.channel = f"{prefix}inbox:wake"
+        self.directory = tuple(
+            # never a name ending in "}": held_locks() takes those for locks
+            f"{prefix}{{{prefix}inbox-{j}}}:inbox:slots"
+            for j in range(DIRECTORY_SHARDS)
+        )
+        self._subscriber: Subscriber | None = None
+        self._subscribed_at: Address | None = None
+        self._pruned_at = time.monotonic()
+        self._empty_at_last_prune: set[int] = set()
+        self._known: set[int] = set()  # the slots the directory listed at the last read
+
+    def _set_of(self, slot: int) -> str:
+        return f"{self._prefix}{{{slot_tag(slot)}}}:inbox:ready"
+
+    def _read_set(self, slot: int) -> tuple[int, tuple[str | int, ...]]:
+        return slot, ("ZRANGE", self._set_of(slot), 0, -1, "WITHSCORES")
+
+    def ready_key(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.ready_key`: the set of the key's slot."""
+        return self._set_of(slot_of(lock_key))
+
+    def _mark_of(self, slot: int) -> str:
+        return f"{self._prefix}{{{slot_tag(slot)}}}:inbox:listed"
+
+    def listed_key(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.listed_key`."""
+        return self._mark_of(slot_of(lock_key))
+
+    def atomic_with(self, lock_key: str, name: str) -> bool:
+        """See :meth:`ReadyIndex.atomic_with`: keys of one slot."""
+        return slot_of(name) == slot_of(lock_key)
+
+    async def list_for(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.list_for`: a fresh generation for the slot, in the directory."""
+        slot = slot_of(lock_key)
+        shard = self.directory[slot % DIRECTORY_SHARDS]
+        generation = uuid.uuid4().hex
+        async with self._guard():
+            await self._router.call(slot_of(shard), "HSET", shard, slot, generation)
+        return generation
+
+    async def keys(self) -> list[str]:
+        """See :meth:`ReadyIndex.keys`: the directory, and the sets it lists.
+
+        The sets of the slots listed at the previous call are read along with the directory
+        (one pipelined write per master, the masters at once), so a steady inbox costs one
+        round; a slot listed since then costs a second one. A key that had work when the call
+        began is returned: its slot was listed before that (``_listed.lua``), so the directory
+        read shows it, and its set is read after the call began, in either round. Every
+        ``PRUNE_EVERY`` s, pruning.
+        """
+        router = self._router
+        known = sorted(self._known)
+        async with self._guard():
+            replies = await router.call_each(
+                [(slot_of(d), ("HKEYS", d)) for d in self.directory]
+                + [self._read_set(slot) for slot in known]
+            )
+            shards, read = replies[:DIRECTORY_SHARDS], replies[DIRECTORY_SHARDS:]
+            sets = dict(zip(known, read, strict=True))
+            listed = {int(_text(s)) for reply in shards for s in _list(reply)}
+            new = sorted(listed - self._known)
+            if new:
+                read = await router.call_each([self._read_set(s) for s in new])
+                sets.update(zip(new, read, strict=True))
+        self._known = listed
+        found: list[tuple[float, str]] = []
+        empty: set[int] = set()
+        for slot, reply in sets.items():
+            pairs = _scored(reply)
+            if not pairs and slot in listed:
+                empty.add(slot)
+            found.extend(pairs)
+        if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
+            await self.prune(empty & self._empty_at_last_prune)
+            self._empty_at_last_prune = empty
+        return [key for _, key in sorted(found)]
+
+    async def prune(self, slots: Sequence[int] | set[int]) -> int:
+        """Take the ``slots`` whose set is empty off the directory (fenced, see the module);
+        returns how many left it."""
+        self._pruned_at = time.monotonic()
+        ordered = sorted(slots)
+        if not ordered:
+            return 0
+        router = self._router
+        async with self._guard():
+            unlist = []
+            for slot in ordered:
+                keys = (self._set_of(slot), self._mark_of(slot))
+                unlist.append((slot, ("EVALSHA", self._unlist.sha, 2, *keys)))
+            generations = await router.call_each(unlist, script=self._unlist.text)
+            forget = []
+            for slot, generation in zip(ordered, generations, strict=True):
+                if generation is not None:
+                    shard = self.directory[slot % DIRECTORY_SHARDS]
+                    args = ("EVALSHA", self._forget.sha, 1, shard, slot, _text(generation))
+                    forget.append((slot_of(shard), args))
+            removed = await router.call_each(forget, script=self._forget.text)
+        return sum(int(_text(r)) for r in removed)
+
+    def wake_subscriber(self) -> Subscriber:
+        """A plain (not sharded) subscriber on one master: the PUBLISH of any node reaches it."""
+        if self._subscriber is None:
+            self._subscriber = Subscriber(self._connection, self._op_timeout, locate=self._locate)
+        return self._subscriber
+
+    async def _locate(self) -> None:
+        # before every (re)connection: the master may have failed over meanwhile
+        self._router.mark_stale()
+        self._subscribed_at = await self._router.address_of(slot_of(self.channel))
+
+    def _connection(self) -> AbstractConnection:
+        assert self._subscribed_at is not None  # _locate ran first
+        return self._router.new_connection(self._subscribed_at, protocol=2)
+
+    async def aclose(self) -> None:
+        """Close the wake-up subscriber."""
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            await subscriber.aclose()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _list(reply: object) -> list[object]:
+    assert isinstance(reply, list)
+    return reply
+
+
+def _scored(reply: object) -> list[tuple[float, str]]:
+    """``ZRANGE ... WITHSCORES``: flat ``[member, score, ...]`` (RESP2) or pairs (RESP3)."""
+    items = _list(reply)
+    if items and isinstance(items[0], list):
+        return [(float(_text(pair[1])), _text(pair[0])) for pair in map(_list, items)]
+    return [(float(_text(items[i + 1])), _text(items[i])) for i in range(0, len(items), 2)]

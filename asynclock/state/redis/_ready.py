@@ -1,0 +1,100 @@
+"""The inbox's set of keys with work, as one topology lays it out (see :class:`ReadyIndex`).
+
+On one server (plain or Sentinel) it is one sorted set, :class:`ReadySet`; on Redis Cluster it is
+sharded by hash slot (``_cluster_inbox.py``). ``RedisState``'s inbox methods only talk to the
+index, so they hold no topology branch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from asynclock.state.redis._subscriber import Subscriber
+
+
+class ReadyIndex(Protocol):
+    """Where the keys with work are kept, and how workers hear of new work.
+
+    Invariant: a key with pending entries is a member of the set :meth:`ready_key` names for it
+    (``inbox_accept.lua`` adds it, the drain step removes it once its inbox is empty, in the
+    same atomic steps), and :meth:`keys` reads every such set.
+    """
+
+    #: ``ARGV`` "listing" of an accept or requeue (``_listed.lua``): ``''`` never needs one
+    listing: str
+    #: the channel ``accept`` and ``requeue`` PUBLISH the key on
+    channel: str
+
+    def ready_key(self, lock_key: str) -> str:
+        """The set of keys with work that ``lock_key``'s key joins (in its slot on a cluster)."""
+        ...
+
+    def listed_key(self, lock_key: str) -> str:
+        """The listing mark of :meth:`ready_key` (``_listed.lua``)."""
+        ...
+
+    def atomic_with(self, lock_key: str, name: str) -> bool:
+        """Whether one script may touch ``name`` along with ``lock_key``'s inbox."""
+        ...
+
+    async def list_for(self, lock_key: str) -> str:
+        """List ``lock_key``'s set in the directory; the generation to come back with."""
+        ...
+
+    async def keys(self) -> list[str]:
+        """Every key with pending entries, oldest first."""
+        ...
+
+    def wake_subscriber(self) -> Subscriber | None:
+        """The subscriber of :attr:`channel` (``None``: the state's own)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close what the index opened."""
+        ...
+
+
+class ReadySet:
+    """One server: one sorted set ``P inbox:ready`` (key -> accept time of its oldest work)."""
+
+    listing = ""
+
+    def __init__(
+        self, prefix: str, command: Callable[[str, str, str, int, int], Awaitable[object]]
+    ) -> None:
+        """``command(key, *args)`` runs one command (the state's, under its deadline)."""
+        self._key = f"{prefix}inbox:ready"
+        self.channel = f"{prefix}inbox:wake"
+        self._command = command
+
+    def ready_key(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.ready_key` (the one set, whatever the key)."""
+        return self._key
+
+    def listed_key(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.listed_key` (never read: the listing is ``''``)."""
+        return self._key
+
+    def atomic_with(self, lock_key: str, name: str) -> bool:
+        """One server: any two keys."""
+        return True
+
+    async def list_for(self, lock_key: str) -> str:
+        """Never called: the one set is always listed."""
+        raise AssertionError("a single Redis server lists no slot")
+
+    async def keys(self) -> list[str]:
+        """See :meth:`ReadyIndex.keys` (one ZRANGE)."""
+        reply = await self._command(self._key, "ZRANGE", self._key, 0, -1)
+        assert isinstance(reply, list)
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in reply]
+
+    def wake_subscriber(self) -> Subscriber | None:
+        """The state's own subscriber serves the wake-up channel."""
+        return None
+
+    async def aclose(self) -> None:
+        """Nothing to close."""

@@ -1,0 +1,262 @@
+"""The durable inbox on Redis Cluster: *where* its keys with work live (``_cluster_inbox.py``).
+
+The inbox's behaviour runs on the cluster through the matrix (``test_inbox.py``,
+``test_inbox_processes.py`` ``[redis-cluster]``). These tests look at the layout with direct
+clients: one set of keys with work per hash slot, spread over every master; the directory of slots
+with work, listed once per slot and pruned only when a slot's set is empty, fenced by generation;
+and ``asynclock inbox`` over a ``redis+cluster://`` URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter
+from importlib import resources
+from typing import TYPE_CHECKING
+
+import pytest
+from redis.asyncio import RedisCluster
+from redis.crc import key_slot
+
+from asynclock import RedisState, StateUnavailableError, state_from_url
+from asynclock.state.redis._cluster_inbox import DIRECTORY_SHARDS, SlotReadySets, slot_tag
+from tests._matrix import REDIS_CLUSTER, purge_namespace, require
+from tests.conformance.test_cluster import node_client
+from tests.conftest import new_namespace
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+pytestmark = pytest.mark.redis
+
+SCRIPTS = resources.files("asynclock.state.redis")
+
+
+class Inbox:
+    """A clustered state of a fresh namespace, its ready index, and a plain cluster client."""
+
+    def __init__(self, state: RedisState, raw: RedisCluster) -> None:
+        self.state = state
+        self.raw = raw
+        assert isinstance(state._ready, SlotReadySets)
+        self.index = state._ready
+
+    def slot(self, key: str) -> int:
+        return key_slot(self.state.lock_key(key).encode())
+
+    def shard(self, key: str) -> str:
+        return self.index.directory[self.slot(key) % DIRECTORY_SHARDS]
+
+    async def listed(self, key: str) -> str | None:
+        """The generation under which the directory lists ``key``'s slot, if it does."""
+        value = await self.raw.hget(self.shard(key), str(self.slot(key)))
+        return _text(value) if value is not None else None
+
+    def master_of(self, name: str) -> str:
+        node = self.raw.get_node_from_key(name)
+        assert node is not None
+        return str(node.name)
+
+    async def accept(self, key: str, n: int = 0, *, max_pending: int = 100) -> str:
+        reply = await self.state.inbox_accept(
+            key, f'{{"n": {n}}}', claim=None, claim_ttl=60.0, max_pending=max_pending
+        )
+        return reply.status
+
+    async def drain(self, key: str, *, dead: str | None = None) -> None:
+        """Take every entry of ``key`` as its lock holder (dead-lettering them with ``dead``)."""
+        owner = "test-drainer"
+        assert (await self.state.acquire(key, owner, 10.0)).token is not None
+        entry = await self.state.inbox_step(key, owner)
+        while entry is not None:
+            entry = await self.state.inbox_step(key, owner, done=entry.id, dead=dead)
+
+
+@pytest.fixture
+async def inbox() -> AsyncIterator[Inbox]:
+    require(REDIS_CLUSTER)
+    namespace = new_namespace()
+    state = state_from_url(REDIS_CLUSTER.url, **REDIS_CLUSTER.options(namespace))
+    assert isinstance(state, RedisState)
+    raw = RedisCluster.from_url(REDIS_CLUSTER.url.replace("redis+cluster://", "redis://", 1))
+    try:
+        yield Inbox(state, raw)
+    finally:
+        await state.aclose()
+        await raw.aclose()
+        await purge_namespace(REDIS_CLUSTER, namespace)
+
+
+def test_every_slot_has_a_tag_that_hashes_to_it() -> None:
+    assert [key_slot(slot_tag(slot).encode()) for slot in range(16384)] == list(range(16384))
+
+
+async def test_the_keys_with_work_spread_over_slots_and_masters(inbox: Inbox) -> None:
+    keys = [f"slack:C1:T{n}" for n in range(300)]
+    await asyncio.gather(*(inbox.accept(key) for key in keys))
+    assert sorted(await inbox.state.inbox_ready()) == sorted(keys)
+    # each key joined the set of its own lock's slot, and each set holds only a few keys
+    sets = Counter(inbox.state._ready.ready_key(inbox.state.lock_key(key)) for key in keys)
+    for name, members in sets.items():
+        assert await inbox.raw.zcard(name) == members
+    assert {key_slot(name.encode()) for name in sets} == {inbox.slot(key) for key in keys}
+    assert len(sets) > 280
+    assert max(sets.values()) <= 3
+    # over every master, about evenly
+    masters = Counter(inbox.master_of(name) for name in sets)
+    assert len(masters) == len(inbox.raw.get_primaries()) == 3
+    assert min(masters.values()) > len(sets) / 5
+    # the directory lists exactly those slots, its shards on several masters too
+    listed = set()
+    for shard in inbox.index.directory:
+        listed |= {int(slot) for slot in await inbox.raw.hkeys(shard)}
+    assert listed == {inbox.slot(key) for key in keys}
+    assert len({inbox.master_of(shard) for shard in inbox.index.directory}) == 3
+    # none of it is taken for a lock by the operators' listing
+    assert [info async for info in inbox.state.held_locks()] == []
+
+
+async def test_a_slot_is_listed_once_and_pruned_only_when_empty(inbox: Inbox) -> None:
+    key = "slack:C1:listed"
+    assert await inbox.listed(key) is None
+    assert await inbox.accept(key, 1) == "accepted"
+    first = await inbox.listed(key)
+    assert first is not None
+    assert await inbox.accept(key, 2) == "accepted"
+    assert await inbox.listed(key) == first  # listed once, not per accept
+    assert await inbox.index.prune({inbox.slot(key)}) == 0  # it has work: it stays
+    assert await inbox.listed(key) == first
+    await inbox.drain(key)
+    assert await inbox.state.inbox_ready() == []
+    assert await inbox.index.prune({inbox.slot(key)}) == 1
+    assert await inbox.listed(key) is None
+    # the next accept lists the slot again, under a new generation, and a rescan finds the key
+    assert await inbox.accept(key, 3) == "accepted"
+    again = await inbox.listed(key)
+    assert again not in (None, first)
+    assert await inbox.state.inbox_ready() == [key]
+
+
+async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
+    inbox: Inbox,
+) -> None:
+    key = "slack:C1:race"
+    await inbox.accept(key, 1)
+    await inbox.drain(key)
+    lock_key = inbox.state.lock_key(key)
+    index = inbox.index
+    # step one of a pruning: the empty set's mark goes, its generation comes back
+    unlist = SCRIPTS.joinpath("inbox_unlist.lua").read_text()
+    taken = _text(
+        await inbox.raw.eval(unlist, 2, index.ready_key(lock_key), index.listed_key(lock_key))
+    )
+    assert taken == await inbox.listed(key)
+    # meanwhile an accept finds no mark: it lists the slot again (a new generation) and appends
+    assert await inbox.accept(key, 2) == "accepted"
+    # step two with the old generation must not take the slot off the directory
+    forget = SCRIPTS.joinpath("inbox_forget_slot.lua").read_text()
+    shard = inbox.shard(key)
+    assert await inbox.raw.eval(forget, 1, shard, inbox.slot(key), taken) == 0
+    assert await inbox.listed(key) not in (None, taken)
+    assert await inbox.state.inbox_ready() == [key]
+
+
+async def test_requeue_on_a_pruned_slot_lists_it_again_and_the_cli_shows_it(inbox: Inbox) -> None:
+    key = "slack:C1:poison"
+    await inbox.accept(key, 1)
+    await inbox.drain(key, dead="RuntimeError: boom")
+    assert await inbox.index.prune({inbox.slot(key)}) == 1
+    command = [sys.executable, "-m", "asynclock", "inbox", "--state", REDIS_CLUSTER.url]
+    command += ["--prefix", inbox.state.prefix]
+    listing = await _run(*command)
+    assert key in listing
+    assert "1" in listing.split(key, 1)[1].splitlines()[0]  # its one dead letter
+    assert await _run(*command, "requeue", key) == f"requeued 1 dead letter(s) of {key!r}\n"
+    assert await inbox.listed(key) is not None
+    assert await inbox.state.inbox_ready() == [key]
+    [info] = await inbox.state.inbox_keys()
+    assert (info.key, info.pending, info.dead) == (key, 1, 0)
+
+
+async def test_a_claim_outside_the_keys_slot_still_dedupes(inbox: Inbox) -> None:
+    # A key starting with a brace: its claim name has another hash tag (see RedisState.lock_key)
+    key = "}brace"
+    lock_key = inbox.state.lock_key(key)
+    claims = [f"event:{{{key}}}:slack:m{n}" for n in range(2)]  # as _claim.py names them
+    assert key_slot((inbox.state.prefix + claims[0]).encode()) != key_slot(lock_key.encode())
+
+    async def accept(claim: str) -> str:
+        reply = await inbox.state.inbox_accept(
+            key, "{}", claim=claim, claim_ttl=60.0, max_pending=1
+        )
+        return reply.status
+
+    assert await accept(claims[0]) == "accepted"
+    assert await accept(claims[0]) == "duplicate"
+    # refused as full: its claim is not kept, so the platform's redelivery is accepted later
+    assert await accept(claims[1]) == "full"
+    assert await inbox.raw.exists(inbox.state.prefix + claims[1]) == 0
+    await inbox.drain(key)
+    assert await accept(claims[1]) == "accepted"
+
+
+async def test_the_wake_up_subscription_comes_back_after_its_connection_is_killed(
+    inbox: Inbox,
+) -> None:
+    # Only this state's own subscriber connection is killed (the cluster is shared): by the
+    # client address it has on the master it subscribed on.
+    async with inbox.state.inbox_watch() as watch:
+        subscriber = inbox.index.wake_subscriber()
+        conn, address = subscriber._conn, inbox.index._subscribed_at
+        assert conn is not None
+        assert address is not None
+        host, port = conn._writer.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
+        watch.reset()
+        master = node_client(*address)
+        try:
+            assert await master.client_kill(f"{host}:{port}")
+        finally:
+            await master.aclose()
+        # the subscriber reconnects, subscribes again, and wakes its watchers to rescan
+        assert await watch.wait(5.0)
+        await _eventually(lambda: subscriber._conn not in (None, conn))
+        watch.reset()
+        assert await inbox.accept("slack:C1:after-kill") == "accepted"
+        assert await watch.wait(5.0)  # an accept on any master is heard again
+
+
+async def _eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "still not true"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_unreachable_cluster_is_unavailable_to_the_inbox() -> None:
+    async with state_from_url(
+        "redis+cluster://127.0.0.1:1", connect_timeout=1.0, op_timeout=2.0
+    ) as state:
+        assert isinstance(state, RedisState)
+        with pytest.raises(StateUnavailableError):
+            await state.inbox_ready()
+        with pytest.raises(StateUnavailableError):
+            await state.inbox_accept("k", "{}", claim=None, claim_ttl=5.0, max_pending=5)
+        with pytest.raises(StateUnavailableError):
+            await state.inbox_requeue("k")
+        with pytest.raises(StateUnavailableError):
+            async with state.inbox_watch():
+                pass
+
+
+async def _run(*command: str) -> str:
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    return out.decode()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
