@@ -92,7 +92,16 @@ def decode(payload: str) -> Event:
 class Drainer:
     """One ``serve()``: finds the keys with work and drains each in a task of its own."""
 
-    __slots__ = ("_handlers", "_inbox", "_keys", "_lock_ttl", "_max_attempts", "_record", "_state")
+    __slots__ = (
+        "_handlers",
+        "_inbox",
+        "_keys",
+        "_lock_ttl",
+        "_max_attempts",
+        "_observe",
+        "_record",
+        "_state",
+    )
 
     def __init__(
         self,
@@ -103,6 +112,7 @@ class Drainer:
         lock_ttl: float,
         max_attempts: int,
         record: Recorder,
+        observe: Callable[[str, float], None],
     ) -> None:
         self._state = state
         self._inbox = inbox
@@ -110,6 +120,8 @@ class Drainer:
         self._lock_ttl = lock_ttl
         self._max_attempts = max_attempts
         self._record = record
+        #: told how long each successful handling of a key took (the dispatcher's estimates)
+        self._observe = observe
         self._keys: dict[str, asyncio.Task[None]] = {}
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -180,6 +192,7 @@ class Drainer:
         if _metrics._sink is not None:
             _metrics.report("inbox_entry", key, entry.pending, entry.age)
         ctx = HandlerContext(key, lock.token, attempt=entry.attempt)
+        began = asyncio.get_running_loop().time()
         try:
             await call_all(self._handlers.for_type(event.type), event, ctx)
         except Exception as error:  # noqa: BLE001 - a handler's failure is an outcome
@@ -203,6 +216,7 @@ class Drainer:
                 },
             )
             return entry.id, text
+        self._observe(key, asyncio.get_running_loop().time() - began)
         await self._record(event, Outcome.HANDLED, key, None)
         return entry.id, None
 
