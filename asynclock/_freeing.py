@@ -7,7 +7,8 @@ it runs: a dispatch's handlers, an inbox entry's), and hands each retry it promi
 *slot* after the ones it promised before on that key: the queue of retries ahead of it. Slots are
 at least :data:`SLOT` apart (HTTP's ``Retry-After`` is whole seconds, so closer slots would land
 in the same second), carry a random jitter (other processes promise slots of their own), and
-never reach past the cap (the lock's TTL: a holder that dies frees the key by then).
+never reach past the cap (the lock's TTL: a holder that dies frees the key by then); retries
+beyond the last slot that fits are spread at random over the cap.
 
 Invariants: memory is bounded (:data:`MAX_KEYS` keys, least recently used forgotten first);
 nothing here awaits or touches the state.
@@ -69,16 +70,17 @@ class FreeingEstimate:
 
         The first retry promised for a key that is free of promises comes one handling time
         (at least :data:`SLOT`) from now; each further one a slot after the previous promise.
-        Jitter (up to half a slot) spreads the retries of processes that promise alike. At most
-        ``cap`` and at least 0.
+        Jitter (up to half a slot) spreads the retries of processes that promise alike. A slot
+        past ``cap`` is not promised: more retries are queued than the cap lets us space out,
+        so that one lands at random within ``cap`` (at least 0).
         """
         now = self._clock()
         spacing = max(self.handling(key), SLOT)
-        last = self._slots.pop(key, now)
-        slot = max(last, now) + spacing
-        if slot - now < cap:  # a promise past the cap is not one: the next retry starts over
-            self._slots[key] = slot
-            _trim(self._slots)
+        slot = max(self._slots.pop(key, now), now) + spacing
+        if slot - now >= cap:
+            return random.uniform(min(spacing, cap), cap)
+        self._slots[key] = slot
+        _trim(self._slots)
         jitter = random.uniform(0.0, spacing / 2)
         return max(0.0, min(slot - now + jitter, cap))
 

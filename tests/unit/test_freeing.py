@@ -52,14 +52,19 @@ def test_the_average_moves_towards_new_handlings() -> None:
     assert 1.0 < estimate.handling("k") < 11.0
 
 
-def test_capped_by_the_ttl_and_a_promise_past_it_starts_over() -> None:
+def test_capped_by_the_ttl_and_retries_past_the_last_slot_spread_over_it() -> None:
     clock = Clock()
     estimate = estimate_at(clock)
     estimate.observe("k", 4.0)
-    waits = [estimate.retry_after("k", cap=10.0) for _ in range(4)]
+    waits = [estimate.retry_after("k", cap=10.0) for _ in range(40)]
     assert all(w <= 10.0 for w in waits), waits
-    assert waits[2] == 10.0  # the third slot (12 s) is past the cap
-    assert 4.0 <= waits[3] <= 6.0  # not promised: the chain starts over
+    assert 4.0 <= waits[0] <= 6.0
+    assert 8.0 <= waits[1] <= 10.0
+    beyond = waits[2:]  # the third slot (12 s) is past the cap: anywhere in [4, 10]
+    assert all(4.0 <= w <= 10.0 for w in beyond), beyond
+    assert len({round(w, 3) for w in beyond}) > 30  # spread, not all on the cap
+    clock.now += 20.0  # the promises are over: a new burst starts at one handling again
+    assert 4.0 <= estimate.retry_after("k", cap=10.0) <= 6.0
 
 
 def test_promises_in_the_past_are_not_queued_behind() -> None:
