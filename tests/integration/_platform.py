@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from tests._matrix import REDIS, purge_namespace
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
@@ -138,18 +140,12 @@ class Deployment:
     port: int
     processes: list[subprocess.Popen[bytes]]
     journal: Path
+    #: the pids that answered ``GET /stats`` (its ``worker`` id ends with the pid)
+    serving: set[int] = field(default_factory=set)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def workers(self) -> list[int]:
-        """The pids serving requests now (uvicorn's worker children, or the aiohttp processes)."""
-        if self.kind == "aiohttp":
-            return [p.pid for p in self.processes if p.poll() is None]
-        parent = self.processes[0].pid
-        children = Path(f"/proc/{parent}/task/{parent}/children")
-        return [int(pid) for pid in children.read_text().split()] if children.exists() else []
 
     def handled(self) -> list[str]:
         """Every message id the handlers finished, across every process, dead ones included."""
@@ -190,7 +186,8 @@ async def deployed(
     processes = _start(commands, env)
     deployment = Deployment(kind, port, processes, journal)
     try:
-        await every_worker_answers(deployment, workers)
+        seen = await every_worker_answers(deployment, workers)
+        deployment.serving = {int(worker.rsplit(":", 1)[1]) for worker in seen}
         yield deployment
     finally:
         await asyncio.to_thread(_stop, processes)
@@ -313,13 +310,17 @@ async def run_scenario(
 
 
 async def kill_mid_burst(deployment: Deployment, events: int) -> int:
-    """Once a fifth of the events were handled, ``kill -9`` one worker (its pid is returned)."""
+    """``kill -9`` a worker once the first events are handled (its pid is returned).
+
+    The first events of every thread are handled at once, each in one of the workers, so the
+    victim dies with handlers running and deliveries unanswered.
+    """
     deadline = time.monotonic() + 30.0
-    while len(deployment.handled()) < events // 5:
+    while len(deployment.handled()) < max(1, events // 50):
         if time.monotonic() > deadline:
             raise AssertionError(f"no burst under way: {len(deployment.handled())} handled")
         await asyncio.sleep(0.01)
-    victim = random.choice(deployment.workers())
+    victim = random.choice(sorted(deployment.serving))
     os.kill(victim, signal.SIGKILL)
     return victim
 
@@ -335,7 +336,7 @@ def settings_for(route: str, policy: str, lock_ttl: float, delay: float) -> dict
 
 
 def main() -> None:
-    """Run one scenario against the local Redis and print its row as JSON."""
+    """Run one scenario against the test Redis (a namespace of its own) and print its row."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=("fastapi", "aiohttp"), default="fastapi")
     parser.add_argument("--route", choices=("durable", "sync", "background"), default="durable")
@@ -346,18 +347,22 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.5)
     parser.add_argument("--lock-ttl", type=float, default=30.0)
     parser.add_argument("--settle", type=float, default=90.0)
-    parser.add_argument("--state", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
+    namespace = uuid.uuid4().hex
     settings = {
         **settings_for(args.route, args.policy, args.lock_ttl, args.delay),
-        "ASYNCLOCK_STATE_URL": args.state,
-        "ASYNCLOCK_PREFIX": f"asynclock-platform:{uuid.uuid4().hex}:",
+        "ASYNCLOCK_STATE_URL": REDIS.url,
+        "ASYNCLOCK_PREFIX": str(REDIS.options(namespace)["prefix"]),
     }
     load = Load(args.threads, args.messages)
-    result = asyncio.run(
-        run_scenario(args.kind, settings, load, kill=args.kill, settle=args.settle)
-    )
-    print(json.dumps(result.row()))
+
+    async def measure() -> Result:
+        try:
+            return await run_scenario(args.kind, settings, load, kill=args.kill, settle=args.settle)
+        finally:
+            await purge_namespace(REDIS, namespace)
+
+    print(json.dumps(asyncio.run(measure()).row()))
 
 
 if __name__ == "__main__":
