@@ -363,6 +363,13 @@ class EventDispatcher:
     def _retry_after(self, lock_key: str) -> float:
         return self._freeing.retry_after(lock_key, cap=self._lock_ttl)
 
+    def _note_holder(self, lock_key: str, left: float | None) -> None:
+        """The busy key's holder has ``left`` seconds on its lock (``None``: unknown)."""
+        # a live holder renews every lock_ttl/3, so it never has under 2/3 of it left for long:
+        # less than half means it stopped (killed, stuck), and the key frees only at the lapse
+        if left is not None and left < self._lock_ttl / 2:
+            self._freeing.stalled(lock_key, left)
+
     async def _dispatch_event(self, event: Event, *, submitted: bool) -> Outcome:
         started = asyncio.get_running_loop().time()
         try:
@@ -472,6 +479,7 @@ class EventDispatcher:
             await finish_despite_cancellation(lock._leave_place())
             raise
         if policy == "drop":
+            self._note_holder(lock_key, lock.retry_after)
             return Outcome.DROPPED
         if policy in ("force", "concurrent"):
             await call_all(handlers, event, HandlerContext(lock_key, forced=True))

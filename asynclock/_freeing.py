@@ -42,11 +42,13 @@ class FreeingEstimate:
         True
     """
 
-    __slots__ = ("_clock", "_handling", "_overall", "_slots")
+    __slots__ = ("_clock", "_handling", "_lapses", "_overall", "_slots")
 
     def __init__(self) -> None:
         self._handling: OrderedDict[str, float] = OrderedDict()
         self._slots: OrderedDict[str, float] = OrderedDict()
+        #: per key, when the lock of a holder that stopped renewing it lapses (clock time)
+        self._lapses: OrderedDict[str, float] = OrderedDict()
         self._overall: float | None = None
         self._clock = time.monotonic
 
@@ -57,6 +59,15 @@ class FreeingEstimate:
         self._handling[key] = seconds if previous is None else _blend(previous, seconds)
         _trim(self._handling)
         self._overall = seconds if self._overall is None else _blend(self._overall, seconds)
+
+    def stalled(self, key: str, lapses_in: float) -> None:
+        """``key``'s holder stopped renewing its lock (dead or stuck): it lapses in ``lapses_in``.
+
+        No retry promised for ``key`` comes before that: one that does finds the key still busy.
+        """
+        self._lapses.pop(key, None)
+        self._lapses[key] = self._clock() + max(lapses_in, 0.0)
+        _trim(self._lapses)
 
     def handling(self, key: str) -> float:
         """The average handling time of ``key`` seen here (of any key, before one of ``key``)."""
@@ -69,7 +80,8 @@ class FreeingEstimate:
         """Seconds after which a retry on busy ``key`` should come; promises it the next slot.
 
         The first retry promised for a key that is free of promises comes one handling time
-        (at least :data:`SLOT`) from now; each further one a slot after the previous promise.
+        (at least :data:`SLOT`) from now, or when a stalled holder's lock lapses (:meth:`stalled`)
+        if that is later; each further one a slot after the previous promise.
         Jitter (up to half a slot) spreads the retries of processes that promise alike. A slot
         past ``cap`` is not promised: more retries are queued than the cap lets us space out,
         so that one lands at random within ``cap`` (at least 0).
@@ -77,6 +89,12 @@ class FreeingEstimate:
         now = self._clock()
         spacing = max(self.handling(key), SLOT)
         slot = max(self._slots.pop(key, now), now) + spacing
+        lapse = self._lapses.get(key)
+        if lapse is not None:
+            if lapse > now:
+                slot = max(slot, lapse)
+            else:
+                del self._lapses[key]
         if slot - now >= cap:
             return random.uniform(min(spacing, cap), cap)
         self._slots[key] = slot

@@ -21,7 +21,7 @@ from asynclock.state import DedupeReading
 from asynclock.state._protocol import InboxState
 from tests import _dispatch_workers
 from tests._dispatch_workers import event_of
-from tests.conformance.test_dispatcher import Gate, bot_with, ev, hold_key, soon
+from tests.conformance.test_dispatcher import KEY, Gate, bot_with, ev, hold_key, soon
 
 if TYPE_CHECKING:
     from asynclock import Event, State
@@ -103,6 +103,16 @@ class TestDeliver:
         assert waits[0] < 2.0
         gate.open()
         await soon(holder)
+
+    async def test_a_holder_that_stopped_renewing_is_waited_out(self, state: State) -> None:
+        # a dead worker's lock: 4 s left of its TTL and nobody renews it (a live holder of a
+        # 10 s lock renews every 3.3 s). Retrying before it lapses would only be dropped again
+        await state.acquire(KEY, "a-dead-worker", 4.0)
+        bot = bot_with(state, lambda e: None, lock_ttl=10.0)
+        dropped = await bot.deliver(ev("m1"))
+        assert dropped.outcome is Outcome.DROPPED
+        assert dropped.retry_after is not None
+        assert 3.0 <= dropped.retry_after <= 4.0 + 0.5, dropped
 
     async def test_failed_asks_for_a_redelivery_on_the_platforms_schedule(
         self, state: State

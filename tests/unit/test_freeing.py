@@ -84,3 +84,17 @@ def test_memory_is_bounded() -> None:
     assert len(estimate._handling) == _freeing.MAX_KEYS
     assert len(estimate._slots) == _freeing.MAX_KEYS
     assert "k0" not in estimate._handling  # the least recently used went first
+
+
+def test_no_retry_is_promised_before_a_stalled_holders_lock_lapses() -> None:
+    clock = Clock()
+    estimate = estimate_at(clock)
+    estimate.observe("k", 0.5)
+    estimate.stalled("k", 7.0)  # a dead worker's lock: 7 s left, nobody renews it
+    waits = [estimate.retry_after("k", cap=30.0) for _ in range(3)]
+    assert 7.0 <= waits[0] <= 7.5, waits
+    assert 8.0 <= waits[1] <= 8.5, waits  # then one slot after the other
+    assert 9.0 <= waits[2] <= 9.5, waits
+    clock.now += 60.0  # lapsed long ago: forgotten
+    assert 1.0 <= estimate.retry_after("k", cap=30.0) <= 1.5
+    assert "k" not in estimate._lapses
