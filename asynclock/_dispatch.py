@@ -28,6 +28,7 @@ from asynclock._grant import granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all
 from asynclock._inbox import Drainer, encode
 from asynclock._lock import AsyncLock
+from asynclock._slots import RetrySlots
 from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock.state._protocol import ClaimingState, DedupeReading, InboxState, State
 
@@ -139,6 +140,7 @@ class EventDispatcher:
         "_queue_timeout",
         "_raise_errors",
         "_scope",
+        "_slots",
         "_state",
         "_stats",
         "_stopping",
@@ -188,6 +190,7 @@ class EventDispatcher:
         # remaining time alone tells it from an in-progress claim (see deliver())
         self._done_ttl = self._dedupe_ttl + self._lock_ttl
         self._freeing = FreeingEstimate()
+        self._slots = RetrySlots(state)
         self._claiming = isinstance(self._state, ClaimingState)
         self._scope = lock_scope
         debounce_seconds = check_seconds(debounce, "debounce", allow_zero=True)
@@ -344,7 +347,7 @@ class EventDispatcher:
             raise TypeError(f"deliver() takes an Event, got {type(event).__name__}")
         outcome = await self._dispatch_event(event, submitted=False)
         if outcome is Outcome.DROPPED:
-            return Delivery(outcome, retry_after=self._retry_after(self.lock_key(event)))
+            return Delivery(outcome, retry_after=await self._promise_retry(self.lock_key(event)))
         if outcome is not Outcome.DUPLICATE or not isinstance(self._state, DedupeReading):
             return Delivery(outcome)
         lock_key = self.lock_key(event)
@@ -353,7 +356,8 @@ class EventDispatcher:
             return Delivery(outcome)
         remaining = await self._state.dedupe_remaining(claim.key)
         if remaining is None:  # forgotten (not handled) or lapsed since: redeliver when it frees
-            return Delivery(outcome, in_progress=True, retry_after=self._retry_after(lock_key))
+            retry_after = await self._promise_retry(lock_key)
+            return Delivery(outcome, in_progress=True, retry_after=retry_after)
         if remaining > self._lock_ttl:
             return Delivery(outcome)  # done: only a done record outlives a lease
         # just past the lapse, so the redelivery finds the claim gone; jittered, so the retries
@@ -362,6 +366,16 @@ class EventDispatcher:
 
     def _retry_after(self, lock_key: str) -> float:
         return self._freeing.retry_after(lock_key, cap=self._lock_ttl)
+
+    async def _promise_retry(self, lock_key: str) -> float:
+        """When a retry on busy ``lock_key`` should come: this process's estimate, made a slot
+        that no other worker promises (claimed in the state) when one is free within the cap."""
+        estimate = self._retry_after(lock_key)
+        claimed = await self._slots.claim(lock_key, estimate, cap=self._lock_ttl)
+        if claimed is None:
+            return estimate
+        self._freeing.promised(lock_key, claimed)
+        return claimed
 
     def _note_holder(self, lock_key: str, left: float | None) -> None:
         """The busy key's holder has ``left`` seconds on its lock (``None``: unknown)."""

@@ -69,6 +69,15 @@ class FreeingEstimate:
         self._lapses[key] = self._clock() + max(lapses_in, 0.0)
         _trim(self._lapses)
 
+    def promised(self, key: str, after: float) -> None:
+        """A retry on ``key`` was promised ``after`` seconds from now (a slot claimed elsewhere):
+        the next promise comes a slot after it, if that is later than the chain says."""
+        at = self._clock() + after
+        if at > self._slots.get(key, at - 1.0):
+            self._slots.pop(key, None)
+            self._slots[key] = at
+            _trim(self._slots)
+
     def handling(self, key: str) -> float:
         """The average handling time of ``key`` seen here (of any key, before one of ``key``)."""
         seen = self._handling.get(key)
