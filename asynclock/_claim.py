@@ -20,6 +20,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from asynclock._errors import StateUnavailableError
+from asynclock._timers import call_later
 from asynclock._validate import check_key
 
 if TYPE_CHECKING:
@@ -35,11 +36,11 @@ logger = logging.getLogger("asynclock")
 class LeaseKeeper:
     """Renews an *in progress* dedupe claim every ``lease/3`` seconds until :meth:`stop`.
 
-    Lazy: nothing but a timer exists until the first renewal is due, so work shorter than
-    ``lease/3`` costs no task and no round trip. Invariant: once :meth:`stop` has returned, no
-    renewal is on the wire and none will be sent, so the caller's next write to the record
-    (*done* with the full TTL, or forget) is the last one; a renewal is never cancelled
-    mid-flight, because it could then land after that write and undo it.
+    Lazy: nothing but a cheap timer (:mod:`asynclock._timers`) exists until the first renewal
+    is due, so work shorter than ``lease/3`` costs no task and no round trip. Invariant: once
+    :meth:`stop` has returned, no renewal is on the wire and none will be sent, so the caller's
+    next write to the record (*done* with the full TTL, or forget) is the last one; a renewal
+    is never cancelled mid-flight, because it could then land after that write and undo it.
     """
 
     __slots__ = ("_handle", "_lease", "_renewing", "_state", "_stopped", "_task", "key")
@@ -51,7 +52,7 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         self._renewing = False
         self._stopped = False
-        self._handle = asyncio.get_running_loop().call_later(lease / 3, self._start)
+        self._handle = call_later(lease / 3, self._start)
 
     def _start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(

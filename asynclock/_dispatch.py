@@ -273,8 +273,25 @@ class EventDispatcher:
         if _metrics._sink is not None and started is not None:
             duration = asyncio.get_running_loop().time() - started
             _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
+        level = _LEVELS[outcome]
+        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of _record
+            self._log(event, outcome, lock_key, level, error)
+        hook = self._on_outcome
+        if hook is not None:
+            try:
+                result = hook(event, outcome, error)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                logger.exception("asynclock: the on_outcome hook failed")
+        return outcome
+
+    @staticmethod
+    def _log(
+        event: Event, outcome: Outcome, lock_key: str, level: int, error: BaseException | None
+    ) -> None:
         logger.log(
-            _LEVELS[outcome],
+            level,
             "asynclock: event %s %s/%s/%s message=%s -> %s%s",
             event.type,
             event.adapter,
@@ -295,15 +312,6 @@ class EventDispatcher:
                 "outcome": outcome.value,
             },
         )
-        hook = self._on_outcome
-        if hook is not None:
-            try:
-                result = hook(event, outcome, error)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                logger.exception("asynclock: the on_outcome hook failed")
-        return outcome
 
     # -- dispatch -----------------------------------------------------------------------------
 

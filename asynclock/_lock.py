@@ -17,10 +17,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, final
 
-import anyio
-
 from asynclock import metrics as _metrics
-from asynclock._cancel import finish_despite_cancellation, run_in_background
+from asynclock._cancel import BodyCanceller, finish_despite_cancellation, run_in_background
 from asynclock._errors import (
     LockAcquisitionError,
     LockLostError,
@@ -114,6 +112,7 @@ class AsyncLock:
         "__weakref__",
         "_auto_renew",
         "_blocking",
+        "_body",
         "_busy",
         "_contended",
         "_first_attempt",
@@ -130,7 +129,6 @@ class AsyncLock:
         "_release_with",
         "_renewer",
         "_retry_after",
-        "_scope",
         "_state",
         "_task",
         "_ticket",
@@ -176,7 +174,7 @@ class AsyncLock:
         self._lost = False
         self._retry_after: float | None = None
         self._renewer: Renewer | None = None
-        self._scope: anyio.CancelScope | None = None
+        self._body: BodyCanceller | None = None
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -721,11 +719,9 @@ class AsyncLock:
         return self
 
     def _start_holding(self) -> None:
-        """The body begins: start renewing (``auto_renew``) under a scope it can cancel."""
+        """The body begins: start renewing (``auto_renew``), able to cancel the body."""
         if self._auto_renew and not self._granted:
-            scope = anyio.CancelScope()
-            scope.__enter__()
-            self._scope = scope
+            self._body = BodyCanceller()
             assert self._ticket is not None
             self._renewer = Renewer(
                 self._state, self._key, self._ticket, self._ttl, self._max_lifetime, self._on_lost
@@ -741,8 +737,8 @@ class AsyncLock:
             reason,
             extra={"lock_key": self._key, "owner": self._owner},
         )
-        if self._scope is not None:
-            self._scope.cancel()
+        if self._body is not None:
+            self._body.cancel()
 
     async def __aexit__(
         self,
@@ -757,10 +753,9 @@ class AsyncLock:
         if self._renewer is not None:
             self._renewer.stop()
             self._renewer = None
-        # Leave the cancel scope before awaiting anything: a cancelled scope would cancel the
-        # release too (anyio cancellation is level-triggered).
-        scope, self._scope = self._scope, None
-        swallowed = bool(scope.__exit__(exc_type, exc, tb)) if scope is not None else False
+        # Stop cancelling the body before awaiting anything: the release must not be cancelled.
+        body, self._body = self._body, None
+        swallowed = body.leave(exc_type) if body is not None else False
         ticket, line = self._ticket, self._line
         if self._token is not None and ticket is not None and line is not None:
             try:

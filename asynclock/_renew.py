@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from asynclock import metrics as _metrics
 from asynclock._compat import deadline_at
 from asynclock._errors import StateUnavailableError
+from asynclock._timers import Timer, call_later
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 class Renewer:
     """Extends a held lock every ``ttl/3`` until stopped; reports a loss through ``on_lost``.
+
+    Starts its task only when the first renewal is due (see :mod:`asynclock._timers`).
 
     Invariants: renewals never push the lock past ``max_lifetime`` seconds after the renewer
     started; a renewal that cannot reach the state is retried (sooner) until the lock's expected
@@ -53,19 +56,33 @@ class Renewer:
         self._ttl = ttl
         self._max_lifetime = max_lifetime
         self._on_lost = on_lost
+        self._started = asyncio.get_running_loop().time()
+        self._task: asyncio.Task[None] | None = None
+        # Lazy: nothing but a cheap timer exists until the first renewal (or the max_lifetime
+        # cap) is due, so a body shorter than ttl/3 costs no task, which is nearly every one.
+        first = ttl / 3 if max_lifetime is None else min(ttl / 3, max_lifetime)
+        self._timer: Timer | None = call_later(first, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
         self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"asynclock-renew {key!r}"
+            self._run(), name=f"asynclock-renew {self._key!r}"
         )
 
     def stop(self) -> None:
         """Stop renewing (the lock is being released)."""
-        self._task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            self._task.cancel()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self._ttl / 3
-        end_of_life = loop.time() + self._max_lifetime if self._max_lifetime is not None else None
-        next_at = loop.time() + interval
+        started = self._started
+        end_of_life = started + self._max_lifetime if self._max_lifetime is not None else None
+        next_at = started + interval
         while True:
             now = loop.time()
             if end_of_life is not None and end_of_life <= next_at:

@@ -46,10 +46,14 @@ def check_seconds(
     Rejects booleans, non-numbers, NaN, infinity and negatives (and zero unless ``allow_zero``),
     with a message that names the parameter, the bad value and, when given, the key.
     """
-    where = f" (key {key!r})" if key is not None else ""
+    # the common cases first: every lock operation checks its durations on its hot path
     if value is None:
         if allow_none:
             return None
+    elif type(value) is float and 0.0 < value < math.inf:
+        return value
+    where = f" (key {key!r})" if key is not None else ""
+    if value is None:
         raise TypeError(f"{name} must be a number of seconds, got None{where}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
@@ -71,6 +75,8 @@ MAX_TTL = 1e10
 
 def check_ttl(value: object, name: str = "ttl", *, key: str | None = None) -> float:
     """A TTL: finite, > 0, at least one millisecond (the servers' resolution), at most MAX_TTL."""
+    if type(value) is float and 0.001 <= value <= MAX_TTL:
+        return value  # the common case, checked on every acquire
     seconds = check_seconds(value, name, key=key)
     assert seconds is not None
     where = f" (key {key!r})" if key is not None else ""

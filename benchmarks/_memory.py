@@ -1,4 +1,10 @@
-"""Scenario ``memory``: MemoryState AsyncLock against asyncio.Lock, in one process."""
+"""Scenario ``memory``: MemoryState AsyncLock against asyncio.Lock and anyio.Lock, in one process.
+
+``anyio.Lock`` is the anchor with checkpoint semantics: its ``acquire`` checkpoints (yields to
+the loop, cancellable) even on a free lock, as every asynclock operation does; its ``release``
+is a plain method. The second anyio row adds ``anyio.lowlevel.checkpoint()`` after the release,
+so that it makes the two checkpoints per pair asynclock's yield rule makes.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,9 @@ import gc
 import time
 from typing import Any
 
+import anyio
+import anyio.lowlevel
+
 from benchmarks._contend import Contender, analyze, contend
 from benchmarks._env import Asynclock, Config, StateLike, log, now_utc
 from benchmarks._report import Column, Rounds, Section, table
@@ -14,6 +23,8 @@ from benchmarks._stats import fmt_spread
 
 IDEAL = "asyncio.Lock (acquire + release)"
 IDEAL_CM = "asyncio.Lock (`async with`)"
+ANYIO = "anyio.Lock (acquire checkpoints, release does not)"
+ANYIO_2 = "anyio.Lock + `checkpoint()` after release (two checkpoints, as asynclock)"
 MEMORY = "**asynclock** AsyncLock (MemoryState, new object per pair)"
 MEMORY_CM = "**asynclock** `async with AsyncLock(...)` (MemoryState)"
 C_IDEAL = "asyncio.Lock, 16 tasks x 100 cycles"
@@ -37,6 +48,22 @@ async def _ideal_cm(n: int) -> None:
     for _ in range(n):
         async with lock:
             pass
+
+
+async def _anyio(n: int) -> None:
+    lock = anyio.Lock()
+    for _ in range(n):
+        await lock.acquire()
+        lock.release()
+
+
+async def _anyio_two_checkpoints(n: int) -> None:
+    lock = anyio.Lock()
+    checkpoint = anyio.lowlevel.checkpoint
+    for _ in range(n):
+        await lock.acquire()
+        lock.release()
+        await checkpoint()
 
 
 def _memory(api: Asynclock, state: StateLike, key: str) -> Any:
@@ -164,11 +191,17 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     n = 20000 if cfg.quick else 50000
     rounds_n = cfg.rounds_or(5, 3)
     solo, crowd = Rounds(), Rounds()
-    for name in (IDEAL, IDEAL_CM, MEMORY, MEMORY_CM):
+    for name in (IDEAL, IDEAL_CM, ANYIO, ANYIO_2, MEMORY, MEMORY_CM):
         solo.declare(name)
     for name in (C_IDEAL, C_MEMORY):
         crowd.declare(name)
-    loops: dict[str, Any] = {IDEAL: _ideal, IDEAL_CM: _ideal_cm}
+    anchors: dict[str, Any] = {
+        IDEAL: _ideal,
+        IDEAL_CM: _ideal_cm,
+        ANYIO: _anyio,
+        ANYIO_2: _anyio_two_checkpoints,
+    }
+    loops: dict[str, Any] = dict(anchors)
     contenders: dict[str, Contender] = {C_IDEAL: _IdealContender()}
     state: StateLike | None = None
     if isinstance(api, str):
@@ -188,7 +221,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             for name in (MEMORY, MEMORY_CM, C_MEMORY):
                 solo.skip(name, f"{type(exc).__name__}: {exc}")
                 crowd.skip(name, f"{type(exc).__name__}: {exc}")
-            loops = {IDEAL: _ideal, IDEAL_CM: _ideal_cm}
+            loops = dict(anchors)
             contenders = {C_IDEAL: _IdealContender()}
             log(f"memory: asynclock skipped: {exc!r}")
 
@@ -214,6 +247,10 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         for metrics in per_round.values():
             if IDEAL in per_round:
                 metrics["t_ideal"] = metrics["us_pair"] / per_round[IDEAL]["us_pair"]
+            if ANYIO in per_round:
+                metrics["t_anyio"] = metrics["us_pair"] / per_round[ANYIO]["us_pair"]
+            if ANYIO_2 in per_round:
+                metrics["t_anyio2"] = metrics["us_pair"] / per_round[ANYIO_2]["us_pair"]
         for name, metrics in per_round.items():
             solo.add(name, metrics)
         crowd_round: dict[str, dict[str, float]] = {}
@@ -260,6 +297,8 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         Column("µs per pair", "us_pair", 2),
         Column("CPU µs per pair", "cpu_us_pair", 2),
         Column("cost x asyncio.Lock", "t_ideal", 1),
+        Column("cost x anyio.Lock", "t_anyio", 2),
+        Column("cost x anyio.Lock + checkpoint", "t_anyio2", 2),
     ]
     crowd_cols = [
         Column("cycles/s", "cycles_s"),
@@ -274,7 +313,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     ]
     body = "\n".join(
         [
-            "## Memory: MemoryState against asyncio.Lock",
+            "## Memory: MemoryState against asyncio.Lock and anyio.Lock",
             "",
             (
                 f"Uncontended: one task, {n:,} pairs per variant and round, {rounds_n} rounds, "
@@ -317,6 +356,13 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         headlines.append(
             ("MemoryState AsyncLock cost ÷ asyncio.Lock, uncontended pair", fmt_spread(spread, 1))
         )
+        for metric, anchor in (("t_anyio", "anyio.Lock"), ("t_anyio2", "anyio.Lock + checkpoint")):
+            headlines.append(
+                (
+                    f"MemoryState AsyncLock cost ÷ {anchor}, uncontended pair",
+                    fmt_spread(solo.spread(MEMORY, metric), 2),
+                )
+            )
         us = solo.spread(MEMORY, "us_pair")
         headlines.append(("MemoryState AsyncLock µs per acquire+release", fmt_spread(us, 2)))
     else:

@@ -58,6 +58,11 @@ class _Inbox:
     next_id: int = 1
 
 
+#: the two answers of a release without handoff (immutable: shared rather than made per call)
+_RELEASED = Release(owned=True)
+_NOT_OWNED = Release(owned=False)
+
+
 @dataclass(slots=True)
 class _Held:
     owner: str
@@ -281,14 +286,13 @@ class MemoryState(ClosesOnExit):
     ) -> Release:
         held = self._live(key, now)
         if held is None or held.owner != owner:
-            return Release(owned=False)
-        loop_id = id(asyncio.get_running_loop())
-        if successor is not None and held.flagged_by in (0, loop_id):
+            return _NOT_OWNED
+        if successor is not None and held.flagged_by in (0, id(asyncio.get_running_loop())):
             assert ttl is not None
             return Release(True, self._grant(key, successor, now + ttl))
         del self._locks[key]
         self._notify(key)
-        return Release(owned=True)
+        return _RELEASED
 
     async def abandon(self, key: str, owner: str) -> None:
         """See :meth:`asynclock.state.State.abandon`.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -19,7 +18,7 @@ import pytest
 
 from examples import aiohttp_bot, fastapi_bot
 from examples._slack import Journal, Settings
-from tests._matrix import REDIS, purge_namespace, require
+from tests._matrix import REDIS
 from tests.integration._servers import bounded, serve_aiohttp, serve_fastapi
 
 if TYPE_CHECKING:
@@ -50,14 +49,6 @@ def slack(
     if thread is not None:
         event["thread_ts"] = thread
     return {"type": "event_callback", "event_id": f"Ev{ts.replace('.', '')}", "event": event}
-
-
-@pytest.fixture
-async def namespace() -> AsyncIterator[str]:
-    require(REDIS)
-    made = uuid.uuid4().hex
-    yield made
-    await purge_namespace(REDIS, made)
 
 
 class Launcher:

@@ -1,0 +1,106 @@
+"""Cheap one-shot timers for work that is nearly always cancelled before it is due.
+
+A lock renewal and a claim-lease renewal are due ``ttl / 3`` after a lock is taken, and almost
+every handler is done long before that: the timer is armed and cancelled once per event, and
+fires only for slow handlers. ``loop.call_later`` + ``cancel`` costs a heap push, a timer
+handle and (when the cancelled handles pile up) a heap rebuild every time; here arming and
+cancelling is a dict insert and delete.
+
+Timers of one event loop are kept in buckets by delay. Within a bucket every timer has the
+same delay, so they fall due in the order they were armed: the bucket is an insertion-ordered
+dict, and a single loop timer, armed for its oldest entry, fires the entries that are due and
+re-arms itself for the next. An emptied bucket keeps its loop timer until it fires (and is then
+dropped), so a key armed and cancelled in a tight loop schedules nothing new.
+
+Invariants: a callback runs at most once, never before its due time, in the loop the timer was
+armed in, and never after :meth:`Timer.cancel` returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["Timer", "call_later"]
+
+
+class Timer:
+    """One armed callback (see :func:`call_later`)."""
+
+    __slots__ = ("_bucket", "callback", "due")
+
+    def __init__(self, bucket: _Bucket, due: float, callback: Callable[[], None]) -> None:
+        self._bucket = bucket
+        self.due = due
+        self.callback = callback
+
+    def cancel(self) -> None:
+        """Disarm the timer (idempotent; a timer that fired already stays fired)."""
+        self._bucket.entries.pop(self, None)
+
+
+class _Bucket:
+    """The timers of one loop with one delay, oldest first, and the loop timer for the head."""
+
+    __slots__ = ("_buckets", "_handle", "_loop", "delay", "entries")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, delay: float, buckets: dict[float, _Bucket]
+    ) -> None:
+        self._loop = loop
+        self.delay = delay
+        self._buckets = buckets
+        self.entries: dict[Timer, None] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self, callback: Callable[[], None]) -> Timer:
+        timer = Timer(self, self._loop.time() + self.delay, callback)
+        self.entries[timer] = None
+        if self._handle is None:
+            self._handle = self._loop.call_at(timer.due, self._fire)
+        return timer
+
+    def _fire(self) -> None:
+        self._handle = None
+        now = self._loop.time()
+        entries = self.entries
+        while entries:
+            timer = next(iter(entries))
+            if timer.due > now:
+                self._handle = self._loop.call_at(timer.due, self._fire)
+                return
+            del entries[timer]
+            try:
+                timer.callback()
+            except Exception as exc:  # noqa: BLE001 - as a loop callback's error: reported, not fatal
+                self._loop.call_exception_handler(
+                    {"message": "asynclock timer callback failed", "exception": exc}
+                )
+        # nothing left: forget the bucket, so delays used once do not accumulate
+        if self._buckets.get(self.delay) is self:
+            del self._buckets[self.delay]
+
+
+_buckets_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, _Bucket]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def call_later(delay: float, callback: Callable[[], None]) -> Timer:
+    """Run ``callback()`` in the running loop ``delay`` seconds from now, unless cancelled.
+
+    Like ``loop.call_later``, but cheap to arm and cancel; meant for a few distinct delays
+    (each delay has a bucket while any timer with it is armed).
+    """
+    loop = asyncio.get_running_loop()
+    buckets = _buckets_by_loop.get(loop)
+    if buckets is None:
+        buckets = _buckets_by_loop[loop] = {}
+    bucket = buckets.get(delay)
+    if bucket is None:
+        bucket = buckets[delay] = _Bucket(loop, delay, buckets)
+    return bucket.arm(callback)

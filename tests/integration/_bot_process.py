@@ -1,0 +1,61 @@
+"""One bot process of the cross-process tests: ``python -m tests.integration._bot_process KIND``.
+
+``KIND`` is ``slack`` (``examples.slack_bolt_bot``) or ``telegram`` (``examples.aiogram_bot``).
+Configured by the environment the test sets: ``BOT_STATE_URL``, ``BOT_PREFIX`` (the shared
+Redis namespace) and ``BOT_API_URL`` (the test's API stand-in), and for Slack ``BOT_SERVE`` (``0``: a web process
+that only stores and acknowledges, draining nothing). Serves on 127.0.0.1:<free
+port>, prints ``PORT <n>`` once it answers, and runs until SIGTERM, then shuts down cleanly
+(the app's cleanup drains what it holds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+
+def build(kind: str) -> web.Application:
+    url, prefix, api = (
+        os.environ["BOT_STATE_URL"],
+        os.environ["BOT_PREFIX"],
+        os.environ["BOT_API_URL"],
+    )
+    if kind == "slack":
+        from examples import slack_bolt_bot
+        from tests.integration._standins import BOT_TOKEN, SIGNING_SECRET
+
+        return slack_bolt_bot.create_app(
+            url,
+            prefix,
+            signing_secret=SIGNING_SECRET,
+            token=BOT_TOKEN,
+            api_url=api,
+            delay=0.02,
+            serve=os.environ.get("BOT_SERVE", "1") == "1",
+        )
+    from examples.aiogram_bot import create_app
+    from tests.integration._standins import TELEGRAM_TOKEN
+
+    return create_app(url, prefix, token=TELEGRAM_TOKEN, api_url=api, delay=0.02)
+
+
+async def main(kind: str) -> None:
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
+    runner = web.AppRunner(build(kind), handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(f"PORT {runner.addresses[0][1]}", flush=True)
+        await stopping.wait()
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

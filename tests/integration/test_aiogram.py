@@ -1,0 +1,126 @@
+"""asynclock.integrations.aiogram in a real aiogram ``Dispatcher`` behind its webhook, on Redis.
+
+The app is ``examples/aiogram_bot.py``: aiogram's ``SimpleRequestHandler`` on aiohttp, fed
+``Update`` JSON over HTTP; its ``Bot`` session points at the Telegram stand-in on loopback,
+which records every ``sendMessage``. Every wait is for a reply or an answer, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from asynclock import Outcome
+from examples import aiogram_bot
+from tests._matrix import REDIS
+from tests.integration._processes import bot_processes, deliver_each_twice, tally
+from tests.integration._standins import TELEGRAM_TOKEN, StandIn, serve_app, telegram_api
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from asynclock import EventDispatcher
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+
+PATH = aiogram_bot.WEBHOOK_PATH
+_update_ids = itertools.count(1000)
+
+
+def update(chat: int, text: str, *, update_id: int | None = None) -> dict[str, object]:
+    """A Telegram ``Update`` with a private-chat text message."""
+    number = next(_update_ids) if update_id is None else update_id
+    return {
+        "update_id": number,
+        "message": {
+            "message_id": number,
+            "date": 1700000000,
+            "chat": {"id": chat, "type": "private"},
+            "from": {"id": chat, "is_bot": False, "first_name": "u"},
+            "text": text,
+        },
+    }
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[StandIn]:
+    async with telegram_api() as standin:
+        yield standin
+
+
+@asynccontextmanager
+async def served(
+    prefix: str, api: StandIn, *, delay: float, background: bool
+) -> AsyncIterator[tuple[str, httpx.AsyncClient, EventDispatcher]]:
+    app = aiogram_bot.create_app(
+        REDIS.url,
+        prefix,
+        token=TELEGRAM_TOKEN,
+        api_url=api.url,
+        delay=delay,
+        handle_in_background=background,
+    )
+    async with serve_app(app) as url, httpx.AsyncClient(timeout=30.0) as client:
+        yield url + PATH, client, app[aiogram_bot.DISPATCHER]
+
+
+def replies(api: StandIn, chat: int) -> list[str]:
+    return [text.removeprefix("re: ") for text in api.recorder.texts(str(chat))]
+
+
+async def test_one_chat_in_order_other_chats_in_parallel(prefix: str, api: StandIn) -> None:
+    burst = 5
+    async with served(prefix, api, delay=0.1, background=True) as (url, client, bot):
+        # aiogram answers each update at once and handles it in the background: without the
+        # middleware, the burst's handlers would run at the same time
+        for n in range(burst):
+            answer = await client.post(url, json=update(1, f"a{n}"))
+            assert answer.status_code == 200
+        assert (await client.post(url, json=update(2, "b0"))).status_code == 200
+        await api.recorder.wait_for(lambda: len(api.recorder.replies) == burst + 1)
+        assert replies(api, 1) == [f"a{n}" for n in range(burst)]
+        # chat 2 did not wait for chat 1's burst (0.5 s of handlers, one at a time)
+        order = [r.text for r in api.recorder.replies]
+        assert order.index("re: b0") < order.index(f"re: a{burst - 1}")
+        assert bot.stats[Outcome.QUEUED] >= 1
+
+
+async def test_a_duplicate_update_is_never_answered_twice(prefix: str, api: StandIn) -> None:
+    async with served(prefix, api, delay=0.05, background=False) as (url, client, bot):
+        first = update(3, "once")
+        # Telegram's redelivery arriving while the first is being handled, and after
+        answers = await asyncio.gather(*(client.post(url, json=first) for _ in range(3)))
+        again = await client.post(url, json=first)
+        assert [a.status_code for a in (*answers, again)] == [200] * 4
+        await client.post(url, json=update(3, "next"))
+        assert replies(api, 3) == ["once", "next"]
+        assert bot.stats[Outcome.DUPLICATE] == 3
+
+
+@pytest.mark.processes
+async def test_two_processes_sharing_redis_lose_nothing_and_reply_once_in_order(
+    prefix: str, api: StandIn
+) -> None:
+    chats, per_chat = 4, 5
+    bodies = {(c, n): update(100 + c, f"{c}-{n}") for c in range(chats) for n in range(per_chat)}
+    async with (
+        bot_processes("telegram", 2, state_url=REDIS.url, prefix=prefix, api_url=api.url) as bots,
+        httpx.AsyncClient(timeout=30.0) as client,
+    ):
+
+        async def send(url: str, c: int, n: int, retry: int | None) -> int:
+            # a redelivery is the same update again (same update_id)
+            return (await client.post(url + PATH, json=bodies[c, n])).status_code
+
+        sent = await deliver_each_twice(bots.urls, chats, per_chat, send)
+        await api.recorder.wait_for(lambda: len(api.recorder.replies) >= sent)
+    expected = {str(100 + c): [f"{c}-{n}" for n in range(per_chat)] for c in range(chats)}
+    figures, got = tally(api.recorder, expected, redeliveries=sent)
+    print(f"telegram, 2 processes: {figures}")
+    assert got == expected
+    assert (figures.replies, figures.duplicates, figures.lost) == (sent, 0, 0)
