@@ -247,6 +247,11 @@ class EventDispatcher:
         return types.MappingProxyType(self._stats)
 
     @property
+    def on_lock_conflict(self) -> ConflictPolicy:
+        """The conflict policy, as given (a name, or the function asked per conflict)."""
+        return self._policy
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` was called (``submit`` then raises ``RuntimeError``)."""
         return self._closed
