@@ -93,19 +93,23 @@ class FreeingEstimate:
         if that is later; each further one a slot after the previous promise.
         Jitter (up to half a slot) spreads the retries of processes that promise alike. A slot
         past ``cap`` is not promised: more retries are queued than the cap lets us space out,
-        so that one lands at random within ``cap`` (at least 0).
+        so that one lands at random between one slot (or the stalled holder's lapse) and
+        ``cap``.
         """
         now = self._clock()
         spacing = max(self.handling(key), SLOT)
-        slot = max(self._slots.pop(key, now), now) + spacing
+        slot = max(self._slots.get(key, now), now) + spacing
+        earliest = spacing
         lapse = self._lapses.get(key)
         if lapse is not None:
             if lapse > now:
                 slot = max(slot, lapse)
+                earliest = max(earliest, lapse - now)
             else:
                 del self._lapses[key]
-        if slot - now >= cap:
-            return random.uniform(min(spacing, cap), cap)
+        if slot - now >= cap:  # the chain stays where it is: later promises land here too
+            return random.uniform(min(earliest, cap), cap)
+        self._slots.pop(key, None)
         self._slots[key] = slot
         _trim(self._slots)
         jitter = random.uniform(0.0, spacing / 2)

@@ -98,3 +98,10 @@ def test_no_retry_is_promised_before_a_stalled_holders_lock_lapses() -> None:
     clock.now += 60.0  # lapsed long ago: forgotten
     assert 1.0 <= estimate.retry_after("k", cap=30.0) <= 1.5
     assert "k" not in estimate._lapses
+
+
+def test_retries_past_the_cap_never_come_before_a_stalled_holders_lapse() -> None:
+    estimate = estimate_at(Clock())
+    estimate.stalled("k", 8.0)
+    waits = [estimate.retry_after("k", cap=10.0) for _ in range(20)]
+    assert all(8.0 <= w <= 10.0 for w in waits), waits
