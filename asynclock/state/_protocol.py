@@ -257,6 +257,24 @@ class ClaimingState(Protocol):
         ...
 
 
+@runtime_checkable
+class DedupeReading(Protocol):
+    """Optional capability: how long a dedupe record has left, in one read.
+
+    The dispatcher asks it only about a duplicate, to tell a claim still *in progress* (its
+    lease, at most ``lock_ttl``, is renewed while the first delivery runs) from a *done* record
+    (written for ``dedupe_ttl + lock_ttl``): an endpoint then answers an in-progress duplicate
+    with a retry, so a dead worker's event is redelivered once its lease lapses.
+    """
+
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """Seconds until the record of ``key`` expires (server clock); ``None`` when it has none.
+
+        One read; changes nothing. An expired record counts as absent.
+        """
+        ...
+
+
 class InboxEntry(NamedTuple):
     """The head of a key's inbox, as :meth:`InboxState.inbox_step` hands it to its drainer."""
 

@@ -294,6 +294,10 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         """Whether ``dedupe_add`` recorded the key."""
 
     @abc.abstractmethod
+    def _remaining(self, answer: R) -> float | None:
+        """``dedupe_remaining``'s answer: the live record's seconds left, or ``None``."""
+
+    @abc.abstractmethod
     def _deleted(self, answer: R) -> int:
         """How many rows a purge statement deleted."""
 
@@ -587,6 +591,12 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         ident, _ = self._ids(key)
         answer = await self._run("dedupe_forget", {"id": self._id_param(ident)}, idempotent=False)
         return self._matched(answer)
+
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """See :meth:`asynclock.state.DedupeReading.dedupe_remaining` (one read, server clock)."""
+        ident, _ = self._ids(key)
+        answer = await self._run("dedupe_remaining", {"id": self._id_param(ident)}, idempotent=True)
+        return self._remaining(answer)
 
     @contextlib.asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[WakeableWatch]:

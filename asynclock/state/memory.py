@@ -364,6 +364,14 @@ class MemoryState(ClosesOnExit):
             expires_at = self._dedupe.pop(key, None)
             return expires_at is not None and expires_at > self._clock()
 
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """See :meth:`asynclock.state.DedupeReading.dedupe_remaining`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            expires_at = self._dedupe.get(key)
+            now = self._clock()
+            return None if expires_at is None or expires_at <= now else expires_at - now
+
     async def forget_claimed(self, claim: str, owner: str) -> bool:
         """See :meth:`asynclock.state.ClaimingState.forget_claimed`."""
         await asyncio.sleep(0)

@@ -311,6 +311,13 @@ class MySQLState(SQLState[_Connection, str, _Result]):
     def _claimed(self, answer: _Result) -> bool:
         return answer[1] > 0
 
+    def _remaining(self, answer: _Result) -> float | None:
+        rows = answer[2]
+        if not rows:
+            return None
+        remaining_us = rows[0][0]
+        return max(int(remaining_us), 0) / 1e6 if isinstance(remaining_us, int) else 0.0
+
     def _deleted(self, answer: _Result) -> int:
         return answer[0]
 

@@ -136,6 +136,12 @@ ON DUPLICATE KEY UPDATE
     expires_at = IF(LAST_INSERT_ID() > 0,
                     UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND, expires_at)
 
+-- dedupe_remaining --
+-- The live record's microseconds left (an expired one counts as absent). One read.
+SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), expires_at)
+FROM {prefix}dedupe
+WHERE id = UNHEX(%(id)s) AND expires_at > UTC_TIMESTAMP(3)
+
 -- dedupe_forget --
 -- Delete the record if it is live (rowcount 1); an expired one is left to the purge. One DELETE.
 DELETE FROM {prefix}dedupe WHERE id = UNHEX(%(id)s) AND expires_at > UTC_TIMESTAMP(3)

@@ -277,6 +277,12 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
     def _claimed(self, answer: _Rows) -> bool:
         return bool(answer)
 
+    def _remaining(self, answer: _Rows) -> float | None:
+        if not answer:
+            return None
+        remaining = answer[0][0]
+        return float(remaining) if isinstance(remaining, float) else 0.0
+
     def _deleted(self, answer: _Rows) -> int:
         deleted = answer[0][0]
         assert isinstance(deleted, int)

@@ -162,6 +162,12 @@ WITH upd AS (
 )
 SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins
 
+-- dedupe_remaining --
+-- The live record's seconds left (an expired one counts as absent). One read.
+SELECT greatest(extract(epoch FROM expires_at - now()), 0)::float8
+FROM {prefix}dedupe
+WHERE id = %(id)s AND expires_at > now()
+
 -- dedupe_forget --
 -- Delete the record; a row returned means it was live (an expired one counts as absent). One
 -- DELETE.

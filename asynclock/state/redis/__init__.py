@@ -808,6 +808,13 @@ class RedisState(ClosesOnExit):
         """See :meth:`asynclock.state.State.dedupe_keep` (``dedupe_keep.lua``)."""
         await self._eval("dedupe_keep", (self._prefix + key,), ttl_ms(ttl), idempotent=True)
 
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """See :meth:`asynclock.state.DedupeReading.dedupe_remaining` (``PTTL``)."""
+        name = self._prefix + key
+        pttl = _as_int(await self._command(name, "PTTL", name))
+        # -2: no record; -1: a record without expiry (never written by asynclock): long-lived
+        return None if pttl == -2 else (float("inf") if pttl < 0 else pttl / 1000)
+
     async def forget_claimed(self, claim: str, owner: str) -> bool:
         """See :meth:`asynclock.state.ClaimingState.forget_claimed` (``forget_claim.lua``)."""
         return _as_int(await self._eval("forget_claim", (self._prefix + claim,), owner)) > 0
