@@ -583,7 +583,7 @@ class EventDispatcher:
         if not isinstance(self._state, InboxState):
             raise TypeError(
                 f"the durable inbox needs a state with the inbox capability (MemoryState, "
-                f"RedisState); {type(self._state).__name__} has none yet"
+                f"RedisState, PostgresState, MySQLState); {type(self._state).__name__} has none yet"
             )
         return self._state
 

@@ -95,8 +95,12 @@ STATES = [_param(b) for b in BACKENDS]
 SERVER_STATES = [_param(b) for b in SERVER_BACKENDS]
 #: Backends with the durable inbox (``InboxState``); the others refuse it with a clear error,
 #: which ``test_inbox.py`` checks on each of them.
-INBOX_BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS)
+INBOX_BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, POSTGRES)
 INBOX_STATES = [_param(b) for b in INBOX_BACKENDS]
+#: the inbox backends that several OS processes can share (``test_inbox_processes.py``)
+INBOX_SERVER_STATES = [_param(b) for b in INBOX_BACKENDS if b.server]
+#: the SQL states' inbox (``test_inbox_sql.py``)
+SQL_INBOX_STATES = [_param(b) for b in INBOX_BACKENDS if b in (POSTGRES, MYSQL)]
 NO_INBOX_STATES = [_param(b) for b in BACKENDS if b not in INBOX_BACKENDS]
 
 
@@ -213,8 +217,13 @@ async def _purge_cluster(backend: Backend, namespace: str) -> None:
         await cluster.aclose()
 
 
-#: the tables of the SQL states under their default ``table_prefix``
-SQL_TABLES = ("asynclock_locks", "asynclock_dedupe")
+#: the tables of the SQL states under their default ``table_prefix``, with a ``name`` column
+SQL_TABLES = ("asynclock_locks", "asynclock_dedupe", "asynclock_inboxes")
+#: the inbox entries go first, by the id of their key's inboxes row (they have no name)
+SQL_INBOX_ENTRIES = (
+    "DELETE FROM asynclock_inbox_entries WHERE inbox IN "
+    "(SELECT id FROM asynclock_inboxes WHERE name LIKE {})"
+)
 
 
 async def _purge_sql(backend: Backend, key_prefix: str) -> None:
@@ -226,9 +235,11 @@ async def _purge_sql(backend: Backend, key_prefix: str) -> None:
 
         conn = await asyncpg.connect(backend.url, timeout=10)
         try:
-            for table in SQL_TABLES:
+            statements = [SQL_INBOX_ENTRIES.format("$1")]
+            statements += [f"DELETE FROM {table} WHERE name LIKE $1" for table in SQL_TABLES]
+            for statement in statements:
                 with contextlib.suppress(asyncpg.UndefinedTableError):
-                    await conn.execute(f"DELETE FROM {table} WHERE name LIKE $1", pattern)
+                    await conn.execute(statement, pattern)
         finally:
             await conn.close()
         return
@@ -247,10 +258,12 @@ async def _purge_sql(backend: Backend, key_prefix: str) -> None:
     )
     try:
         async with mysql.cursor() as cursor:
-            for table in SQL_TABLES:
+            statements = [SQL_INBOX_ENTRIES.format("%s")]
+            statements += [f"DELETE FROM {table} WHERE name LIKE %s" for table in SQL_TABLES]
+            for statement in statements:
                 try:
-                    await cursor.execute(f"DELETE FROM {table} WHERE name LIKE %s", (pattern,))
-                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - two tables
+                    await cursor.execute(statement, (pattern,))
+                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - a few tables
                     if exc.args[0] != 1146:  # ER_NO_SUCH_TABLE
                         raise
     finally:

@@ -24,7 +24,7 @@ import pytest
 from redis.asyncio import Redis
 
 from asynclock import Event, EventDispatcher, Outcome, state_from_url
-from tests._matrix import REDIS, purge_namespace, require
+from tests._matrix import INBOX_SERVER_STATES, REDIS, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -39,7 +39,8 @@ pytestmark = [pytest.mark.processes, pytest.mark.redis, pytest.mark.timeout(180)
 class Fleet:
     """Worker processes over one namespace, and the effect store they write to."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, backend: Backend, namespace: str) -> None:
+        self.backend = backend
         self.prefix = f"asynclock-test:{namespace}:"
         self.namespace = namespace
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -50,7 +51,7 @@ class Fleet:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
-            "INBOX_TEST_URL": REDIS.url,
+            "INBOX_TEST_URL": self.backend.url,
             "INBOX_TEST_PREFIX": self.prefix,
             "INBOX_TEST_EFFECTS": REDIS.url,
             "PYTHONPATH": str(ROOT),
@@ -119,10 +120,12 @@ class Fleet:
         return codes
 
 
-@pytest.fixture
-async def fleet() -> AsyncIterator[Fleet]:
-    require(REDIS)
-    made = Fleet(uuid.uuid4().hex)
+@pytest.fixture(params=INBOX_SERVER_STATES)
+async def fleet(request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
+    backend: Backend = request.param
+    require(REDIS)  # the effect store
+    require(backend)
+    made = Fleet(backend, uuid.uuid4().hex)
     try:
         yield made
     finally:
@@ -132,6 +135,8 @@ async def fleet() -> AsyncIterator[Fleet]:
                 worker.wait()
         await made.effects.aclose()
         await purge_namespace(REDIS, made.namespace)
+        if backend is not REDIS:  # the state lives elsewhere too
+            await purge_namespace(backend, made.namespace)
         shutil.rmtree(made.folder, ignore_errors=True)
 
 
@@ -140,7 +145,7 @@ def event(key: int, seq: int) -> Event:
 
 
 async def accept_all(fleet: Fleet, events: list[Event]) -> None:
-    state = state_from_url(REDIS.url, prefix=fleet.prefix)
+    state = state_from_url(fleet.backend.url, prefix=fleet.prefix)
     try:
         bot = EventDispatcher(state, on_lock_conflict="queue")
 
@@ -199,7 +204,7 @@ async def test_three_workers_a_kill_9_mid_handler_and_a_new_one(fleet: Fleet) ->
     assert sorted(codes) == [-signal.SIGKILL, 0, 0, 0], codes
     # only entries the killed worker had in hand (at most one per key it was draining) ran twice
     assert doubles <= KEYS
-    state = state_from_url(REDIS.url, prefix=fleet.prefix)
+    state = state_from_url(fleet.backend.url, prefix=fleet.prefix)
     try:
         assert await state.inbox_ready() == []  # type: ignore[attr-defined]
     finally:
@@ -215,7 +220,7 @@ async def test_accepted_then_the_only_process_killed_a_fresh_worker_handles_all(
         "import asyncio, os, signal, sys\n"
         "from asynclock import Event, EventDispatcher, state_from_url\n"
         "async def main():\n"
-        f"    state = state_from_url({REDIS.url!r}, prefix={fleet.prefix!r})\n"
+        f"    state = state_from_url({fleet.backend.url!r}, prefix={fleet.prefix!r})\n"
         "    bot = EventDispatcher(state, on_lock_conflict='queue')\n"
         "    for n in range(50):\n"
         f"        await bot.accept(Event('message', 'slack', 'C1', f'T{{n % {KEYS}}}', "
