@@ -95,7 +95,7 @@ STATES = [_param(b) for b in BACKENDS]
 SERVER_STATES = [_param(b) for b in SERVER_BACKENDS]
 #: Backends with the durable inbox (``InboxState``); the others refuse it with a clear error,
 #: which ``test_inbox.py`` checks on each of them.
-INBOX_BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, POSTGRES)
+INBOX_BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, POSTGRES, MYSQL)
 INBOX_STATES = [_param(b) for b in INBOX_BACKENDS]
 #: the inbox backends that several OS processes can share (``test_inbox_processes.py``)
 INBOX_SERVER_STATES = [_param(b) for b in INBOX_BACKENDS if b.server]

@@ -9,11 +9,6 @@ import pytest
 from asynclock.state._sql import load_queries, load_schema, split_statements
 
 PACKAGES = ("asynclock.state.postgres", "asynclock.state.mysql")
-# the MySQL inbox follows in the next commit
-INBOX_PACKAGES = (
-    "asynclock.state.postgres",
-    pytest.param("asynclock.state.mysql", marks=pytest.mark.xfail(strict=True)),
-)
 QUERIES = {
     "acquire",
     "release",
@@ -46,7 +41,7 @@ def test_sql_files_load_from_the_package(package: str) -> None:
         assert text.startswith("--"), f"{package}/{name} must open with its contract comment"
 
 
-@pytest.mark.parametrize("package", INBOX_PACKAGES)
+@pytest.mark.parametrize("package", PACKAGES)
 def test_every_query_is_defined_and_described(package: str) -> None:
     queries = load_queries(package, "asynclock_")
     assert set(queries) == QUERIES
@@ -56,7 +51,7 @@ def test_every_query_is_defined_and_described(package: str) -> None:
         assert "asynclock_" in query.text
 
 
-@pytest.mark.parametrize("package", INBOX_PACKAGES)
+@pytest.mark.parametrize("package", PACKAGES)
 def test_schema_is_idempotent_create_statements(package: str) -> None:
     statements = load_schema(package, "app_")
     code = [

@@ -28,10 +28,10 @@ from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._sql import ConnectionPool
 from asynclock.state._sqlbase import (
     DEFAULT_OP_TIMEOUT,
-    SQLState,
     check_connect_options,
     check_max_connections,
 )
+from asynclock.state._sqlinbox import SQLInboxState
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 
@@ -117,7 +117,7 @@ class PollingWatch:
         return False
 
 
-class MySQLState(SQLState[_Connection, str, _Result]):
+class MySQLState(SQLInboxState[_Connection, str, _Result]):
     """Locks and dedupe records in MySQL 8 / MariaDB 10.6+, shared by every process using them.
 
     Invariants:
@@ -244,7 +244,8 @@ class MySQLState(SQLState[_Connection, str, _Result]):
         return query.text
 
     def _schema(self, statements: list[str]) -> list[str]:
-        return statements
+        # a procedure's body comes between $$ marks (see load_schema), which MySQL does not know
+        return [statement.replace("$$", "") for statement in statements]
 
     async def _execute(
         self, conn: _Connection, statement: str, params: Mapping[str, object]
@@ -313,6 +314,9 @@ class MySQLState(SQLState[_Connection, str, _Result]):
 
     def _deleted(self, answer: _Result) -> int:
         return answer[0]
+
+    def _rows(self, answer: _Result) -> Sequence[Sequence[object]]:
+        return answer[2]
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> PollingWatch:
         return PollingWatch(loop)
