@@ -1,4 +1,4 @@
-"""MySQLState: locks and dedupe records in MySQL 8 or MariaDB 10.6+ tables, through aiomysql.
+"""MySQLState: locks, dedupe records and the inbox in MySQL 8 / MariaDB 10.6+, through aiomysql.
 
 Every operation is one statement of ``queries.sql`` run in autocommit mode (one transaction),
 so it is atomic against every client of the database and uses the server's clock
@@ -10,7 +10,9 @@ key itself, so keys of any length and characters fit. What does not depend on ai
 Wake-ups: MySQL has no server-side notification a client could wait on without holding a
 session lock. A release wakes the waiters of the same state at once; a waiter in another state
 (another process) re-checks the key after a short back-off (5 ms, doubling up to 100 ms, never
-past the holder's remaining TTL): see :class:`PollingWatch`.
+past the holder's remaining TTL): see :class:`PollingWatch`. The durable inbox's watchers poll
+the same way: an accept wakes the workers of the same state at once, a worker of another process
+rescans the keys with work (one indexed read) after the same back-off.
 """
 
 from __future__ import annotations
@@ -133,7 +135,9 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
     * A statement interrupted by a cancellation or a timeout may or may not have committed; its
       connection is discarded, never reused.
     * Waiters in other processes are not notified: they poll with a bounded back-off
-      (:class:`PollingWatch`).
+      (:class:`PollingWatch`); so do the inbox workers of other processes.
+    * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
+      running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`).
 
     One MySQLState serves one event loop (aiomysql connections belong to a loop). Build it with
     :meth:`from_url`.

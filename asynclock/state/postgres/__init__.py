@@ -1,4 +1,4 @@
-"""PostgresState: locks and dedupe records in PostgreSQL tables, through asyncpg.
+"""PostgresState: locks, dedupe records and the durable inbox in PostgreSQL, through asyncpg.
 
 Every operation is one statement of ``queries.sql`` run in autocommit mode (one transaction),
 so it is atomic against every client of the database and uses the server's clock (``now()``).
@@ -11,9 +11,9 @@ Wake-ups: a release runs ``pg_notify`` in its own transaction; one dedicated con
 state LISTENs on the table's channel (``{table_prefix}released``, payload: the key's id in hex)
 and wakes the watchers of that key. An inbox accept (or requeue) notifies
 ``{table_prefix}inbox`` (payload: the id of the state's key prefix in hex) in its transaction,
-heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections never LISTEN and never hold session
-state, so they stay safe behind PgBouncer in transaction mode (the listener needs a direct or
-session-mode connection).
+heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections
+never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
+mode (the listener needs a direct or session-mode connection).
 """
 
 from __future__ import annotations
@@ -113,6 +113,9 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
       WAL (see ``queries.sql``).
     * A statement interrupted by a cancellation or a timeout may or may not have committed; its
       connection is discarded, never reused.
+    * The durable inbox's accept, step and requeue are each one call of a PL/pgSQL function
+      running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`); accepts
+      wake the inbox watchers of every state by ``NOTIFY``.
 
     One PostgresState serves one event loop (asyncpg connections belong to a loop).
 
