@@ -229,17 +229,25 @@ SQL_INBOX_ENTRIES = (
 async def _purge_sql(backend: Backend, key_prefix: str) -> None:
     """Delete the rows whose key starts with ``key_prefix`` (tables not created yet: nothing)."""
     # The prefix is "asynclock-test:<hex>:": no LIKE wildcard in it.
-    pattern = f"{key_prefix}%"
+    statements = [SQL_INBOX_ENTRIES]
+    statements += [f"DELETE FROM {table} WHERE name LIKE {{}}" for table in SQL_TABLES]
+    await run_sql(backend, statements, f"{key_prefix}%")
+
+
+async def run_sql(backend: Backend, statements: list[str], *args: object) -> None:
+    """Run each statement on the backend's SQL server in autocommit mode, with ``args``.
+
+    ``{}`` in a statement stands for the one parameter placeholder (``$1`` or ``%s``); a
+    statement about a table that does not exist (yet) is skipped.
+    """
     if backend.name == "postgres":
         import asyncpg  # type: ignore[import-untyped]
 
         conn = await asyncpg.connect(backend.url, timeout=10)
         try:
-            statements = [SQL_INBOX_ENTRIES.format("$1")]
-            statements += [f"DELETE FROM {table} WHERE name LIKE $1" for table in SQL_TABLES]
             for statement in statements:
                 with contextlib.suppress(asyncpg.UndefinedTableError):
-                    await conn.execute(statement, pattern)
+                    await conn.execute(statement.format("$1"), *args)
         finally:
             await conn.close()
         return
@@ -258,12 +266,10 @@ async def _purge_sql(backend: Backend, key_prefix: str) -> None:
     )
     try:
         async with mysql.cursor() as cursor:
-            statements = [SQL_INBOX_ENTRIES.format("%s")]
-            statements += [f"DELETE FROM {table} WHERE name LIKE %s" for table in SQL_TABLES]
             for statement in statements:
                 try:
-                    await cursor.execute(statement, (pattern,))
-                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - a few tables
+                    await cursor.execute(statement.format("%s"), args or None)
+                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - a few statements
                     if exc.args[0] != 1146:  # ER_NO_SUCH_TABLE
                         raise
     finally:

@@ -14,7 +14,7 @@ import pytest
 
 from asynclock import LockNotOwnedError, state_from_url
 from asynclock.state._sqlinbox import SQLInboxState
-from tests._matrix import SQL_INBOX_STATES, Backend, purge_namespace, require
+from tests._matrix import SQL_INBOX_STATES, Backend, purge_namespace, require, run_sql
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -169,39 +169,9 @@ async def test_the_schema_is_created_once_by_states_starting_together(clients: C
 
 async def _drop_tables(backend: Backend, table_prefix: str) -> None:
     """Drop what ``schema.sql`` made under ``table_prefix`` (a name made by this test)."""
-    tables = ("locks", "dedupe", "inboxes", "inbox_entries")
+    kind = "FUNCTION" if backend.name == "postgres" else "PROCEDURE"
     routines = ("inbox_accept_v1", "inbox_step_v1", "inbox_requeue_v1")
-    if backend.name == "postgres":
-        import asyncpg  # type: ignore[import-untyped]
-
-        conn = await asyncpg.connect(backend.url, timeout=10)
-        try:
-            for routine in routines:
-                await conn.execute(f"DROP FUNCTION IF EXISTS {table_prefix}{routine}")
-            for table in tables:
-                await conn.execute(f"DROP TABLE IF EXISTS {table_prefix}{table}")
-        finally:
-            await conn.close()
-        return
-    from urllib.parse import unquote, urlsplit
-
-    import aiomysql  # type: ignore[import-untyped]
-
-    parts = urlsplit(backend.url)
-    mysql = await aiomysql.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=unquote(parts.username or "root"),
-        password=unquote(parts.password or ""),
-        db=parts.path.lstrip("/") or None,
-        autocommit=True,
-        connect_timeout=10,
-    )
-    try:
-        async with mysql.cursor() as cursor:
-            for routine in routines:
-                await cursor.execute(f"DROP PROCEDURE IF EXISTS {table_prefix}{routine}")
-            for table in tables:
-                await cursor.execute(f"DROP TABLE IF EXISTS {table_prefix}{table}")
-    finally:
-        mysql.close()
+    tables = ("locks", "dedupe", "inboxes", "inbox_entries")
+    statements = [f"DROP {kind} IF EXISTS {table_prefix}{name}" for name in routines]
+    statements += [f"DROP TABLE IF EXISTS {table_prefix}{name}" for name in tables]
+    await run_sql(backend, statements)
