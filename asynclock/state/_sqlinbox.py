@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._errors import LockNotOwnedError
@@ -65,7 +66,7 @@ class SQLInboxState(SQLState[C, S, R]):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def _space(self) -> bytes:
         """The id of this state's key prefix: the inbox rows of one prefix carry it."""
         return key_id(self._prefix)

@@ -118,7 +118,6 @@ async def test_an_accept_racing_the_last_step_is_never_stranded(clients: Clients
     # the accept finds the key free and listed as ready: never "released, entry unseen, held".
     drainer, producer = clients.states[:2]
     await producer.inbox_accept("k", "first", claim=None, claim_ttl=60.0, max_pending=100)
-    released = 0
     for n in range(30):
         owner = f"drainer-{n}"
         assert (await drainer.acquire("k", owner, 5.0)).token is not None
@@ -130,7 +129,6 @@ async def test_an_accept_racing_the_last_step_is_never_stranded(clients: Clients
         )
         assert accepted.status == "accepted"
         if step is None:
-            released += 1
             assert await producer.inspect("k") is None
             assert await producer.inbox_ready() == ["k"]
         else:
