@@ -12,7 +12,8 @@ Per server (the loopback PostgreSQL and MariaDB of ``.ci/services.sh``, or
   instance than the ``accept`` (as another process: on MySQL that is the polling path);
 * **an idle worker's statements per second** (a ``serve()`` with nothing to do).
 
-Rows go to the default tables under a key prefix of this run and are deleted at the end.
+Rows go to the default tables under key prefixes of this run; the inboxes are drained at the end
+(the claims and lock rows left expire, and the states' purge deletes them as usual).
 """
 
 from __future__ import annotations

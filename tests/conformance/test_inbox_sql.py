@@ -173,3 +173,21 @@ async def _drop_tables(backend: Backend, table_prefix: str) -> None:
     statements = [f"DROP {kind} IF EXISTS {table_prefix}{name}" for name in routines]
     statements += [f"DROP TABLE IF EXISTS {table_prefix}{name}" for name in tables]
     await run_sql(backend, statements)
+
+
+async def test_keys_payloads_and_errors_keep_every_character(clients: Clients) -> None:
+    state = clients.states[0]
+    key = "clé:👋:日本"
+    payload = '{"text":"naïve 👋"}'
+    assert (await state.inbox_accept(key, payload, claim="c-é", claim_ttl=60.0, max_pending=5))[
+        0
+    ] == "accepted"
+    assert await state.inbox_ready() == [key]
+    assert (await state.acquire(key, "owner", 5.0)).token is not None
+    entry = await state.inbox_step(key, "owner")
+    assert entry is not None
+    assert entry.payload == payload
+    assert await state.inbox_step(key, "owner", done=entry.id, dead="ValueError: ça 👎") is None
+    [letter] = await state.inbox_dead_letters(key)
+    assert (letter.error, letter.payload) == ("ValueError: ça 👎", payload)
+    assert [info.key for info in await state.inbox_keys()] == [key]

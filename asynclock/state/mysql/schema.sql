@@ -62,16 +62,18 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
 -- transaction (the session is in autocommit mode), rolled back on any error; the server rolls
 -- it back too if the connection is lost. Under READ COMMITTED every statement reads the latest
 -- committed rows, and the first one locks the key's row, so each sees every accept and step of
--- the key that committed before it. Names are versioned: CREATE ... IF NOT EXISTS never
--- replaces a body, so a later change adds _v2.
+-- the key that committed before it. Text parameters are utf8mb4 whatever the database's default
+-- character set. Names are versioned: CREATE ... IF NOT EXISTS never replaces a body, so a later
+-- change adds _v2.
 
 -- inbox_accept: dedupe check, max_pending check, append, atomically. The claim is recorded by
 -- the upsert of dedupe_add, which only takes over an expired record, so two accepts of one
 -- event id never both succeed, even across keys. Answers one row (status, pending) after the
 -- commit.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v1(
-    IN p_id BINARY(32), IN p_name LONGTEXT, IN p_space BINARY(32), IN p_payload LONGTEXT,
-    IN p_claim BINARY(32), IN p_claim_name LONGTEXT, IN p_claim_ttl_ms BIGINT,
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
+    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
+    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
     IN p_max_pending INT
 )
 $$
@@ -130,8 +132,8 @@ $$;
 -- (status, entry, attempts, payload, age in seconds, pending); status 'not_owner' changed
 -- nothing, 'released' released the lock.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v1(
-    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT, IN p_dead LONGTEXT,
-    IN p_take BOOLEAN, IN p_reservation_ms BIGINT
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT,
+    IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_take BOOLEAN, IN p_reservation_ms BIGINT
 )
 $$
 BEGIN
@@ -141,7 +143,7 @@ BEGIN
     DECLARE v_dead INT;
     DECLARE v_entry BIGINT;
     DECLARE v_attempts INT;
-    DECLARE v_payload LONGTEXT;
+    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
     DECLARE v_age_us BIGINT;
     DECLARE v_status VARCHAR(16) DEFAULT 'released';
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
