@@ -179,9 +179,8 @@ async def test_keys_payloads_and_errors_keep_every_character(clients: Clients) -
     state = clients.states[0]
     key = "clé:👋:日本"
     payload = '{"text":"naïve 👋"}'
-    assert (await state.inbox_accept(key, payload, claim="c-é", claim_ttl=60.0, max_pending=5))[
-        0
-    ] == "accepted"
+    accepted = await state.inbox_accept(key, payload, claim="c-é", claim_ttl=60.0, max_pending=5)
+    assert accepted.status == "accepted"
     assert await state.inbox_ready() == [key]
     assert (await state.acquire(key, "owner", 5.0)).token is not None
     entry = await state.inbox_step(key, "owner")
