@@ -63,8 +63,9 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
 -- it back too if the connection is lost. Under READ COMMITTED every statement reads the latest
 -- committed rows, and the first one locks the key's row, so each sees every accept and step of
 -- the key that committed before it. Text parameters are utf8mb4 whatever the database's default
--- character set. Names are versioned: CREATE ... IF NOT EXISTS never replaces a body, so a later
--- change adds _v2.
+-- character set. SQL SECURITY INVOKER: a call runs with the caller's privileges, so dropping the
+-- user that created the schema (a migration user) breaks nothing. Names are versioned: CREATE
+-- ... IF NOT EXISTS never replaces a body, so a later change adds _v2.
 
 -- inbox_accept: dedupe check, max_pending check, append, atomically. The claim is recorded by
 -- the upsert of dedupe_add, which only takes over an expired record, so two accepts of one
@@ -76,6 +77,7 @@ CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v1(
     IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
     IN p_max_pending INT
 )
+SQL SECURITY INVOKER
 $$
 BEGIN
     DECLARE v_pending INT;
@@ -135,6 +137,7 @@ CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v1(
     IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT,
     IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_take BOOLEAN, IN p_reservation_ms BIGINT
 )
+SQL SECURITY INVOKER
 $$
 BEGIN
     DECLARE v_held INT;
@@ -208,6 +211,7 @@ $$;
 -- order, with fresh attempt counts. Locks the key's inboxes row first, as accept and step do,
 -- so the counters stay exact. Answers one row: how many were put back.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v1(IN p_id BINARY(32))
+SQL SECURITY INVOKER
 $$
 BEGIN
     DECLARE v_rows INT;
