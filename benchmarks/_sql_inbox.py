@@ -121,12 +121,15 @@ async def _floor(backend: str, url: str, prefix: str, n: int) -> float:
         user=unquote(parts.username or "root"),
         password=unquote(parts.password or ""),
         db=parts.path.lstrip("/"),
+        charset="utf8mb4",
         autocommit=True,
     )
     try:
-        await (await mysql.cursor()).execute(
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
-        )
+        # the session MySQLState sets up (see MySQLState.from_url)
+        setup = await mysql.cursor()
+        await setup.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        await setup.execute("SET SESSION sql_notes = 0")
+        await setup.close()
         t0 = time.perf_counter()
         for i in range(n):
             cursor = await mysql.cursor()

@@ -84,10 +84,6 @@ class SQLInboxState(SQLState[C, S, R]):
         if payload == self._space.hex():
             self._wake_inbox()
 
-    def _names(self, answer: R) -> list[str]:
-        start = len(self._prefix)
-        return [_text(row[0])[start:] for row in self._rows(answer)]
-
     # -- the InboxState protocol -------------------------------------------------------------
 
     async def inbox_accept(
@@ -172,7 +168,8 @@ class SQLInboxState(SQLState[C, S, R]):
         answer = await self._run(
             "inbox_ready", {"space": self._id_param(self._space)}, idempotent=True
         )
-        return self._names(answer)
+        start = len(self._prefix)
+        return [_text(row[0])[start:] for row in self._rows(answer)]
 
     @contextlib.asynccontextmanager
     async def inbox_watch(self) -> AsyncIterator[WakeableWatch]:
