@@ -64,6 +64,9 @@ class SQLInboxState(SQLState[C, S, R]):
         """This state appended an entry: wake its inbox watchers (unless the server does)."""
         self._wake_inbox()
 
+    def _inbox_found_work(self) -> None:
+        """A rescan (``inbox_ready``) found keys to drain (a polling backend polls sooner)."""
+
     # -- plumbing ---------------------------------------------------------------------------
 
     @functools.cached_property
@@ -169,7 +172,10 @@ class SQLInboxState(SQLState[C, S, R]):
             "inbox_ready", {"space": self._id_param(self._space)}, idempotent=True
         )
         start = len(self._prefix)
-        return [_text(row[0])[start:] for row in self._rows(answer)]
+        keys = [_text(row[0])[start:] for row in self._rows(answer)]
+        if keys:
+            self._inbox_found_work()
+        return keys
 
     @contextlib.asynccontextmanager
     async def inbox_watch(self) -> AsyncIterator[WakeableWatch]:

@@ -12,7 +12,8 @@ session lock. A release wakes the waiters of the same state at once; a waiter in
 (another process) re-checks the key after a short back-off (5 ms, doubling up to 100 ms, never
 past the holder's remaining TTL): see :class:`PollingWatch`. The durable inbox's watchers poll
 the same way: an accept wakes the workers of the same state at once, a worker of another process
-rescans the keys with work (one indexed read) after the same back-off.
+rescans the keys with work (one indexed read) after the same back-off, which a rescan that
+found work restarts at 5 ms.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ class PollingWatch:
     def fire(self) -> None:
         """A release was seen in this state: wake the waiter now."""
         self._event.fire()
+
+    def hurry(self) -> None:
+        """Something moved (an inbox rescan found work): restart the back-off at its shortest."""
+        self._delay = FIRST_POLL
 
     def reset(self) -> None:
         """Forget notifications received so far."""
@@ -321,6 +326,13 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
 
     def _rows(self, answer: _Result) -> Sequence[Sequence[object]]:
         return answer[2]
+
+    def _inbox_found_work(self) -> None:
+        # work is flowing: the next accept of another process is likely soon, so the inbox
+        # watchers poll closely again (5 ms, doubling back to 100 ms while nothing comes)
+        for watch in self._inbox_watches:
+            if isinstance(watch, PollingWatch):
+                watch.hurry()
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> PollingWatch:
         return PollingWatch(loop)
