@@ -99,11 +99,13 @@ class Fleet:
 
     async def inside(self) -> int | None:
         """The pid of a worker in the middle of a handler right now, if any."""
-        async for name in self.effects.scan_iter(match=f"{self.prefix}inside:*"):
-            text = name.decode() if isinstance(name, bytes) else name
-            pid = int(text.rsplit(":", 1)[1])
-            if any(w.pid == pid and w.poll() is None for w in self.workers):
-                return pid
+        # one EXISTS per live worker: a SCAN would walk the whole shared keyspace, slowly enough
+        # for fast workers to have handled everything meanwhile
+        for worker in self.workers:
+            if worker.poll() is None and await self.effects.exists(
+                f"{self.prefix}inside:{worker.pid}"
+            ):
+                return worker.pid
         return None
 
     def stop(self) -> list[int]:
@@ -195,7 +197,10 @@ async def test_three_workers_a_kill_9_mid_handler_and_a_new_one(fleet: Fleet) ->
         found = await fleet.handled()
         if sum(map(len, found.values())) >= EVENTS // 3:
             victim = await fleet.inside()
-        assert time.monotonic() < deadline, f"no worker seen mid-handler\n{fleet.output()}"
+        assert time.monotonic() < deadline, (
+            f"no worker seen mid-handler ({sum(map(len, found.values()))} handled, "
+            f"accepting done: {accepting.done()})\n{fleet.output()}"
+        )
         await asyncio.sleep(0.002)
     os.kill(victim, signal.SIGKILL)
     fleet.start()
