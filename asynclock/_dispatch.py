@@ -688,7 +688,7 @@ class EventDispatcher:
         if not isinstance(self._state, InboxState):
             raise TypeError(
                 f"the durable inbox needs a state with the inbox capability (MemoryState, "
-                f"RedisState); {type(self._state).__name__} has none yet"
+                f"RedisState, PostgresState, MySQLState); {type(self._state).__name__} has none yet"
             )
         return self._state
 
@@ -696,8 +696,8 @@ class EventDispatcher:
         """Store ``event`` in its key's durable inbox; a worker's :meth:`serve` handles it.
 
         Returns ``ACCEPTED`` once the state confirmed the write (on Redis, in memory of the
-        server, after ``WAIT`` with ``replicas=``; on :class:`MemoryState` in this process's
-        memory only), or ``DUPLICATE`` when the event's dedupe key was seen within
+        server, after ``WAIT`` with ``replicas=``; on PostgreSQL and MySQL after the commit; on
+        :class:`MemoryState` in this process's memory only), or ``DUPLICATE`` when the event's dedupe key was seen within
         ``dedupe_ttl``. Never runs a handler. From the moment it returns ``ACCEPTED`` the event is
         not lost by any crash of any process (of the server's own durability aside).
 

@@ -201,6 +201,8 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         )
         #: the watches of each key (by the key's id in hex)
         self._watches: dict[str, set[WakeableWatch]] = {}
+        #: the inbox watches (``inbox_watch``: woken by any accept of this prefix)
+        self._inbox_watches: set[WakeableWatch] = set()
         self._next_purge = 0.0
         self._purge_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -429,7 +431,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
             watch.fire()
 
     def _wake_all(self) -> None:
-        for watches in tuple(self._watches.values()):
+        for watches in (*self._watches.values(), self._inbox_watches):
             for watch in tuple(watches):
                 watch.fire()
 
