@@ -14,14 +14,19 @@ import inspect
 import logging
 import math
 import random
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast, final, overload
+from typing import TYPE_CHECKING, Literal, TypeVar, cast, final, overload
 
 from asynclock._errors import LockAcquisitionError
 from asynclock._grant import grant_all, reset_grant
+from asynclock._turn import Turn, take_turns
+from asynclock._validate import check_ttl
 
 if TYPE_CHECKING:
+    import contextlib
+
     from typing_extensions import ParamSpec
 
     P = ParamSpec("P")
@@ -263,25 +268,121 @@ def _name(function: object) -> str:
     return cast("str", getattr(function, "__qualname__", None) or repr(function))
 
 
-# -- the decorator ----------------------------------------------------------------------------
+# -- one decoration's policy, shared by the core decorator and the job-queue integrations --------
 
 
 @final
-class _Retrying(Generic[R]):
-    """The parts of one decoration, shared (read-only but for counters) by all its calls."""
+class Retrying:
+    """The parts of one decoration (wait, attempts, exhaustion policy), checked once, plus its
+    counters; shared read-only (but for the counters) by every call of the decorated function.
 
-    __slots__ = ("attempts", "counters", "exhaustion", "wait")
+    The core decorator sleeps between executions; a job-queue integration
+    (``asynclock.integrations``) asks :meth:`conflict` for the delay and re-enqueues the job
+    with it instead. Both count executions the same way: 1 is the first.
+    """
+
+    __slots__ = (
+        "_jitter",
+        "_lower_bound",
+        "attempts",
+        "counters",
+        "exhaustion",
+        "fair",
+        "fair_window",
+        "wait",
+    )
 
     def __init__(
         self,
+        *,
+        wait: WaitSpec,
         attempts: int,
-        wait: Callable[[int, LockAcquisitionError], float],
-        exhaustion: _Exhaustion,
+        on_exhaustion: ExhaustionSpec,
+        jitter: float,
+        lock_ttl: float | None,
+        fair: bool = False,
+        fair_window: float = 2.0,
     ) -> None:
+        if not isinstance(fair, bool):
+            raise TypeError(f"fair must be True or False, got {fair!r}")
+        self.fair = fair
+        self.fair_window = check_ttl(fair_window, "fair_window")
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise TypeError(f"attempts must be an int (total executions), got {attempts!r}")
+        if attempts < 1:
+            raise ValueError(
+                f"attempts must be >= 1 (total executions, Rails style), got {attempts}"
+            )
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
+            raise TypeError(f"jitter must be a fraction, got {jitter!r}")
+        if not math.isfinite(jitter) or jitter < 0:
+            raise ValueError(f"jitter must be a finite fraction >= 0, got {jitter!r}")
+        wait_function, lower_bound = _wait_function(wait, float(jitter))
+        self.exhaustion = _exhaustion_policy(on_exhaustion)
+        _check_window(attempts, lower_bound, lock_ttl, wait)
         self.attempts = attempts
-        self.wait = wait
-        self.exhaustion = exhaustion
+        self.wait = wait_function
+        self._lower_bound = lower_bound
+        self._jitter = float(jitter)
         self.counters = _Counters()
+
+    def wait_bound(self, executions: int) -> float | None:
+        """At most how long the wait after execution ``executions`` lasts (0 after the last);
+        ``None`` for ``wait="lock_ttl"``, where it is the holder's remaining TTL."""
+        if executions >= self.attempts:
+            return 0.0
+        if self._lower_bound is None:
+            return None
+        # a constant wait adds at most `jitter` of itself; a callable's is exact (harmless here)
+        return self._lower_bound(executions) * (1.0 + self._jitter)
+
+    def conflict(
+        self, function: object, error: LockAcquisitionError, executions: int
+    ) -> float | None:
+        """Count the conflict of execution ``executions``: the wait before the next one, or
+        ``None`` when it was the last (then :meth:`exhaust` decides). Both cases are logged."""
+        counters = self.counters
+        counters.conflicts += 1
+        if executions >= self.attempts:
+            counters.exhausted += 1
+            logger.info(
+                "asynclock: %s: lock %r busy on execution %d of %d; retries exhausted "
+                "(on_exhaustion=%s)",
+                _name(function),
+                error.key,
+                executions,
+                self.attempts,
+                self.exhaustion.name,
+                extra={"lock_key": error.key, "executions": executions},
+            )
+            return None
+        delay = self.wait(executions, error)
+        counters.retries += 1
+        logger.info(
+            "asynclock: %s: lock %r busy on execution %d of %d; retrying in %.3f s",
+            _name(function),
+            error.key,
+            executions,
+            self.attempts,
+            delay,
+            extra={"lock_key": error.key, "executions": executions, "wait": delay},
+        )
+        return delay
+
+    def turn(self, turn_id: str, executions: int) -> contextlib.AbstractAsyncContextManager[Turn]:
+        """The context of execution ``executions`` of the call (or job) ``turn_id``: in turn
+        when ``fair`` (see ``asynclock._turn``), a plain one otherwise."""
+        return take_turns(turn_id, self, executions, fair=self.fair, window=self.fair_window)
+
+    async def exhaust(
+        self,
+        function: Callable[..., Awaitable[object]],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        error: LockAcquisitionError,
+    ) -> object:
+        """Run the exhaustion policy for a call whose last execution met ``error``."""
+        return await self.exhaustion(_Exhausted(function, args, kwargs, error, self.counters))
 
     async def run(
         self,
@@ -289,43 +390,21 @@ class _Retrying(Generic[R]):
         args: tuple[object, ...],
         kwargs: dict[str, object],
     ) -> R | None:
-        counters = self.counters
-        counters.calls += 1
+        """One call of the core decorator: execute, and on a conflict sleep and execute again."""
+        self.counters.calls += 1
         executions = 0
+        turn_id = f"call:{uuid.uuid4().hex}"
         while True:
             executions += 1
-            try:
-                return await function(*args, **kwargs)
-            except LockAcquisitionError as error:  # CancelledError is a BaseException: never here
-                counters.conflicts += 1
-                if executions >= self.attempts:
-                    counters.exhausted += 1
-                    logger.info(
-                        "asynclock: %s: lock %r busy on execution %d of %d; retries exhausted "
-                        "(on_exhaustion=%s)",
-                        _name(function),
-                        error.key,
-                        executions,
-                        self.attempts,
-                        self.exhaustion.name,
-                        extra={"lock_key": error.key, "executions": executions},
-                    )
-                    result = await self.exhaustion(
-                        _Exhausted(function, args, kwargs, error, counters)
-                    )
-                    return cast("R | None", result)
-                delay = self.wait(executions, error)
-                counters.retries += 1
-                logger.info(
-                    "asynclock: %s: lock %r busy on execution %d of %d; retrying in %.3f s",
-                    _name(function),
-                    error.key,
-                    executions,
-                    self.attempts,
-                    delay,
-                    extra={"lock_key": error.key, "executions": executions, "wait": delay},
-                )
-                await asyncio.sleep(delay)
+            async with self.turn(turn_id, executions) as turn:
+                try:
+                    return await function(*args, **kwargs)
+                except LockAcquisitionError as error:  # CancelledError never lands here
+                    delay = self.conflict(function, error, executions)
+                    if delay is None:
+                        return cast("R | None", await self.exhaust(function, args, kwargs, error))
+                    turn.keep()
+            await asyncio.sleep(delay)
 
 
 @overload
@@ -336,6 +415,8 @@ def retry_on_lock_conflict(
     on_exhaustion: Literal["raise", "process_without_lock"] = ...,
     jitter: float = ...,
     lock_ttl: float | None = ...,
+    fair: bool = ...,
+    fair_window: float = ...,
 ) -> Callable[
     [Callable[P, Coroutine[object, object, R]]], Callable[P, Coroutine[object, object, R]]
 ]: ...
@@ -349,6 +430,8 @@ def retry_on_lock_conflict(
     on_exhaustion: Literal["drop"] | Callable[..., object],
     jitter: float = ...,
     lock_ttl: float | None = ...,
+    fair: bool = ...,
+    fair_window: float = ...,
 ) -> Callable[
     [Callable[P, Coroutine[object, object, R]]],
     Callable[P, Coroutine[object, object, R | None]],
@@ -362,6 +445,8 @@ def retry_on_lock_conflict(
     on_exhaustion: ExhaustionSpec = "raise",
     jitter: float = 0.15,
     lock_ttl: float | None = None,
+    fair: bool = False,
+    fair_window: float = 2.0,
 ) -> Callable[
     [Callable[P, Coroutine[object, object, R]]], Callable[P, Coroutine[object, object, R | None]]
 ]:
@@ -397,6 +482,11 @@ def retry_on_lock_conflict(
             (``ValueError`` at decoration time) a retry window shorter than it: falling back
             while the holder's lock may still be valid reopens the race (see the docs' retry
             page for the timeline).
+        fair: take turns across processes: a call that met a lock busy earlier gets it before
+            one that met it later (a per-key line in the state, see the docs' jobs page). Needs
+            a state with the :class:`~asynclock.state.FairState` capability (memory, Redis).
+        fair_window: with ``fair``, seconds a call's place in a key's line is kept beyond its
+            own wait, so a call that vanished blocks the key for at most its wait plus this.
 
     Raises:
         TypeError: the decorated object is not an ``async def`` function, or a bad type.
@@ -415,17 +505,15 @@ def retry_on_lock_conflict(
         >>> asyncio.run(handle("42"))
         'handled 42'
     """
-    if isinstance(attempts, bool) or not isinstance(attempts, int):
-        raise TypeError(f"attempts must be an int (total executions), got {attempts!r}")
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1 (total executions, Rails style), got {attempts}")
-    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
-        raise TypeError(f"jitter must be a fraction, got {jitter!r}")
-    if not math.isfinite(jitter) or jitter < 0:
-        raise ValueError(f"jitter must be a finite fraction >= 0, got {jitter!r}")
-    wait_function, lower_bound = _wait_function(wait, float(jitter))
-    exhaustion = _exhaustion_policy(on_exhaustion)
-    _check_window(attempts, lower_bound, lock_ttl, wait)
+    retrying = Retrying(
+        wait=wait,
+        attempts=attempts,
+        on_exhaustion=on_exhaustion,
+        jitter=jitter,
+        lock_ttl=lock_ttl,
+        fair=fair,
+        fair_window=fair_window,
+    )
 
     def decorate(
         function: Callable[P, Coroutine[object, object, R]],
@@ -443,7 +531,6 @@ def retry_on_lock_conflict(
                 f"retry_on_lock_conflict decorates async def functions; {_name(function)} is "
                 f"{type(function).__name__}"
             )
-        retrying: _Retrying[R] = _Retrying(attempts, wait_function, exhaustion)
 
         @functools.wraps(function)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from asynclock.state._protocol import (
     ClaimingState,
+    FairState,
     Grant,
     LockAdmin,
     LockInfo,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = (
     "SCHEMES",
     "ClaimingState",
+    "FairState",
     "Grant",
     "LockAdmin",
     "LockInfo",

@@ -50,6 +50,7 @@ from redis.asyncio import Redis
 
 from asynclock import Event, EventDispatcher, HandlerContext, Outcome
 from asynclock.state import MySQLState, PostgresState, RedisState
+from tests._helpers import reply
 from tests.faults._soak_history import RAISED
 
 if TYPE_CHECKING:
@@ -295,7 +296,7 @@ class _Worker:
         report: dict[str, object] = {"kind": "outcome", "delivery": delivery}
         report |= {"outcome": outcome, "error": error, "received": received, "unkept": unkept}
         report |= {"worker": self.worker, "pid": self.pid}
-        await self.store.rpush(RESULTS, json.dumps(report))
+        await reply(self.store.rpush(RESULTS, json.dumps(report)))
 
 
 async def _serve(

@@ -26,6 +26,9 @@ SCRIPTS = {
     "inbox_accept.lua",
     "_inbox_step.lua",
     "inbox_requeue.lua",
+    "_fair_open.lua",
+    "fair_acquire.lua",
+    "fair_leave.lua",
 }
 
 

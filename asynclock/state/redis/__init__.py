@@ -58,7 +58,7 @@ from asynclock.state._protocol import (
 )
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
-from asynclock.state.redis._cluster import ClusterRouter, slot_of
+from asynclock.state.redis._cluster import ClusterRouter, slot_of, startup_nodes
 from asynclock.state.redis._pool import LeanPool
 from asynclock.state.redis._sentinel import SentinelMaster, parse_sentinel_url
 from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
@@ -121,6 +121,10 @@ def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
     scripts["inbox_accept"] = _Script("inbox_accept", sharded=sharded)
     scripts["inbox_step"] = _Script("inbox_step", "_inbox_step", "release", sharded=sharded)
     scripts["inbox_requeue"] = _Script("inbox_requeue", sharded=sharded)
+    scripts["fair_acquire"] = _Script(
+        "fair_acquire", "_fair_open", "acquire", "fair_acquire", sharded=sharded
+    )
+    scripts["fair_leave"] = _Script("fair_leave", sharded=sharded)
     return scripts
 
 
@@ -237,10 +241,15 @@ class RedisState(ClosesOnExit):
             )
             self._pool = self._sentinel
             self._where = f"Redis Sentinel service {self._sentinel.service!r}"
-        else:
+        elif isinstance(client, Redis):  # (redis-py 5.x's stubs do not narrow the else branch)
             self._scripts = _scripts()
             size = getattr(client.connection_pool, "max_connections", None)
-            self._pool = LeanPool(lambda: _connection_for(client), _pool_size(size))
+            plain = client
+            self._pool = LeanPool(lambda: _connection_for(plain), _pool_size(size))
+        else:
+            raise TypeError(
+                f"client must be a redis.asyncio Redis or RedisCluster, got {type(client).__name__}"
+            )
 
     @classmethod
     def from_url(
@@ -608,6 +617,29 @@ class RedisState(ClosesOnExit):
                 f"{error}; releasing it failed too ({exc}): it expires with its TTL"
             ) from None
         raise StateUnavailableError(f"{error}; it was released again")
+
+    async def fair_acquire(
+        self, key: str, owner: str, ttl: float, *, turn: str, hold: float
+    ) -> Grant:
+        """See :meth:`asynclock.state.FairState.fair_acquire` (one EVALSHA of
+        ``fair_acquire.lua``, which runs ``acquire.lua`` in turn; the line is two sorted sets
+        beside the lock key, in its hash slot)."""
+        lock_key = self.lock_key(key)
+        keys = (lock_key, f"{lock_key}:abandoned:{owner}", *self._line_keys(lock_key))
+        hold_ms = ttl_ms(check_ttl(hold, "hold", key=key))
+        result = await self._eval("fair_acquire", keys, owner, ttl_ms(ttl), "", turn, hold_ms)
+        value = _as_int(result)
+        if value > 0:
+            return Grant(value)
+        return Grant(None, -value / 1000.0)
+
+    async def fair_leave(self, key: str, turn: str) -> None:
+        """See :meth:`asynclock.state.FairState.fair_leave` (one EVALSHA)."""
+        await self._eval("fair_leave", self._line_keys(self.lock_key(key)), turn)
+
+    @staticmethod
+    def _line_keys(lock_key: str) -> tuple[str, str]:
+        return f"{lock_key}:line", f"{lock_key}:line:until"
 
     async def acquire_claimed(
         self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
@@ -1012,7 +1044,7 @@ def _pool_size(size: object) -> int:
 
 def _describe(client: Redis | RedisCluster) -> str:
     if isinstance(client, RedisCluster):
-        return ",".join(node.name for node in client.startup_nodes)
+        return ",".join(node.name for node in startup_nodes(client))
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
