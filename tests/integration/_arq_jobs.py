@@ -39,6 +39,7 @@ async def fair_job(ctx: dict[str, Any]) -> None:
 
 async def startup(ctx: dict[str, Any]) -> None:
     ctx["scene"] = bodies.Scene.open()
+    await ctx["scene"].warm()
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:

@@ -22,6 +22,9 @@ from tests._helpers import reply
 from tests._matrix import REDIS
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,8 +50,14 @@ class Workers:
     def start(self, *command: str) -> subprocess.Popen[bytes]:
         log = self.folder / f"worker-{len(self.processes)}.log"
         with log.open("wb") as out:
+            # its own process group: a command that forks workers (taskiq) is killed whole
             process = subprocess.Popen(
-                command, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                command,
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.processes.append(process)
         self.logs.append(log)
@@ -58,7 +67,7 @@ class Workers:
         """SIGKILL every running worker: no shutdown hook, no cleanup, as in a crash."""
         for process in self.processes:
             if process.poll() is None:
-                process.send_signal(signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
     def stop(self) -> None:
@@ -69,7 +78,7 @@ class Workers:
             try:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:  # noqa: PERF203 - a worker that does not stop
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
     def output(self) -> str:
@@ -95,12 +104,8 @@ class Log:
         return sum(1 for e in self.entries if e[0] == event)
 
     def first_conflicts(self) -> list[str]:
-        """Jobs in the order they first met the lock busy: a first try not followed by its
-        ``locked``/``granted`` before the job's next try (every scene job conflicts on try 1)."""
-        served = set(self.jobs("locked")) | set(self.jobs("granted"))
-        retried = {e[1] for e in self.entries if e[0] == "try" and e[2] != "1"}
-        tried_once = [e[1] for e in self.entries if e[0] == "try" and e[2] == "1"]
-        return [job for job in tried_once if job in retried or job not in served]
+        """Jobs in the order they first met the lock busy (their first ``conflict`` entry)."""
+        return self.jobs("conflict")
 
     def inversions(self) -> tuple[int, int]:
         """(pairs served against their first-conflict order, pairs compared)."""
@@ -132,3 +137,107 @@ async def until(predicate: object, *, within: float, what: str, workers: Workers
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {within} s\n{workers.output()}")
         await asyncio.sleep(0.02)
+
+
+CONTACTS, MESSAGES = 20, 6
+
+
+@dataclass
+class StormOutcome:
+    """What the storm left in the conversations "database" and the event log."""
+
+    conversations: dict[int, dict[int, list[int]]]
+    log: Log
+
+    @property
+    def duplicates(self) -> int:
+        return sum(len(found) - 1 for found in self.conversations.values())
+
+    @property
+    def stored(self) -> list[int]:
+        return sorted(
+            m for found in self.conversations.values() for ms in found.values() for m in ms
+        )
+
+    @property
+    def retries(self) -> int:
+        return sum(1 for e in self.log.entries if e[0] == "try" and e[2] != "1")
+
+    def check(self, framework: str) -> str:
+        """Assert the seed's three zeros; the summary line for the report."""
+        assert sorted(self.conversations) == list(range(CONTACTS))
+        assert self.duplicates == 0, self.conversations
+        assert self.stored == list(range(CONTACTS * MESSAGES))  # none lost, none twice
+        assert self.log.count("done") == CONTACTS * MESSAGES
+        assert self.retries, "the storm met no conflict: it tested nothing"
+        return (
+            f"{framework} storm: {self.retries} retries through {framework}, "
+            f"{self.log.count('granted')} processed without the lock, {self.duplicates} "
+            f"duplicates, {len(self.stored)} of {CONTACTS * MESSAGES} stored once"
+        )
+
+
+async def storm_outcome(redis: Redis, namespace: str) -> StormOutcome:
+    from tests._storm_workers import RedisConversations
+    from tests.integration._job_bodies import log_key
+
+    conversations = await RedisConversations(redis, f"asynclock-test:{namespace}:").snapshot()
+    return StormOutcome(conversations, await Log.read(redis, log_key(namespace)))
+
+
+async def _ready(redis: Redis, namespace: str, count: int) -> bool:
+    return (await events(redis, namespace)).count("ready") >= count
+
+
+async def events(redis: Redis, namespace: str) -> Log:
+    from tests.integration._job_bodies import log_key
+
+    return await Log.read(redis, log_key(namespace))
+
+
+async def fairness(
+    redis: Redis,
+    namespace: str,
+    workers: Workers,
+    kick: Callable[[], Awaitable[None]],
+    *,
+    jobs: int,
+    ready: int,
+    apart: float,
+    held_after: float,
+    within: float,
+) -> tuple[int, int, int, Log]:
+    """Once ``ready`` workers warmed up: one slow holder of the hot key, ``jobs`` jobs kicked
+    ``apart`` seconds apart meeting it;
+    the holder lets go ``held_after`` seconds after the last. Returns (inversions, pairs,
+    exhaustions after a younger job was served, the log)."""
+    from asynclock import AsyncLock, RedisState
+
+    state = RedisState.from_url(REDIS.url, prefix=f"asynclock-test:{namespace}:")
+    holder = AsyncLock(state, "hot", ttl=60.0)
+    try:
+        await until(
+            lambda: _ready(redis, namespace, ready),
+            within=30,
+            what="workers warmed up",
+            workers=workers,
+        )
+        await holder.acquire()
+        for _ in range(jobs):
+            await kick()
+            await asyncio.sleep(apart)
+        await asyncio.sleep(held_after)
+        await holder.release()
+
+        async def all_finished() -> bool:
+            log = await events(redis, namespace)
+            return len(set(log.jobs("done")) | set(log.jobs("exhausted"))) == jobs
+
+        await until(
+            all_finished, within=within, what="every fairness job finished", workers=workers
+        )
+    finally:
+        await state.aclose()
+    log = await events(redis, namespace)
+    inversions, pairs = log.inversions()
+    return inversions, pairs, log.exhausted_before_younger(), log

@@ -11,7 +11,8 @@ command line), not by the test:
 * ``JOBS_REDIS_URL``: the Redis server (locks, the conversations "database", the event log).
 
 Every job appends to one event log (a Redis list, so all processes share one total order):
-``try <job> <n>`` at the start of each try, ``locked <job>`` once it holds the lock,
+``try <job> <n>`` at the start of each try, ``conflict <job> <n>`` after a refusal (fairness
+scene), ``locked <job>`` once it holds the lock,
 ``granted <job>`` when it runs without it (``process_without_lock``), ``done <job>``,
 ``exhausted <job>`` (an ``on_exhaustion`` callable).
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from asynclock import AsyncLock, RedisState
+from asynclock import AsyncLock, LockAcquisitionError, RedisState
 from tests._helpers import reply
 from tests._storm_workers import RedisConversations
 
@@ -40,12 +41,12 @@ FAIR_HOLD = 0.5 * UNIT
 FAIR_ATTEMPTS = 60
 
 
-def log_key(namespace: str = NAMESPACE) -> str:
-    return f"asynclock-test:{namespace}:log"
+def log_key(namespace: str | None = None) -> str:
+    return f"asynclock-test:{namespace or NAMESPACE}:log"
 
 
-def queue_name(framework: str, namespace: str = NAMESPACE) -> str:
-    return f"asynclock-test:{namespace}:{framework}"
+def queue_name(framework: str, namespace: str | None = None) -> str:
+    return f"asynclock-test:{namespace or NAMESPACE}:{framework}"
 
 
 @dataclass
@@ -62,6 +63,14 @@ class Scene:
         return cls(
             RedisState.from_url(REDIS_URL, prefix=PREFIX), RedisConversations(redis, PREFIX), redis
         )
+
+    async def warm(self) -> None:
+        """Connect and load the fair scripts now, so a worker's first job is as fast as the
+        next (the fairness scene kicks jobs a fraction of a second apart)."""
+        await self.state.fair_leave("hot", "warm-up")
+        await self.state.inspect("hot")
+        await reply(self.redis.ping())
+        await self.log("ready", os.getpid())
 
     async def close(self) -> None:
         await self.state.aclose()
@@ -89,9 +98,16 @@ async def first_message(scene: Scene, job: str, contact: int, message: int, job_
 async def fair_job(scene: Scene, job: str, job_try: int) -> None:
     """One of the fairness scene's jobs on one hot key: holds it for ``FAIR_HOLD`` seconds."""
     await scene.log("try", job, job_try)
-    async with AsyncLock(scene.state, "hot", ttl=30.0, blocking=False):
-        await scene.log("locked", job)
-        await asyncio.sleep(FAIR_HOLD)
+    try:
+        async with AsyncLock(scene.state, "hot", ttl=30.0, blocking=False):
+            await scene.log("locked", job)
+            await asyncio.sleep(FAIR_HOLD)
+    except LockAcquisitionError:
+        # right after the refusal that took (or kept) the job's place: the order of the first
+        # of these is the first-conflict order (a "try" entry is one job start earlier, and a
+        # busy worker can be slower than the next job between the two)
+        await scene.log("conflict", job, job_try)
+        raise
     await scene.log("done", job)
 
 

@@ -8,7 +8,6 @@ retry, and the fairness measurement against arq's plain retry.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -24,8 +23,17 @@ from asynclock.integrations.arq import check_tries, retry_on_lock_conflict
 from tests._helpers import reply
 from tests._matrix import REDIS, purge_namespace, require
 from tests._storm_workers import RedisConversations
-from tests.integration._fleet import Log, Workers, until
-from tests.integration._job_bodies import log_key, queue_name
+from tests.integration._fleet import (
+    CONTACTS,
+    MESSAGES,
+    Log,
+    Workers,
+    events,
+    fairness,
+    storm_outcome,
+    until,
+)
+from tests.integration._job_bodies import queue_name
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -35,7 +43,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.redis, pytest.mark.processes, pytest.mark.slow]
 
 WORKER = (sys.executable, "-m", "arq", "tests.integration._arq_jobs.WorkerSettings")
-CONTACTS, MESSAGES = 20, 6
 
 
 @pytest.fixture
@@ -76,12 +83,11 @@ async def test_the_storm_as_arq_jobs(namespace: str, redis: Redis, arq_pool: Arq
     try:
         for message in range(CONTACTS * MESSAGES):
             await arq_pool.enqueue_job(
-                "first_message", message % CONTACTS, message, _job_id=f"{namespace}-m{message}"
+                "first_message", message // MESSAGES, message, _job_id=f"{namespace}-m{message}"
             )
-        log_name = log_key(namespace)
 
         async def all_done() -> bool:
-            return Log((await Log.read(redis, log_name)).entries).count("done") >= 120
+            return (await events(redis, namespace)).count("done") >= CONTACTS * MESSAGES
 
         await until(all_done, within=60, what="every message processed", workers=workers)
         queue = queue_name("arq", namespace)
@@ -90,20 +96,7 @@ async def test_the_storm_as_arq_jobs(namespace: str, redis: Redis, arq_pool: Arq
         )
     finally:
         workers.stop()
-    log = await Log.read(redis, log_key(namespace))
-    db = await RedisConversations(redis, f"asynclock-test:{namespace}:").snapshot()
-    assert sorted(db) == list(range(CONTACTS))
-    duplicates = sum(len(conversations) - 1 for conversations in db.values())
-    stored = [m for conversations in db.values() for ms in conversations.values() for m in ms]
-    assert duplicates == 0, db
-    assert sorted(stored) == list(range(CONTACTS * MESSAGES))  # none lost, none twice
-    assert log.count("done") == CONTACTS * MESSAGES
-    retried = [e for e in log.entries if e[0] == "try" and e[2] != "1"]
-    assert retried, "the storm met no conflict: it tested nothing"
-    print(
-        f"\narq storm: {len(retried)} retries through arq, {log.count('granted')} processed "
-        f"without the lock, {duplicates} duplicates, {len(stored)} of 120 stored once"
-    )
+    print("\n" + (await storm_outcome(redis, namespace)).check("arq"))
 
 
 async def _empty(redis: Redis, queue: str) -> bool:
@@ -126,7 +119,7 @@ async def test_a_worker_killed_while_jobs_wait_loses_none(
             await arq_pool.enqueue_job("first_message", 7, n, _job_id=job)
 
         async def all_deferred() -> bool:
-            log = await Log.read(redis, log_key(namespace))
+            log = await events(redis, namespace)
             if set(log.jobs("try")) != set(jobs):
                 return False
             running = [await reply(redis.exists(f"arq:in-progress:{job}")) for job in jobs]
@@ -138,7 +131,7 @@ async def test_a_worker_killed_while_jobs_wait_loses_none(
         workers.start(*WORKER)
 
         async def all_done() -> bool:
-            return set((await Log.read(redis, log_key(namespace))).jobs("done")) == set(jobs)
+            return set((await events(redis, namespace)).jobs("done")) == set(jobs)
 
         await until(all_done, within=30, what="every job run after the kill", workers=workers)
     finally:
@@ -152,42 +145,19 @@ async def test_a_worker_killed_while_jobs_wait_loses_none(
 async def _fairness(
     namespace: str, redis: Redis, arq_pool: ArqRedis, *, fair: bool
 ) -> tuple[int, int, int, Log]:
-    """One slow holder, 8 jobs meeting it 40 ms apart; returns (inversions, pairs, exhausted
-    after a younger job was served, log)."""
-    state = RedisState.from_url(REDIS.url, prefix=f"asynclock-test:{namespace}:")
-    holder = AsyncLock(state, "hot", ttl=30.0)
+    """8 jobs meeting the slow holder 40 ms apart, retrying every 0.1 s (+ up to 100%)."""
     workers = _workers(namespace, unit=0.1, fair=fair, count=2)
-    jobs = [f"{namespace}-f{n}" for n in range(8)]
+    jobs = iter(range(8))
+
+    async def kick() -> None:
+        await arq_pool.enqueue_job("fair_job", _job_id=f"{namespace}-f{next(jobs)}")
+
     try:
-        await _until_ready(redis, namespace, workers)
-        await holder.acquire()
-        for job in jobs:
-            await arq_pool.enqueue_job("fair_job", _job_id=job)
-            await asyncio.sleep(0.04)
-        await asyncio.sleep(0.3)
-        await holder.release()
-
-        async def all_finished() -> bool:
-            log = await Log.read(redis, log_key(namespace))
-            return len(set(log.jobs("done")) | set(log.jobs("exhausted"))) == len(jobs)
-
-        await until(all_finished, within=60, what="every fairness job finished", workers=workers)
+        return await fairness(
+            redis, namespace, workers, kick, jobs=8, ready=2, apart=0.04, held_after=0.3, within=60
+        )
     finally:
         workers.stop()
-        await state.aclose()
-    log = await Log.read(redis, log_key(namespace))
-    inversions, pairs = log.inversions()
-    return inversions, pairs, log.exhausted_before_younger(), log
-
-
-async def _until_ready(redis: Redis, namespace: str, workers: Workers) -> None:
-    """Wait for the workers' health-check key: they poll the queue from then on."""
-
-    async def ready() -> bool:
-        key = queue_name("arq", namespace) + ":health-check"
-        return bool(await reply(redis.exists(key)))
-
-    await until(ready, within=20, what="arq workers up", workers=workers)
 
 
 async def test_fair_retries_serve_jobs_in_first_conflict_order(
