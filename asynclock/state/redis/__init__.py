@@ -32,7 +32,7 @@ import contextlib
 import hashlib
 import json
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
@@ -64,7 +64,7 @@ from asynclock.state.redis._sentinel import SentinelMaster, parse_sentinel_url
 from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from redis.asyncio.connection import AbstractConnection
 
@@ -314,7 +314,7 @@ class RedisState(ClosesOnExit):
                 timeout=op,
                 socket_connect_timeout=connect_timeout,
                 socket_timeout=None,
-                retry=Retry(NoBackoff(), 0),
+                retry=_no_retries(),
             )
         except ValueError as exc:
             raise ValueError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
@@ -342,7 +342,7 @@ class RedisState(ClosesOnExit):
         sentinel_kwargs: dict[str, object] = {
             "socket_connect_timeout": connect_timeout,
             "socket_timeout": connect_timeout,
-            "retry": Retry(NoBackoff(), 0),
+            "retry": _no_retries(),
         }
         for name in ("sentinel_username", "sentinel_password"):
             value = kwargs.pop(name, None)
@@ -392,7 +392,7 @@ class RedisState(ClosesOnExit):
                 max_connections=max_connections,
                 socket_connect_timeout=connect_timeout,
                 socket_timeout=None,
-                retry=Retry(NoBackoff(), 0),
+                retry=_no_retries(),
             )
         except (ValueError, redis_errors.RedisClusterException) as exc:
             raise ValueError(f"invalid Redis Cluster URL {redact(url)!r}: {exc}") from None
@@ -1032,6 +1032,15 @@ def _subscriber_connection(client: Redis) -> AbstractConnection:
     kwargs["protocol"] = 2
     conn: AbstractConnection = pool.connection_class(**kwargs)
     return conn
+
+
+def _no_retries() -> Retry:
+    """redis-py's own retries off: RedisState bounds every operation with its own deadline."""
+    # redis-py 5.0 leaves Retry and NoBackoff unannotated; called through Callable types the
+    # calls are typed on every version of the declared range
+    make_retry = cast("Callable[[object, int], Retry]", Retry)
+    make_backoff = cast("Callable[[], object]", NoBackoff)
+    return make_retry(make_backoff(), 0)
 
 
 def _no_connection() -> AbstractConnection:
