@@ -25,7 +25,7 @@ test: install services
 
 ## The main venv has the redis-py that arq pulls (5.3.x: arq needs redis < 6). The lowest one
 ## asynclock declares and the newest get a small venv each: mypy on the package and the Redis
-## conformance tests (plain and Cluster), bounded to ~60 s for both.
+## conformance tests (plain and Cluster), about 45 s each.
 REDIS_RANGE ?= 5.0.1 latest
 REDIS_RANGE_TESTS := tests/conformance/test_lock.py \
 	tests/conformance/test_cluster.py tests/conformance/test_fair.py
