@@ -626,10 +626,15 @@ class RedisState(ClosesOnExit):
         beside the lock key, in its hash slot)."""
         lock_key = self.lock_key(key)
         keys = (lock_key, f"{lock_key}:abandoned:{owner}", *self._line_keys(lock_key))
-        hold_ms = ttl_ms(check_ttl(hold, "hold", key=key))
-        result = await self._eval("fair_acquire", keys, owner, ttl_ms(ttl), "", turn, hold_ms)
+        args = (owner, ttl_ms(ttl), "", turn, ttl_ms(check_ttl(hold, "hold", key=key)))
+        if self._replicas:  # as in acquire: a grant the replicas did not confirm is undone
+            result, acks = await self._eval_waited("fair_acquire", keys, *args)
+        else:
+            result, acks = await self._eval("fair_acquire", keys, *args), None
         value = _as_int(result)
         if value > 0:
+            if acks is not None:
+                await self._undo_if_short(key, owner, acks)
             return Grant(value)
         return Grant(None, -value / 1000.0)
 
