@@ -19,7 +19,7 @@ from asynclock.state._protocol import FairState
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from asynclock._retry import Retrying
+    from asynclock._retrying import Retrying
     from asynclock.state._protocol import Grant, State
 
 logger = logging.getLogger("asynclock")

@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra onl
     raise ImportError("asynclock.integrations.arq needs arq: pip install 'asynclock[arq]'") from exc
 
 from asynclock._errors import LockAcquisitionError
-from asynclock._retry import ExhaustionSpec, Retrying, WaitSpec, _name
+from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, _name
 
 if TYPE_CHECKING:
     from typing_extensions import ParamSpec

@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra onl
     ) from exc
 
 from asynclock._errors import LockAcquisitionError
-from asynclock._retry import ExhaustionSpec, Retrying, WaitSpec, _name
+from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, _name
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine

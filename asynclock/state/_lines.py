@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 class Lines:
     """The lines of one MemoryState: ``key -> {turn: [place, kept_until]}``.
 
-    Invariant: a key with an empty line has no entry (the dict never grows with dead keys).
+    Invariant: a key with an empty line has no entry. Places whose hold ran out are dropped at
+    the key's next ``take`` (a key never tried again keeps its few dead places: memory is the
+    one-process backend, and every place is bounded by its hold anyway).
     """
 
     __slots__ = ("_lines",)

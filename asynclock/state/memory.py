@@ -236,6 +236,7 @@ class MemoryState(ClosesOnExit):
         """See :meth:`asynclock.state.FairState.fair_acquire`."""
         check_key(key)
         check_ttl(ttl, key=key)
+        check_ttl(hold, "hold", key=key)
         await asyncio.sleep(0)
         with self._mutex:
             now = self._clock()
