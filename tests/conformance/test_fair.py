@@ -166,3 +166,27 @@ def _state(fair_state: FairState) -> State:
 
     assert isinstance(fair_state, State)
     return fair_state
+
+
+async def test_a_call_that_gives_up_leaves_the_line_at_once(
+    fair: tuple[FairState, FairState],
+) -> None:
+    """An exhausted fair call (dropped) must not keep its place for its hold: the next call,
+    once the lock is free, gets it on its first try."""
+    one, two = fair
+
+    @retry_on_lock_conflict(wait=0.01, attempts=2, on_exhaustion="drop", fair=True, fair_window=30)
+    async def gives_up() -> str:
+        async with AsyncLock(_state(one), "k", ttl=5.0, blocking=False):
+            return "ran"
+
+    @retry_on_lock_conflict(attempts=1, fair=True, fair_window=30)
+    async def newcomer() -> str:
+        async with AsyncLock(_state(two), "k", ttl=5.0, blocking=False):
+            return "ran"
+
+    holder = AsyncLock(_state(one), "k", ttl=5.0)
+    await holder.acquire()
+    assert await gives_up() is None
+    await holder.release()
+    assert await newcomer() == "ran"
