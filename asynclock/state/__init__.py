@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from asynclock.state._protocol import (
     ClaimingState,
     DedupeReading,
+    FairState,
     Grant,
     LockAdmin,
     LockInfo,
@@ -30,6 +31,7 @@ __all__ = (
     "SCHEMES",
     "ClaimingState",
     "DedupeReading",
+    "FairState",
     "Grant",
     "LockAdmin",
     "LockInfo",

@@ -409,3 +409,36 @@ class LockAdmin(Protocol):
         ``LockNotOwnedError``, and its fencing token is already lower than the next one.
         """
         ...
+
+
+@runtime_checkable
+class FairState(Protocol):
+    """Optional capability: fair turns for retried calls and jobs, across processes.
+
+    Per key, a *line* of turns ordered by the time each first met the key busy (by the state's
+    clock). A turn is an opaque id that stays the same across the retries of one job. A place in
+    the line is kept only until the ``hold`` its last attempt asked for, so a job that vanished
+    cannot block the key for longer than that.
+
+    Only :meth:`fair_acquire` honours the line; a plain :meth:`State.acquire` ignores it.
+    """
+
+    async def fair_acquire(
+        self, key: str, owner: str, ttl: float, *, turn: str, hold: float
+    ) -> Grant:
+        """:meth:`State.acquire` (not waiting), taken only in turn; one atomic step.
+
+        First the places whose hold ran out leave the line. Then, if the line is empty or
+        ``turn`` is at its head, the key is acquired as :meth:`State.acquire` would, and on
+        success ``turn`` leaves the line. Otherwise (the key is held, or another turn is ahead)
+        nothing is acquired: ``turn`` joins the line if it is not in it (its place: now) and its
+        place is kept until ``hold`` seconds after the holder's lock expires (after now, when
+        the key is free). The
+        refusal's ``retry_after`` is the holder's remaining TTL, or, when the key is free but
+        reserved for an earlier turn, the time that turn's place is still kept.
+        """
+        ...
+
+    async def fair_leave(self, key: str, turn: str) -> None:
+        """Take ``turn`` out of ``key``'s line (it gave up, or was served another way)."""
+        ...

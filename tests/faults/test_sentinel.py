@@ -115,8 +115,8 @@ async def _ready(topology: SentinelSet) -> bool:
     for sentinel in topology.sentinels:
         client = topology.client(sentinel.port)
         try:
-            master: Any = await client.sentinel_master(SERVICE)
-            replicas: Any = await client.sentinel_slaves(SERVICE)
+            master: Any = await client.sentinel_master(SERVICE)  # type: ignore[no-untyped-call, unused-ignore]
+            replicas: Any = await client.sentinel_slaves(SERVICE)  # type: ignore[no-untyped-call, unused-ignore]
         finally:
             await client.aclose()
         if int(master.get("num-other-sentinels", 0)) < 2:
