@@ -346,7 +346,7 @@ class _Worker:
         """Report that ``serve()`` returned or raised before the stop: a finding."""
         error = "cancelled" if serving.cancelled() else repr(serving.exception())
         report = {"kind": "serve-ended", "worker": self.worker, "pid": self.pid, "error": error}
-        await self.store.rpush(RESULTS, json.dumps(report))
+        await reply(self.store.rpush(RESULTS, json.dumps(report)))
 
     async def answer(
         self,
