@@ -32,6 +32,8 @@ from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
+    from typing_extensions import Self
+
     from asynclock import State
 
 SOON = 10.0
@@ -394,7 +396,7 @@ class LocksOnly:
         self.watch = self._inner.watch
         self.aclose = self._inner.aclose
 
-    async def __aenter__(self) -> LocksOnly:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
