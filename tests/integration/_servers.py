@@ -34,7 +34,9 @@ async def bounded(awaitable: Awaitable[T], what: str, seconds: float = BOUND) ->
     try:
         return await asyncio.wait_for(awaitable, seconds)
     except asyncio.TimeoutError:
-        raise AssertionError(f"timed out after {seconds}s waiting for {what}") from None
+        # chained, not "from None": a timeout while the test unwinds after a failure (a shutdown
+        # waiting for a request the failed test never let finish) must not hide that failure
+        raise AssertionError(f"timed out after {seconds}s waiting for {what}")  # noqa: B904
 
 
 @dataclass
