@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Collection
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
@@ -290,6 +290,17 @@ class InboxEntry(NamedTuple):
     pending: int = 1
 
 
+class InboxBatch(NamedTuple):
+    """What :meth:`InboxState.inbox_take` hands its drainer when entries are pending."""
+
+    #: the entries handed out, oldest first (at most ``limit``; none with ``limit=0``)
+    entries: tuple[InboxEntry, ...]
+    #: entries pending in the key's inbox after the step (those handed out included)
+    pending: int
+    #: seconds since the newest pending entry was accepted (by the state's clock)
+    quiet: float
+
+
 class InboxAccepted(NamedTuple):
     """What :meth:`InboxState.inbox_accept` did."""
 
@@ -362,6 +373,34 @@ class InboxState(Protocol):
         ``take=False`` (a drainer that stops) the next entry is only looked at: returned with
         its attempt count unchanged and the lock kept (the caller releases it), or, when there
         is none, the lock released as above.
+        """
+        ...
+
+    async def inbox_take(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: Collection[int] = (),
+        dead: str | None = None,
+        limit: int,
+    ) -> InboxBatch | None:
+        """As ``owner``, holder of ``key``'s lock: finish ``done``, then hand out up to ``limit``.
+
+        The batch form of :meth:`inbox_step` (for ``latest`` / ``debounce``, which fold what is
+        pending into one handler call). One atomic step, fenced by the lock: if ``owner`` does
+        not hold the lock it raises :class:`LockNotOwnedError` and changes nothing. Every pending
+        entry whose id is in ``done`` is removed (wherever it is in the inbox); with ``dead``
+        (the error text) as well, each is moved to the key's dead letters instead, with its
+        attempt count. Then, if entries are pending, the oldest ``limit`` of them (``limit >=
+        0``) have their attempt counts incremented and are returned in accept order, the lock
+        kept; with ``limit=0`` nothing is handed out (a drainer that only finishes entries,
+        stops, or waits for the key to go quiet) and the batch tells ``pending`` and ``quiet``.
+        If none is pending, the lock is **released in the same step** (release-if-empty, as in
+        :meth:`inbox_step`) and ``None`` is returned.
+
+        Attempt counts are per entry: an entry handed out again (its call failed, or its drainer
+        died) counts one more delivery; one never handed out has its count unchanged.
         """
         ...
 
