@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -31,6 +31,8 @@ from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
+
+    from typing_extensions import Self
 
     from asynclock import State
 
@@ -582,11 +584,17 @@ class LocksOnly:
         self.watch = self._inner.watch
         self.aclose = self._inner.aclose
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
 
 async def test_a_state_without_the_inbox_says_so() -> None:
     state = LocksOnly()
     assert not isinstance(state, InboxState)
-    bot = EventDispatcher(cast("State", state), on_lock_conflict="queue")
+    bot = EventDispatcher(state, on_lock_conflict="queue")
     with pytest.raises((TypeError, NotImplementedError), match="inbox"):
         await bot.accept(ev(1))
     with pytest.raises((TypeError, NotImplementedError), match="inbox"):
