@@ -276,7 +276,8 @@ class DedupeReading(Protocol):
 
 
 class InboxEntry(NamedTuple):
-    """The head of a key's inbox, as :meth:`InboxState.inbox_step` hands it to its drainer."""
+    """An entry of a key's inbox, as :meth:`InboxState.inbox_step` (the head) or
+    :meth:`InboxState.inbox_take` (the oldest pending ones) hands it to its drainer."""
 
     #: the entry's number in its key's inbox (increasing in accept order)
     id: int
@@ -321,7 +322,8 @@ class InboxKey(NamedTuple):
 
 
 class DeadLetter(NamedTuple):
-    """An entry given up after its last attempt (:meth:`InboxState.inbox_step` ``dead=``)."""
+    """An entry given up after its last attempt (``dead=`` of :meth:`InboxState.inbox_step` or
+    :meth:`InboxState.inbox_take`)."""
 
     key: str
     id: int
@@ -336,7 +338,8 @@ class InboxState(Protocol):
 
     Per key, a FIFO of entries stored in the state (on a server: durable once the call
     returns), drained by whoever holds the key's *lock* (the same lock as ``acquire``), one
-    entry at a time, in accept order.
+    entry at a time (:meth:`inbox_step`) or in batches of the oldest (:meth:`inbox_take`), in
+    accept order. An entry leaves only through a fenced step of the lock's holder.
     """
 
     async def inbox_accept(
