@@ -499,10 +499,10 @@ class TestFolding:
 
     async def test_debounce_waits_for_quiet(self, state: State) -> None:
         folds = Folds()
-        bot = EventDispatcher(state, on_lock_conflict="debounce", lock_ttl=5.0, debounce=0.3)
+        bot = EventDispatcher(state, on_lock_conflict="debounce", lock_ttl=5.0, debounce=0.5)
         bot.add_handler("*", folds)
         task = await serving(bot)
-        for n in range(4):  # every 0.1 s: never 0.3 s of quiet until the last
+        for n in range(4):  # every 0.1 s: never 0.5 s of quiet until the last
             await bot.accept(ev(n))
             await asyncio.sleep(0.1)
         await until(lambda: len(folds.calls) >= 1, "the folded call")
