@@ -94,7 +94,9 @@ class EventDispatcher:
         dedupe_ttl: seconds an event id is remembered.
         lock_scope: ``"thread"`` (``adapter:channel:thread``), ``"channel"`` or a function
             ``event -> key``.
-        debounce: seconds without a new event that ``debounce`` waits for.
+        debounce: seconds without a new event that ``debounce`` waits for (in :meth:`serve`,
+            at most ``max(debounce, lock_ttl / 3)`` per batch, so a steady stream cannot
+            starve a key).
         raise_errors: re-raise a handler's exception from :meth:`dispatch` (the outcome is
             still recorded as ``FAILED`` first).
         on_outcome: called as ``on_outcome(event, outcome, error)`` after every dispatch (sync
