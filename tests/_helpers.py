@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
     from asynclock import AsyncLock
 
+from asynclock.state import MemoryState
+
 T = TypeVar("T")
 
 #: Long enough for a task started just before to reach its blocking wait, on a loaded machine
@@ -122,3 +124,27 @@ def token_of(lock: AsyncLock) -> int:
     token = lock.token
     assert token is not None, f"{lock!r} has no token"
     return token
+
+
+class LocksOnly:
+    """A third-party state with the State protocol and nothing else (every built-in state now
+    has the inbox): the dispatcher must refuse the inbox on it, naming what is missing."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryState()
+        self.acquire = self._inner.acquire
+        self.release = self._inner.release
+        self.abandon = self._inner.abandon
+        self.extend = self._inner.extend
+        self.inspect = self._inner.inspect
+        self.dedupe_add = self._inner.dedupe_add
+        self.dedupe_keep = self._inner.dedupe_keep
+        self.dedupe_forget = self._inner.dedupe_forget
+        self.watch = self._inner.watch
+        self.aclose = self._inner.aclose
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

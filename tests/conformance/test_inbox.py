@@ -25,14 +25,12 @@ from asynclock import (
     Outcome,
     state_from_url,
 )
-from asynclock.state import MemoryState
 from asynclock.state._protocol import InboxState
+from tests._helpers import LocksOnly
 from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
-
-    from typing_extensions import Self
 
     from asynclock import State
 
@@ -565,30 +563,6 @@ class TestTake:
         assert await state.inbox_ready() == []
         [letter] = await state.inbox_dead_letters(key)
         assert (letter.id, letter.attempts, letter.error) == (2, 2, "Boom: no")
-
-
-class LocksOnly:
-    """A third-party state with the State protocol and nothing else (every built-in state now
-    has the inbox): the dispatcher must refuse the inbox on it, naming what is missing."""
-
-    def __init__(self) -> None:
-        self._inner = MemoryState()
-        self.acquire = self._inner.acquire
-        self.release = self._inner.release
-        self.abandon = self._inner.abandon
-        self.extend = self._inner.extend
-        self.inspect = self._inner.inspect
-        self.dedupe_add = self._inner.dedupe_add
-        self.dedupe_keep = self._inner.dedupe_keep
-        self.dedupe_forget = self._inner.dedupe_forget
-        self.watch = self._inner.watch
-        self.aclose = self._inner.aclose
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 async def test_a_state_without_the_inbox_says_so() -> None:

@@ -16,6 +16,7 @@ QUERIES = {
     "extend",
     "inspect",
     "dedupe_add",
+    "dedupe_remaining",
     "dedupe_forget",
     "dedupe_keep",
     "purge_locks",

@@ -19,6 +19,7 @@ from slack_bolt.response import BoltResponse
 from asynclock import Event, EventDispatcher, HandlerContext, MemoryState, Outcome, state_from_url
 from asynclock.integrations.aiogram import UpdateMiddleware, telegram_event
 from asynclock.integrations.slack_bolt import SlackEventsMiddleware, slack_event
+from tests._helpers import LocksOnly
 
 
 def envelope(event: dict[str, object], **extra: object) -> dict[str, object]:
@@ -80,11 +81,9 @@ class TestSlackEventsMiddleware:
             SlackEventsMiddleware(bot, mode="later")  # type: ignore[arg-type]
 
     def test_accept_needs_a_state_with_the_inbox(self) -> None:
-        # built, never connected: PostgreSQL has no inbox yet
-        bot = EventDispatcher(
-            state_from_url("postgresql://postgres@127.0.0.1:1/test"), on_lock_conflict="queue"
-        )
-        with pytest.raises(TypeError, match=r"needs a state with the durable inbox.*PostgresState"):
+        # every built-in state has the inbox: a third-party state with the locks only
+        bot = EventDispatcher(LocksOnly(), on_lock_conflict="queue")
+        with pytest.raises(TypeError, match=r"needs a state with the durable inbox.*LocksOnly"):
             SlackEventsMiddleware(bot, mode="accept")
         assert SlackEventsMiddleware(bot, mode="submit").mode == "submit"
 
