@@ -13,6 +13,7 @@ from asynclock._event import Event, Outcome
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Sequence
 
     from asynclock._handlers import HandlerTable, Registered
 
@@ -79,8 +80,11 @@ class Backlog:
         self.last_arrival = 0.0
 
 
-def fold(batch: list[Waiting], handlers: HandlerTable) -> list[BatchCall]:
+def fold(batch: Sequence[Event], handlers: HandlerTable) -> list[BatchCall]:
     """Split a latest/debounce batch into handler calls, so no skipped event goes unseen.
+
+    The same folding serves the in-process backlog of ``dispatch`` and the inbox entries
+    ``serve`` takes as one batch; a call names its events by their index in ``batch``.
 
     An event's *route* is its own type when a handler is registered for that type, else
     ``"*"`` when a catch-all is, else none. Per thread and route, the newest event is handled
@@ -93,7 +97,7 @@ def fold(batch: list[Waiting], handlers: HandlerTable) -> list[BatchCall]:
     """
     routed: dict[tuple[str, str], list[int]] = {}
     unrouted: dict[str, list[int]] = {}
-    for index, (event, _) in enumerate(batch):
+    for index, event in enumerate(batch):
         route = handlers.route_of(event.type)
         if route is None:
             unrouted.setdefault(event.thread_key, []).append(index)
@@ -103,7 +107,7 @@ def fold(batch: list[Waiting], handlers: HandlerTable) -> list[BatchCall]:
     last_of_thread: dict[str, BatchCall] = {}
     for (thread, _), indexes in sorted(routed.items(), key=lambda item: item[1][-1]):
         newest = indexes[-1]
-        call = BatchCall(newest, indexes[:-1], handlers.for_type(batch[newest][0].type))
+        call = BatchCall(newest, indexes[:-1], handlers.for_type(batch[newest].type))
         calls.append(call)
         last_of_thread[thread] = call  # sorted by the newest index: the thread's last call
     for thread, indexes in unrouted.items():

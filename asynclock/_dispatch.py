@@ -27,6 +27,7 @@ from asynclock._freeing import FreeingEstimate
 from asynclock._grant import granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all
 from asynclock._inbox import Drainer, encode
+from asynclock._inbox_fold import FoldingDrain
 from asynclock._lock import AsyncLock
 from asynclock._slots import RetrySlots
 from asynclock._validate import check_key, check_seconds, check_ttl
@@ -93,7 +94,9 @@ class EventDispatcher:
         dedupe_ttl: seconds an event id is remembered.
         lock_scope: ``"thread"`` (``adapter:channel:thread``), ``"channel"`` or a function
             ``event -> key``.
-        debounce: seconds without a new event that ``debounce`` waits for.
+        debounce: seconds without a new event that ``debounce`` waits for (in :meth:`serve`,
+            at most ``max(debounce, lock_ttl / 3)`` per batch, so a steady stream cannot
+            starve a key).
         raise_errors: re-raise a handler's exception from :meth:`dispatch` (the outcome is
             still recorded as ``FAILED`` first).
         on_outcome: called as ``on_outcome(event, outcome, error)`` after every dispatch (sync
@@ -655,7 +658,7 @@ class EventDispatcher:
                         await asyncio.sleep(quiet)
                     batch = [(e, f) for e, f in backlog.entries if not f.done()]
                     backlog.entries.clear()
-                    calls = fold(batch, self._handlers)
+                    calls = fold([event for event, _ in batch], self._handlers)
                     for call in calls:
                         if call.handlers:
                             event = batch[call.handled][0]
@@ -742,21 +745,32 @@ class EventDispatcher:
         recorded (``HANDLED``, or ``FAILED`` for an attempt that raised); an entry that failed
         ``max_attempts`` deliveries is dead-lettered, logged at ERROR, and the key goes on.
 
+        Under ``on_lock_conflict="latest"`` the entries pending for a key are taken as one batch
+        and folded as :meth:`dispatch` folds a backlog: per thread and route the newest is
+        handled, the older ones are in its ``ctx.skipped`` (each recorded ``SKIPPED``); an
+        entry leaves the inbox only once the call that covered it returned, and a call that
+        fails its last attempt dead-letters all of its entries. ``"debounce"`` first waits until
+        no entry arrived for ``debounce`` seconds (at most ``max(debounce, lock_ttl / 3)``).
+
         Raises:
             TypeError: the state has no inbox capability.
-            NotImplementedError: ``on_lock_conflict`` is ``latest`` or ``debounce`` (the inbox
-                does not fold entries yet: use ``queue``).
         """
         inbox = self._inbox()
-        if self._policy in ("latest", "debounce"):
-            raise NotImplementedError(
-                f"serve() does not fold inbox entries under on_lock_conflict="
-                f"{self._policy!r} yet; use 'queue' (every entry handled in order)"
-            )
         stopping = asyncio.Event()
         if self._closed:
             stopping.set()
         self._stopping.add(stopping)
+        folding = None
+        if self._policy in ("latest", "debounce"):
+            folding = FoldingDrain(
+                inbox,
+                self._handlers,
+                debounce=self._debounce if self._policy == "debounce" else None,
+                lock_ttl=self._lock_ttl,
+                max_attempts=self._max_attempts,
+                record=self._record,
+                observe=self._freeing.observe,
+            )
         drainer = Drainer(
             self._state,
             inbox,
@@ -765,6 +779,7 @@ class EventDispatcher:
             max_attempts=self._max_attempts,
             record=self._record,
             observe=self._freeing.observe,
+            folding=folding,
         )
         try:
             await drainer.run(stopping)

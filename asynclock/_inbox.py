@@ -6,7 +6,8 @@ entry leaves the inbox only once its handlers returned (or it was dead-lettered 
 ``max_attempts``), in the same atomic step that hands out the next one, or releases the lock
 when there is none (release-if-empty). A worker that dies mid-handler leaves the entry at the
 head; once its lock's TTL ran out, another worker takes the key over and delivers the entry
-again with ``ctx.attempt`` one higher.
+again with ``ctx.attempt`` one higher. Under ``latest`` and ``debounce`` a held key is drained
+by batches instead (``_inbox_fold.py``), with the same crash-safety per handler call.
 
 Workers learn of new work by push (:meth:`InboxState.inbox_watch`) and rescan the keys with
 work every few seconds, which is how a key whose drainer died is picked up again. A wake-up
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from asynclock._handlers import HandlerTable
+    from asynclock._inbox_fold import FoldingDrain
     from asynclock.state._protocol import InboxEntry, InboxState, State
 
     #: ``(event, outcome, lock_key, error)``: how a drained entry's outcome is recorded
@@ -97,6 +99,7 @@ class Drainer:
 
     __slots__ = (
         "_again",
+        "_folding",
         "_handlers",
         "_inbox",
         "_keys",
@@ -118,8 +121,11 @@ class Drainer:
         max_attempts: int,
         record: Recorder,
         observe: Callable[[str, float], None],
+        folding: FoldingDrain | None = None,
     ) -> None:
         self._state = state
+        #: ``latest`` / ``debounce``: how a held key is drained instead of one entry at a time
+        self._folding = folding
         self._inbox = inbox
         self._handlers = handlers
         self._lock_ttl = lock_ttl
@@ -174,7 +180,10 @@ class Drainer:
             if not await lock.acquire(blocking=False):
                 return  # another worker drains it; if it dies, a rescan finds the key again
             async with lock._holding():
-                await self._drain_held(key, lock, stopping)
+                if self._folding is not None:
+                    await self._folding.drain(key, lock, stopping)
+                else:
+                    await self._drain_held(key, lock, stopping)
         except LockLostError:
             logger.warning("asynclock: lost the lock of inbox %r; its entry is redelivered", key)
         except (StateUnavailableError, LockNotOwnedError) as exc:

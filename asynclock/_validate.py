@@ -95,3 +95,14 @@ def check_ttl(value: object, name: str = "ttl", *, key: str | None = None) -> fl
 def ttl_ms(seconds: float) -> int:
     """Seconds to whole milliseconds for a server call, never rounding a positive TTL to 0."""
     return max(1, round(seconds * 1000))
+
+
+def check_limit(limit: object) -> int:
+    """``limit`` (how many inbox entries a step may hand out) when it is an int >= 0.
+
+    Raises:
+        ValueError: ``limit`` is not an int, or is negative (the message shows it).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+    return limit

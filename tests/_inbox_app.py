@@ -5,7 +5,9 @@ Configured by environment variables (the test sets them): ``INBOX_TEST_URL`` and
 second client, never faulted). Every handling writes one *effect* through a Lua script that
 fences by the lock's token: per key it rejects a token lower than the last one it accepted, and
 counts such stale writes. The hash ``<prefix>inside`` counts each worker's running handlers (by pid),
-so the test can kill a worker in the middle of one.
+so the test can kill a worker in the middle of one. ``INBOX_TEST_POLICY`` (default ``queue``)
+sets ``on_lock_conflict``: under ``latest`` a call writes one effect per event it covers (its
+``ctx.skipped``, then the event), and ``INBOX_TEST_PAUSE`` (seconds) makes each call that long.
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ def make_bot() -> EventDispatcher:
     effects = Redis.from_url(os.environ["INBOX_TEST_EFFECTS"])
     write = effects.register_script(FENCED_WRITE)
     bot = EventDispatcher(
-        state, on_lock_conflict="queue", lock_ttl=float(os.environ.get("INBOX_TEST_TTL", "1.0"))
+        state,
+        on_lock_conflict=os.environ.get("INBOX_TEST_POLICY", "queue"),  # type: ignore[arg-type]
+        lock_ttl=float(os.environ.get("INBOX_TEST_TTL", "1.0")),
     )
+    pause = os.environ.get("INBOX_TEST_PAUSE")
     inside, pid = f"{prefix}inside", os.getpid()
 
     @bot.on("*")
@@ -49,10 +54,11 @@ def make_bot() -> EventDispatcher:
         # handler's end must not hide another that is still running
         await effects.hincrby(inside, str(pid), 1)
         try:
-            await asyncio.sleep(random.uniform(0.005, 0.03))
-            effect = f"{event.message_id} {ctx.attempt} {ctx.token} {os.getpid()}"
+            await asyncio.sleep(float(pause) if pause else random.uniform(0.005, 0.03))
             keys = [f"{prefix}fx:{ctx.lock_key}", f"{prefix}fx-token:{ctx.lock_key}"]
-            await write(keys=[*keys, f"{prefix}stale"], args=[ctx.token or 0, effect])
+            for covered in (*ctx.skipped, event):
+                effect = f"{covered.message_id} {ctx.attempt} {ctx.token} {os.getpid()}"
+                await write(keys=[*keys, f"{prefix}stale"], args=[ctx.token or 0, effect])
         finally:
             await effects.hincrby(inside, str(pid), -1)
 

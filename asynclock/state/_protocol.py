@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Collection
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
@@ -276,7 +276,8 @@ class DedupeReading(Protocol):
 
 
 class InboxEntry(NamedTuple):
-    """The head of a key's inbox, as :meth:`InboxState.inbox_step` hands it to its drainer."""
+    """An entry of a key's inbox, as :meth:`InboxState.inbox_step` (the head) or
+    :meth:`InboxState.inbox_take` (the oldest pending ones) hands it to its drainer."""
 
     #: the entry's number in its key's inbox (increasing in accept order)
     id: int
@@ -288,6 +289,17 @@ class InboxEntry(NamedTuple):
     age: float
     #: entries pending in the key's inbox, this one included
     pending: int = 1
+
+
+class InboxBatch(NamedTuple):
+    """What :meth:`InboxState.inbox_take` hands its drainer when entries are pending."""
+
+    #: the entries handed out, oldest first (at most ``limit``; none with ``limit=0``)
+    entries: tuple[InboxEntry, ...]
+    #: entries pending in the key's inbox after the step (those handed out included)
+    pending: int
+    #: seconds since the newest pending entry was accepted (by the state's clock)
+    quiet: float
 
 
 class InboxAccepted(NamedTuple):
@@ -310,7 +322,8 @@ class InboxKey(NamedTuple):
 
 
 class DeadLetter(NamedTuple):
-    """An entry given up after its last attempt (:meth:`InboxState.inbox_step` ``dead=``)."""
+    """An entry given up after its last attempt (``dead=`` of :meth:`InboxState.inbox_step` or
+    :meth:`InboxState.inbox_take`)."""
 
     key: str
     id: int
@@ -325,7 +338,8 @@ class InboxState(Protocol):
 
     Per key, a FIFO of entries stored in the state (on a server: durable once the call
     returns), drained by whoever holds the key's *lock* (the same lock as ``acquire``), one
-    entry at a time, in accept order.
+    entry at a time (:meth:`inbox_step`) or in batches of the oldest (:meth:`inbox_take`), in
+    accept order. An entry leaves only through a fenced step of the lock's holder.
     """
 
     async def inbox_accept(
@@ -362,6 +376,34 @@ class InboxState(Protocol):
         ``take=False`` (a drainer that stops) the next entry is only looked at: returned with
         its attempt count unchanged and the lock kept (the caller releases it), or, when there
         is none, the lock released as above.
+        """
+        ...
+
+    async def inbox_take(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: Collection[int] = (),
+        dead: str | None = None,
+        limit: int,
+    ) -> InboxBatch | None:
+        """As ``owner``, holder of ``key``'s lock: finish ``done``, then hand out up to ``limit``.
+
+        The batch form of :meth:`inbox_step` (for ``latest`` / ``debounce``, which fold what is
+        pending into one handler call). One atomic step, fenced by the lock: if ``owner`` does
+        not hold the lock it raises :class:`LockNotOwnedError` and changes nothing. Every pending
+        entry whose id is in ``done`` is removed (wherever it is in the inbox); with ``dead``
+        (the error text) as well, each is moved to the key's dead letters instead, with its
+        attempt count. Then, if entries are pending, the oldest ``limit`` of them (``limit >=
+        0``) have their attempt counts incremented and are returned in accept order, the lock
+        kept; with ``limit=0`` nothing is handed out (a drainer that only finishes entries,
+        stops, or waits for the key to go quiet) and the batch tells ``pending`` and ``quiet``.
+        If none is pending, the lock is **released in the same step** (release-if-empty, as in
+        :meth:`inbox_step`) and ``None`` is returned.
+
+        Attempt counts are per entry: an entry handed out again (its call failed, or its drainer
+        died) counts one more delivery; one never handed out has its count unchanged.
         """
         ...
 

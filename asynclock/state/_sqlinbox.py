@@ -3,7 +3,7 @@
 :class:`SQLInboxState` adds the inbox operations to :class:`~asynclock.state._sqlbase.SQLState`:
 parameters in, answers out, the same for PostgreSQL and MySQL. Each operation is one named
 statement of the backend's ``queries.sql``; the three that change several rows (accept, step,
-requeue) call a function (PostgreSQL) or procedure (MySQL) of its ``schema.sql``, one
+take, requeue) call a function (PostgreSQL) or procedure (MySQL) of its ``schema.sql``, one
 transaction that first locks the key's row of ``{table_prefix}inboxes``, so the accepts and
 drain steps of one key run one after the other across every process. A backend supplies only
 how its answer reads as rows (:meth:`SQLInboxState._rows`) and how an inbox watch hears of
@@ -21,13 +21,19 @@ import functools
 from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._errors import LockNotOwnedError
-from asynclock._validate import check_key, check_ttl, ttl_ms
-from asynclock.state._protocol import DeadLetter, InboxAccepted, InboxEntry, InboxKey
+from asynclock._validate import check_key, check_limit, check_ttl, ttl_ms
+from asynclock.state._protocol import (
+    DeadLetter,
+    InboxAccepted,
+    InboxBatch,
+    InboxEntry,
+    InboxKey,
+)
 from asynclock.state._sql import key_id
 from asynclock.state._sqlbase import SQLState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Collection, Sequence
 
     from asynclock.state._sqlbase import WakeableWatch
 
@@ -48,8 +54,8 @@ class SQLInboxState(SQLState[C, S, R]):
     * ``inbox_accept`` records the claim, checks ``max_pending`` and appends in one transaction
       serialized per key on the key's inboxes row: of concurrent accepts of one event exactly
       one is ``"accepted"``, and a key never holds more than ``max_pending`` entries.
-    * ``inbox_step`` changes nothing unless the caller holds the key's lock, and releases the
-      lock in its own transaction when nothing is pending (release-if-empty).
+    * ``inbox_step`` and ``inbox_take`` change nothing unless the caller holds the key's lock,
+      and release the lock in their own transaction when nothing is pending (release-if-empty).
     * The inbox rows are never deleted by :meth:`purge_expired`; a key's rows go when its last
       entry is done (dead letters stay until requeued and handled).
     """
@@ -160,6 +166,54 @@ class SQLInboxState(SQLState[C, S, R]):
             self._released_here(hex_id)
             return None
         return InboxEntry(_int(row[1]), _int(row[2]), _text(row[3]), _float(row[4]), _int(row[5]))
+
+    async def inbox_take(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: Collection[int] = (),
+        dead: str | None = None,
+        limit: int,
+    ) -> InboxBatch | None:
+        """See :meth:`asynclock.state.InboxState.inbox_take` (``inbox_take`` in ``queries.sql``).
+
+        Raises:
+            LockNotOwnedError: ``owner`` does not hold ``key``'s lock (nothing changed).
+        """
+        check_limit(limit)
+        ids = ",".join(str(int(entry)) for entry in done)
+        ident, _ = self._ids(key)
+        hex_id = ident.hex()
+        answer = await self._run(
+            "inbox_take",
+            {
+                "id": self._id_param(ident),
+                "owner": owner,
+                "done": ids,
+                "dead": dead if ids else None,
+                "limit": limit,
+                "reservation_ms": self._reservation_ms,
+                "channel": self._channel,
+                "payload": hex_id,
+            },
+            idempotent=False,
+        )
+        rows = self._rows(answer)
+        head = next(row for row in rows if _text(row[0]) != "entry")
+        status = _text(head[0])
+        if status == "not_owner":
+            raise LockNotOwnedError(key, owner)
+        if status == "released":
+            self._released_here(hex_id)
+            return None
+        pending = _int(head[5])
+        entries = sorted(
+            InboxEntry(_int(row[1]), _int(row[2]), _text(row[3]), _float(row[4]), pending)
+            for row in rows
+            if _text(row[0]) == "entry"
+        )
+        return InboxBatch(tuple(entries), pending, _float(head[4]))
 
     async def inbox_ready(self) -> list[str]:
         """See :meth:`asynclock.state.InboxState.inbox_ready` (one indexed read).

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asynclock._errors import LockNotOwnedError
-from asynclock._validate import check_key, check_ttl
+from asynclock._validate import check_key, check_limit, check_ttl
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._lines import Lines
 from asynclock.state._protocol import (
     DeadLetter,
     Grant,
     InboxAccepted,
+    InboxBatch,
     InboxEntry,
     InboxKey,
     LockInfo,
@@ -35,7 +36,7 @@ from asynclock.state._protocol import (
 from asynclock.state._watch import EventWatch
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Collection
 
 
 #: expired entries removed per operation by the amortised sweep
@@ -516,6 +517,52 @@ class MemoryState(ClosesOnExit):
                 age = now - head.accepted_at
                 return InboxEntry(head.id, head.attempts, head.payload, age, len(entries))
             if inbox is not None and not inbox.dead:
+                del self._inboxes[key]
+            self._release(key, owner, None, None, now)
+            return None
+
+    async def inbox_take(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: Collection[int] = (),
+        dead: str | None = None,
+        limit: int,
+    ) -> InboxBatch | None:
+        """See :meth:`asynclock.state.InboxState.inbox_take`."""
+        check_limit(limit)
+        finished = frozenset(done)
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            held = self._live(key, now)
+            if held is None or held.owner != owner:
+                raise LockNotOwnedError(key, owner)
+            inbox = self._inboxes.get(key)
+            if inbox is None:
+                self._release(key, owner, None, None, now)
+                return None
+            if finished:
+                kept: deque[_Entry] = deque()
+                for entry in inbox.entries:
+                    if entry.id not in finished:
+                        kept.append(entry)
+                    elif dead is not None:
+                        inbox.dead.append(
+                            DeadLetter(key, entry.id, entry.attempts, dead, entry.payload)
+                        )
+                inbox.entries = kept
+            entries = inbox.entries
+            if entries:
+                pending = len(entries)
+                handed = []
+                for entry in itertools.islice(entries, limit):
+                    entry.attempts += 1
+                    age = now - entry.accepted_at
+                    handed.append(InboxEntry(entry.id, entry.attempts, entry.payload, age, pending))
+                return InboxBatch(tuple(handed), pending, now - entries[-1].accepted_at)
+            if not inbox.dead:
                 del self._inboxes[key]
             self._release(key, owner, None, None, now)
             return None

@@ -371,10 +371,198 @@ class TestFailures:
         assert await state.inbox_step("slack:C1:T1", lock.owner, done=entry.id) is None
         assert await state.inspect("slack:C1:T1") is None  # released with the last step
 
-    async def test_serve_refuses_folding_policies_for_now(self, state: State) -> None:
-        bot = EventDispatcher(state, on_lock_conflict="latest")
-        with pytest.raises(NotImplementedError, match="queue"):
-            await bot.serve()
+
+class Folds:
+    """A handler that records each folded call: (type, handled, skipped, attempt)."""
+
+    def __init__(self, fail: Callable[[Event, HandlerContext], bool] = lambda e, c: False) -> None:
+        self.calls: list[tuple[str, str | None, list[str | None], int]] = []
+        self.fail = fail
+
+    async def __call__(self, event: Event, ctx: HandlerContext) -> None:
+        skipped = [e.message_id for e in ctx.skipped]
+        self.calls.append((event.type, event.message_id, skipped, ctx.attempt))
+        if self.fail(event, ctx):
+            raise RuntimeError(f"refused {event.message_id}")
+
+
+def typed(kind: str, n: int, *, thread: str = "T1") -> Event:
+    return Event(kind, "slack", "C1", thread, f"m{n}", {})
+
+
+async def quiet_key(state: State, key: str) -> None:
+    """The key's inbox is drained and its lock released (release-if-empty)."""
+    assert isinstance(state, InboxState)
+    deadline = time.monotonic() + SOON
+    while await state.inbox_ready() or await state.inspect(key) is not None:
+        assert time.monotonic() < deadline, f"{key} still has work or is held"
+        await asyncio.sleep(0.01)
+
+
+class TestFolding:
+    """``latest`` / ``debounce`` fold what is pending (SPEC section 6), as ``dispatch`` does."""
+
+    @pytest.mark.parametrize("policy", ["latest", "debounce"])
+    async def test_pending_entries_fold_into_the_newest(self, state: State, policy: str) -> None:
+        folds = Folds()
+        bot = EventDispatcher(state, on_lock_conflict=policy, lock_ttl=5.0, debounce=0.05)  # type: ignore[arg-type]
+        bot.add_handler("*", folds)
+        for n in range(5):
+            assert await bot.accept(ev(n)) is Outcome.ACCEPTED
+        task = await serving(bot)
+        await until(lambda: len(folds.calls) == 1, "one folded call")
+        await quiet_key(state, "slack:C1:T1")
+        await stop(bot, task)
+        assert folds.calls == [("message", "m4", ["m0", "m1", "m2", "m3"], 1)]
+        assert bot.stats[Outcome.SKIPPED] == 4
+        assert bot.stats[Outcome.HANDLED] == 1
+
+    async def test_folded_per_thread_and_route_as_dispatch_does(self, state: State) -> None:
+        messages, reactions = Folds(), Folds()
+        bot = EventDispatcher(state, on_lock_conflict="latest", lock_scope="channel", lock_ttl=5.0)
+        bot.add_handler("message", messages)
+        bot.add_handler("reaction", reactions)
+        batch = [
+            typed("message", 0),
+            typed("reaction", 1),
+            typed("message", 2),
+            typed("message", 3, thread="T2"),
+            typed("reaction", 4),
+            typed("edit", 5),  # no handler takes it: it joins its thread's last call
+        ]
+        for event in batch:
+            await bot.accept(event)
+        task = await serving(bot)
+        await until(lambda: len(messages.calls) + len(reactions.calls) == 3, "three calls")
+        await quiet_key(state, "slack:C1")
+        await stop(bot, task)
+        assert messages.calls == [("message", "m2", ["m0"], 1), ("message", "m3", [], 1)]
+        assert reactions.calls == [("reaction", "m4", ["m1", "m5"], 1)]
+        assert bot.stats[Outcome.SKIPPED] == 3
+        assert bot.stats[Outcome.HANDLED] == 3
+
+    async def test_accept_order_is_kept_across_batches(
+        self, state: State, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr("asynclock._inbox_fold.BATCH", 3)
+        folds = Folds()
+        bot = EventDispatcher(state, on_lock_conflict="latest", lock_ttl=5.0)
+        bot.add_handler("*", folds)
+        for n in range(8):
+            await bot.accept(ev(n))
+        task = await serving(bot)
+        await until(lambda: len(folds.calls) == 3, "three batches")
+        await quiet_key(state, "slack:C1:T1")
+        await stop(bot, task)
+        assert [(h, s) for _, h, s, _ in folds.calls] == [
+            ("m2", ["m0", "m1"]),
+            ("m5", ["m3", "m4"]),
+            ("m7", ["m6"]),
+        ]
+
+    async def test_a_failing_call_is_retried_then_dead_lettered_whole(
+        self, state: State, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        messages = Folds(fail=lambda e, c: True)
+        reactions = Folds()
+        bot = EventDispatcher(
+            state, on_lock_conflict="latest", lock_ttl=5.0, max_attempts=3, raise_errors=False
+        )
+        bot.add_handler("message", messages)
+        bot.add_handler("reaction", reactions)
+        for event in (typed("message", 0), typed("message", 1), typed("reaction", 2)):
+            await bot.accept(event)
+        with caplog.at_level(logging.ERROR, logger="asynclock"):
+            task = await serving(bot)
+            await until(lambda: len(messages.calls) == 3, "three attempts")
+            await quiet_key(state, "slack:C1:T1")
+        # the failing call fails only its own events: the reaction was handled once, at once
+        assert reactions.calls == [("reaction", "m2", [], 1)]
+        assert messages.calls == [("message", "m1", ["m0"], n) for n in (1, 2, 3)]
+        assert bot.stats[Outcome.FAILED] == 6  # both events of the call, three times
+        assert isinstance(state, InboxState)
+        letters = await state.inbox_dead_letters("slack:C1:T1")
+        assert [(d.id, d.attempts, d.error) for d in letters] == [
+            (1, 3, "RuntimeError: refused m1"),
+            (2, 3, "RuntimeError: refused m1"),
+        ]
+        [logged] = [r for r in caplog.records if "dead-lettered" in r.getMessage()]
+        assert getattr(logged, "entries") == [1, 2]  # noqa: B009 - a logging extra
+        # the key goes on
+        messages.fail = lambda e, c: False
+        await bot.accept(typed("message", 3))
+        await until(lambda: len(messages.calls) == 4, "the next event")
+        await stop(bot, task)
+        assert messages.calls[-1] == ("message", "m3", [], 1)
+
+    async def test_debounce_waits_for_quiet(self, state: State) -> None:
+        folds = Folds()
+        bot = EventDispatcher(state, on_lock_conflict="debounce", lock_ttl=5.0, debounce=0.5)
+        bot.add_handler("*", folds)
+        task = await serving(bot)
+        for n in range(4):  # every 0.1 s: never 0.5 s of quiet until the last
+            await bot.accept(ev(n))
+            await asyncio.sleep(0.1)
+        await until(lambda: len(folds.calls) >= 1, "the folded call")
+        await quiet_key(state, "slack:C1:T1")
+        await stop(bot, task)
+        assert folds.calls == [("message", "m3", ["m0", "m1", "m2"], 1)]
+
+    async def test_a_steady_stream_cannot_starve_debounce(self, state: State) -> None:
+        # debounce 0.3 s, a new event every 0.05 s for 2 s: the wait is capped at
+        # max(debounce, lock_ttl / 3) = 0.5 s, so calls happen while the stream goes on
+        folds = Folds()
+        bot = EventDispatcher(state, on_lock_conflict="debounce", lock_ttl=1.5, debounce=0.3)
+        bot.add_handler("*", folds)
+        task = await serving(bot)
+        for n in range(40):
+            await bot.accept(ev(n))
+            await asyncio.sleep(0.05)
+        during = len(folds.calls)
+        await until(lambda: sum(1 + len(s) for _, _, s, _ in folds.calls) == 40, "all covered")
+        await stop(bot, task)
+        assert during >= 2, f"only {during} calls while the stream went on"
+        covered = [m for _, h, s, _ in folds.calls for m in (*s, h)]
+        assert covered == [f"m{n}" for n in range(40)]
+
+
+class TestTake:
+    """The batch step of the protocol (``InboxState.inbox_take``), below the dispatcher."""
+
+    async def test_fenced_counted_and_released_when_empty(self, state: State) -> None:
+        from asynclock import AsyncLock, LockNotOwnedError
+
+        bot = bot_on(state, Recorder())
+        for n in range(3):
+            await bot.accept(ev(n))
+        assert isinstance(state, InboxState)
+        key = "slack:C1:T1"
+        with pytest.raises(LockNotOwnedError):
+            await state.inbox_take(key, "someone", limit=5)
+        lock = AsyncLock(state, key, ttl=5.0)
+        await lock.acquire()
+        with pytest.raises(ValueError, match="-1"):
+            await state.inbox_take(key, lock.owner, limit=-1)
+        looked = await state.inbox_take(key, lock.owner, limit=0)
+        assert looked is not None
+        assert (looked.entries, looked.pending) == ((), 3)
+        assert 0.0 <= looked.quiet < SOON
+        first = await state.inbox_take(key, lock.owner, limit=2)
+        assert first is not None
+        assert [(e.id, e.attempt, e.pending) for e in first.entries] == [(1, 1, 3), (2, 1, 3)]
+        again = await state.inbox_take(key, lock.owner, done=[1], limit=5)
+        assert again is not None
+        assert [(e.id, e.attempt) for e in again.entries] == [(2, 2), (3, 1)]
+        with pytest.raises(LockNotOwnedError):  # a stale drainer cannot ack
+            await state.inbox_take(key, "someone", done=[2, 3], limit=0)
+        dead = await state.inbox_take(key, lock.owner, done=[2], dead="Boom: no", limit=0)
+        assert dead is not None
+        assert dead.pending == 1
+        assert await state.inbox_take(key, lock.owner, done=[3, 99], limit=5) is None
+        assert await state.inspect(key) is None  # released in the same step
+        assert await state.inbox_ready() == []
+        [letter] = await state.inbox_dead_letters(key)
+        assert (letter.id, letter.attempts, letter.error) == (2, 2, "Boom: no")
 
 
 async def test_a_state_without_the_inbox_says_so() -> None:

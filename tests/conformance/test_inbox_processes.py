@@ -48,22 +48,23 @@ class Fleet:
         self.folder = Path(tempfile.mkdtemp(prefix="inbox-workers-"))
         self.effects = Redis.from_url(REDIS.url)
 
-    def env(self) -> dict[str, str]:
+    def env(self, **extra: str) -> dict[str, str]:
         return {
             **os.environ,
+            **extra,
             "INBOX_TEST_URL": self.backend.url,
             "INBOX_TEST_PREFIX": self.prefix,
             "INBOX_TEST_EFFECTS": REDIS.url,
             "PYTHONPATH": str(ROOT),
         }
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, **env: str) -> subprocess.Popen[bytes]:
         log = self.folder / f"worker-{len(self.workers)}.log"
         with log.open("wb") as output:  # the child keeps its own descriptor
             worker = subprocess.Popen(
                 [sys.executable, "-m", "asynclock", "worker", "tests._inbox_app:make_bot"],
                 cwd=ROOT,
-                env=self.env(),
+                env=self.env(**env),
                 stdout=output,
                 stderr=subprocess.STDOUT,
             )
@@ -252,6 +253,38 @@ async def test_accepted_then_the_only_process_killed_a_fresh_worker_handles_all(
     found = await fleet.wait_all(50)
     assert check_history(found, events) == 0
     assert fleet.stop() == [0]
+
+
+async def test_latest_a_kill_9_mid_batch_redelivers_the_whole_batch(fleet: Fleet) -> None:
+    # Under on_lock_conflict="latest" each key's pending events are one batch, one call (0.5 s
+    # here, so the kill lands inside it). Killed mid-call, nothing of the batch was acked: the
+    # next worker takes the key over after the lock TTL and handles the whole batch again, with
+    # ctx.attempt 2; nothing is lost, and nothing is written with a stale token.
+    events = [event(n % KEYS, n // KEYS) for n in range(5 * KEYS)]
+    await accept_all(fleet, events)
+    folding = {"INBOX_TEST_POLICY": "latest", "INBOX_TEST_PAUSE": "0.5"}
+    fleet.start(**folding)
+    deadline = time.monotonic() + 60
+    while (victim := await fleet.inside()) is None:
+        assert time.monotonic() < deadline, f"no worker seen mid-call\n{fleet.output()}"
+        await asyncio.sleep(0.002)
+    os.kill(victim, signal.SIGKILL)
+    fleet.start(**folding)
+    found = await fleet.wait_all(len(events))
+    check_history(found, events)
+    assert int(await fleet.effects.get(f"{fleet.prefix}stale") or 0) == 0
+    redelivered = [
+        key
+        for key, effects in found.items()
+        if {m for m, a, _ in effects if a == 2} == {m for m, _, _ in effects}
+    ]
+    assert redelivered, f"no batch was redelivered whole: {found}"
+    assert fleet.stop() == [-signal.SIGKILL, 0]
+    state = state_from_url(fleet.backend.url, prefix=fleet.prefix)
+    try:
+        assert await state.inbox_ready() == []  # type: ignore[attr-defined]
+    finally:
+        await state.aclose()
 
 
 def _text(value: bytes | str) -> str:

@@ -24,6 +24,7 @@ QUERIES = {
     "held_locks",
     "inbox_accept",
     "inbox_step",
+    "inbox_take",
     "inbox_requeue",
     "inbox_ready",
     "inbox_keys",
@@ -31,7 +32,7 @@ QUERIES = {
 }
 #: the tables schema.sql creates, and its versioned routines (functions or procedures)
 TABLES = ("locks", "dedupe", "inboxes", "inbox_entries")
-ROUTINES = ("inbox_accept_v1", "inbox_step_v1", "inbox_requeue_v1")
+ROUTINES = ("inbox_accept_v1", "inbox_step_v1", "inbox_requeue_v1", "inbox_take_v1")
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -25,6 +25,7 @@ SCRIPTS = {
     "force_release.lua",
     "inbox_accept.lua",
     "_inbox_step.lua",
+    "_inbox_take.lua",
     "inbox_requeue.lua",
     "_listed.lua",
     "inbox_unlist.lua",

@@ -227,3 +227,15 @@ SELECT e.id, e.attempts, e.error, e.payload
 FROM {prefix}inbox_entries AS e
 WHERE e.inbox = UNHEX(%(id)s) AND e.error IS NOT NULL
 ORDER BY e.id
+
+-- inbox_take --
+-- The batch form of inbox_step: as owner, holder of the key's lock, finish the entries "done"
+-- lists (comma-separated ids: deleted, or dead letters with the error text "dead"), then hand out
+-- the oldest "limit" pending entries (attempts + 1), or release the lock when nothing is pending
+-- (as inbox_step does). Answers a status row ('not_owner' changed nothing, 'released', or
+-- 'pending' with the seconds since the newest pending entry was accepted, and how many are
+-- pending), then one 'entry' row per entry handed out (entry, attempts, payload, age, pending).
+-- Atomic: one call of inbox_take_v1 (schema.sql), which locks the lock row, then the inboxes row,
+-- in one transaction.
+CALL {prefix}inbox_take_v1(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(limit)s,
+                           %(reservation_ms)s)

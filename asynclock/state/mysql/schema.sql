@@ -235,3 +235,87 @@ BEGIN
     SELECT v_moved;
 END
 $$;
+
+-- inbox_take: the batch form of inbox_step. As the lock's owner, finish the pending entries whose
+-- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
+-- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
+-- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
+-- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). Answers
+-- one result set, read before the commit (so an accept landing after it cannot show up
+-- uncounted): a first row (status, -, -, -, seconds since the newest pending entry was accepted,
+-- pending) with status 'not_owner' (nothing changed), 'released' or 'pending', then one row
+-- ('entry', id, attempts, payload, age in seconds, pending) per entry handed out, in id order.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_take_v1(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done LONGTEXT,
+    IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_limit INT, IN p_reservation_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_held INT;
+    DECLARE v_rows INT;
+    DECLARE v_pending INT DEFAULT 0;
+    DECLARE v_dead INT;
+    DECLARE v_gone INT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'released';
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_held FROM {prefix}locks
+    WHERE id = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3)
+    FOR UPDATE;
+    IF v_held = 0 THEN
+        SET v_status = 'not_owner';
+    ELSE
+        SELECT COUNT(*), COALESCE(MAX(pending), 0), COALESCE(MAX(dead), 0)
+        INTO v_rows, v_pending, v_dead
+        FROM {prefix}inboxes WHERE id = p_id
+        FOR UPDATE;
+        IF v_rows > 0 AND p_done <> '' THEN
+            IF p_dead IS NULL THEN
+                DELETE FROM {prefix}inbox_entries
+                WHERE inbox = p_id AND error IS NULL AND FIND_IN_SET(id, p_done) > 0;
+            ELSE
+                UPDATE {prefix}inbox_entries SET error = p_dead
+                WHERE inbox = p_id AND error IS NULL AND FIND_IN_SET(id, p_done) > 0;
+            END IF;
+            SET v_gone = ROW_COUNT();
+            IF v_gone > 0 THEN
+                SET v_pending = v_pending - v_gone;
+                SET v_dead = v_dead + IF(p_dead IS NULL, 0, v_gone);
+                UPDATE {prefix}inboxes SET pending = v_pending, dead = v_dead WHERE id = p_id;
+            END IF;
+        END IF;
+        IF v_pending > 0 THEN
+            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
+            WHERE inbox = p_id AND error IS NULL
+            ORDER BY id LIMIT p_limit;
+            SET v_status = 'pending';
+        ELSE
+            IF v_rows > 0 AND v_dead = 0 THEN
+                DELETE FROM {prefix}inboxes WHERE id = p_id;
+            ELSEIF v_rows > 0 THEN
+                UPDATE {prefix}inboxes SET ready_at = NULL WHERE id = p_id;
+            END IF;
+            UPDATE {prefix}locks
+            SET owner = NULL,
+                expires_at = IF(flag IS NULL, UTC_TIMESTAMP(3),
+                                UTC_TIMESTAMP(3) + INTERVAL p_reservation_ms * 1000 MICROSECOND)
+            WHERE id = p_id;
+        END IF;
+    END IF;
+    SELECT v_status, NULL, NULL, NULL,
+           (SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3)), 0)
+                   / 1000000
+            FROM {prefix}inbox_entries WHERE inbox = p_id AND error IS NULL
+            ORDER BY id DESC LIMIT 1),
+           v_pending
+    UNION ALL
+    (SELECT 'entry', id, attempts, payload,
+            GREATEST(TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3)), 0) / 1000000,
+            v_pending
+     FROM {prefix}inbox_entries
+     WHERE v_status = 'pending' AND inbox = p_id AND error IS NULL
+     ORDER BY id LIMIT p_limit);
+    COMMIT;
+END
+$$;

@@ -204,3 +204,80 @@ BEGIN
     RETURN v_moved;
 END
 $$;
+
+-- inbox_take: the batch form of inbox_step. As the lock's owner, finish the pending entries whose
+-- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
+-- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
+-- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
+-- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). Answers
+-- status 'not_owner' (one row, nothing changed), 'released' (one row), or 'pending' (pending
+-- entries, and as age the seconds since the newest one was accepted) followed by one 'entry' row
+-- per entry handed out (id, attempts, payload, age in seconds, pending), in no set order.
+CREATE OR REPLACE FUNCTION {prefix}inbox_take_v1(
+    p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer,
+    p_reservation_ms bigint, p_channel text, p_payload text
+) RETURNS TABLE (
+    status text, entry bigint, attempts integer, payload text, age float8, pending integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_pending integer;
+    v_dead integer;
+    v_gone integer;
+    v_done bigint[] := string_to_array(nullif(p_done, ''), ',')::bigint[];
+BEGIN
+    PERFORM 1 FROM {prefix}locks AS l
+    WHERE l.id = p_id AND l.owner = p_owner AND l.expires_at > now()
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
+                            NULL::float8, NULL::integer;
+        RETURN;
+    END IF;
+    SELECT i.pending, i.dead INTO v_pending, v_dead
+    FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
+    IF FOUND AND coalesce(cardinality(v_done), 0) > 0 THEN
+        IF p_dead IS NULL THEN
+            DELETE FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
+        ELSE
+            UPDATE {prefix}inbox_entries AS e SET error = p_dead
+            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
+        END IF;
+        GET DIAGNOSTICS v_gone = ROW_COUNT;
+        IF v_gone > 0 THEN
+            v_pending := v_pending - v_gone;
+            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE v_gone END;
+            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
+            WHERE i.id = p_id;
+        END IF;
+    END IF;
+    IF coalesce(v_pending, 0) > 0 THEN
+        RETURN QUERY
+        SELECT 'pending'::text, NULL::bigint, NULL::integer, NULL::text,
+               greatest(extract(epoch FROM now() - n.accepted_at), 0)::float8, v_pending
+        FROM (SELECT e.accepted_at FROM {prefix}inbox_entries AS e
+              WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id DESC LIMIT 1) AS n;
+        RETURN QUERY
+        UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+        FROM (SELECT h.id FROM {prefix}inbox_entries AS h
+              WHERE h.inbox = p_id AND h.error IS NULL ORDER BY h.id LIMIT p_limit) AS t
+        WHERE e.inbox = p_id AND e.id = t.id
+        RETURNING 'entry'::text, e.id, e.attempts, e.payload,
+                  greatest(extract(epoch FROM now() - e.accepted_at), 0)::float8, v_pending;
+        RETURN;
+    END IF;
+    IF v_dead = 0 THEN
+        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
+    ELSIF v_dead IS NOT NULL THEN
+        UPDATE {prefix}inboxes AS i SET ready_at = NULL WHERE i.id = p_id;
+    END IF;
+    UPDATE {prefix}locks AS l
+    SET owner = NULL,
+        expires_at = CASE WHEN l.flag IS NULL THEN now()
+                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
+    WHERE l.id = p_id;
+    PERFORM pg_notify(p_channel, p_payload);
+    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
+                        NULL::float8, NULL::integer;
+END
+$$;

@@ -13,7 +13,8 @@ atomic against every client of the server and uses the server's clock. Dedupe is
   Redis Cluster hash tag, so everything about one lock lives in one slot.
 * ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
 * ``P<namespace>:<id>``: a dedupe record.
-* ``P{key}:inbox`` (and ``:attempts``, ``:dead``, ``:seq``): the key's durable inbox; the set of
+* ``P{key}:inbox`` (and ``:attempts``, ``:tries``, ``:dead``, ``:seq``): the key's durable inbox
+  (``:tries``: the attempt counts of the entries ``inbox_take`` handed out); the set of
   keys with work and the wake-up channel are the ready index's (``_ready.py``: one set on one
   server; one per slot and a directory on a cluster, ``_cluster_inbox.py``).
 
@@ -47,13 +48,14 @@ from redis.retry import Retry
 from asynclock._compat import deadline_after
 from asynclock._errors import LockNotOwnedError, StateUnavailableError
 from asynclock._owner import new_process_id
-from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
+from asynclock._validate import check_key, check_limit, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._errors import map_driver_errors, unavailable_error
 from asynclock.state._protocol import (
     DeadLetter,
     Grant,
     InboxAccepted,
+    InboxBatch,
     InboxEntry,
     InboxKey,
     LockInfo,
@@ -69,7 +71,7 @@ from asynclock.state.redis._sentinel import SentinelMaster, parse_sentinel_url
 from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Collection
 
     from redis.asyncio.connection import AbstractConnection
 
@@ -128,6 +130,7 @@ def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
     scripts["inbox_accept"] = _Script("inbox_accept", "_listed", "inbox_accept")
     scripts["inbox_requeue"] = _Script("inbox_requeue", "_listed", "inbox_requeue")
     scripts["inbox_step"] = _Script("inbox_step", "_inbox_step", "release", sharded=sharded)
+    scripts["inbox_take"] = _Script("inbox_take", "_inbox_take", "release", sharded=sharded)
     scripts["inbox_unlist"] = _Script("inbox_unlist")
     scripts["inbox_forget_slot"] = _Script("inbox_forget_slot")
     scripts["fair_acquire"] = _Script(
@@ -994,9 +997,59 @@ class RedisState(ClosesOnExit):
     ) -> InboxEntry | None:
         """See :meth:`asynclock.state.InboxState.inbox_step` (``_inbox_step.lua`` before
         ``release.lua``: one EVALSHA)."""
+        args = (
+            *self._step_args(owner),
+            "" if done is None else str(done),
+            "1" if dead is not None else "0",
+            dead or "",
+            "1" if take else "0",
+            key,
+        )
+        reply = await self._eval("inbox_step", self._step_keys(key), *args)
+        if isinstance(reply, list):
+            head, count, now_ms, pending = reply
+            entry_id, accepted_ms, payload = _entry(head)
+            age = max(_as_int(now_ms) - accepted_ms, 0) / 1000.0
+            return InboxEntry(entry_id, _as_int(count), payload, age, _as_int(pending))
+        if _as_int(reply) < 0:
+            raise LockNotOwnedError(key, owner)
+        return None
+
+    async def inbox_take(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: Collection[int] = (),
+        dead: str | None = None,
+        limit: int,
+    ) -> InboxBatch | None:
+        """See :meth:`asynclock.state.InboxState.inbox_take` (``_inbox_take.lua`` before
+        ``release.lua``: one EVALSHA)."""
+        check_limit(limit)
+        ids = tuple(str(int(entry)) for entry in done)
+        args = (*self._step_args(owner), limit, "1" if dead is not None else "0", dead or "", key)
+        keys = (*self._step_keys(key), f"{self._inbox_keys(key)[0]}:tries")
+        reply = await self._eval("inbox_take", keys, *args, *ids)
+        if not isinstance(reply, list):
+            if _as_int(reply) < 0:
+                raise LockNotOwnedError(key, owner)
+            return None
+        now_ms, pending, newest, *handed = reply
+        now, count = _as_int(now_ms), _as_int(pending)
+        entries = []
+        for raw, attempts in zip(handed[::2], handed[1::2], strict=True):
+            entry_id, accepted_ms, payload = _entry(raw)
+            age = max(now - accepted_ms, 0) / 1000.0
+            entries.append(InboxEntry(entry_id, _as_int(attempts), payload, age, count))
+        quiet = max(now - _entry(newest)[1], 0) / 1000.0
+        return InboxBatch(tuple(entries), count, quiet)
+
+    def _step_keys(self, key: str) -> tuple[str, ...]:
+        """KEYS[1..8] of ``inbox_step`` and ``inbox_take`` (release.lua's, then the inbox's)."""
         entries, attempts, dead_letters, seq = self._inbox_keys(key)
         lock_key = self.lock_key(key)
-        keys = (
+        return (
             lock_key,
             f"{lock_key}:released",
             f"{lock_key}:abandoned:",
@@ -1006,27 +1059,10 @@ class RedisState(ClosesOnExit):
             self._ready.ready_key(lock_key),
             seq,
         )
-        args = (
-            owner,
-            "",
-            0,
-            self._retention_ms,
-            self._reservation_ms,
-            "" if done is None else str(done),
-            "1" if dead is not None else "0",
-            dead or "",
-            "1" if take else "0",
-            key,
-        )
-        reply = await self._eval("inbox_step", keys, *args)
-        if isinstance(reply, list):
-            head, count, now_ms, pending = reply
-            entry_id, accepted_ms, payload = _entry(head)
-            age = max(_as_int(now_ms) - accepted_ms, 0) / 1000.0
-            return InboxEntry(entry_id, _as_int(count), payload, age, _as_int(pending))
-        if _as_int(reply) < 0:
-            raise LockNotOwnedError(key, owner)
-        return None
+
+    def _step_args(self, owner: str) -> tuple[str | int, ...]:
+        """ARGV[1..5] of ``inbox_step`` and ``inbox_take``: release.lua's, without a successor."""
+        return (owner, "", 0, self._retention_ms, self._reservation_ms)
 
     async def inbox_ready(self) -> list[str]:
         """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE; on a cluster, the

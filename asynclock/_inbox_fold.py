@@ -1,0 +1,204 @@
+"""``latest`` / ``debounce`` over the durable inbox: take what is pending, fold it, ack per call.
+
+A drainer holding a key's lock takes the oldest pending entries as one batch
+(:meth:`InboxState.inbox_take`), folds them as ``dispatch`` folds its backlog
+(:func:`asynclock._backlog.fold`: per thread and route, the newest handled, the older ones in
+``ctx.skipped``) and runs the calls in the order of the events they handle. Invariants:
+
+* An entry leaves the inbox only once the call that covered it (handled or skipped) returned,
+  or failed its last attempt (then every entry of that call is dead-lettered): each call is
+  acknowledged by its own fenced step, so a worker killed mid-batch leaves the unacknowledged
+  entries pending, and the key's next drainer (once the lock's TTL ran out) takes them again,
+  each with its attempt count one higher.
+* A call that fails before its last attempt fails only its own entries: the other calls of the
+  batch still run and are acknowledged; the failed entries stay pending and are folded into
+  the next batch with what arrived since (so a newer event of their thread and route may then
+  be the one handled, with them in ``ctx.skipped``). ``ctx.attempt`` of a call is the highest
+  attempt count among its entries.
+* ``debounce``: before each batch the drainer holds the key until no entry arrived for
+  ``debounce`` seconds, but at most ``max(debounce, lock_ttl / 3)`` seconds (:func:`quiet_cap`),
+  so a steady stream delays a key's batch by a bounded time and never starves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from asynclock import metrics as _metrics
+from asynclock._backlog import fold
+from asynclock._event import HandlerContext, Outcome
+from asynclock._handlers import call_all
+from asynclock._inbox import MAX_RETRY_PAUSE, decode
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from asynclock._backlog import BatchCall
+    from asynclock._event import Event
+    from asynclock._handlers import HandlerTable
+    from asynclock._inbox import Recorder
+    from asynclock._lock import AsyncLock
+    from asynclock.state._protocol import InboxBatch, InboxEntry, InboxState
+
+logger = logging.getLogger("asynclock")
+
+#: entries one batch takes at most: a key with more pending folds them in several batches, each
+#: of the oldest entries, so accept order is kept across batches
+BATCH = 256
+
+
+def quiet_cap(debounce: float, lock_ttl: float) -> float:
+    """The longest a ``debounce`` drainer holds a key waiting for it to go quiet, in seconds."""
+    return max(debounce, lock_ttl / 3)
+
+
+class FoldingDrain:
+    """How one ``serve()`` drains a key it holds under ``latest`` (``debounce=None``) or
+    ``debounce`` (seconds without a new entry to wait for)."""
+
+    __slots__ = ("_cap", "_debounce", "_handlers", "_inbox", "_max_attempts", "_observe", "_record")
+
+    def __init__(
+        self,
+        inbox: InboxState,
+        handlers: HandlerTable,
+        *,
+        debounce: float | None,
+        lock_ttl: float,
+        max_attempts: int,
+        record: Recorder,
+        observe: Callable[[str, float], None],
+    ) -> None:
+        self._inbox = inbox
+        self._handlers = handlers
+        self._debounce = debounce
+        self._cap = quiet_cap(debounce or 0.0, lock_ttl)
+        self._max_attempts = max_attempts
+        self._record = record
+        self._observe = observe
+
+    async def drain(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> None:
+        """Fold and handle ``key``'s entries until its inbox is empty (the lock released by the
+        step that found it so) or ``stopping`` is set (the caller releases the lock)."""
+        failures = 0
+        while True:
+            if self._debounce is not None and not await self._settle(key, lock, stopping):
+                return
+            limit = 0 if stopping.is_set() else BATCH
+            batch = await self._take(key, lock, limit=limit)
+            if batch is None or not limit:
+                return
+            released, failed = await self._run(key, lock, batch)
+            if released:
+                return
+            if failed:
+                failures += 1
+                await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
+            else:
+                failures = 0
+
+    async def _take(
+        self,
+        key: str,
+        lock: AsyncLock,
+        *,
+        limit: int,
+        done: tuple[int, ...] = (),
+        dead: str | None = None,
+    ) -> InboxBatch | None:
+        batch = await self._inbox.inbox_take(key, lock.owner, done=done, dead=dead, limit=limit)
+        if batch is None:
+            lock._released_by_step()  # the step released it: the inbox was empty
+        return batch
+
+    async def _settle(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> bool:
+        """Hold ``key`` until no entry arrived for ``debounce`` seconds (at most the cap);
+        ``False`` when the inbox turned out empty (the lock released)."""
+        assert self._debounce is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._cap
+        while True:
+            batch = await self._take(key, lock, limit=0)
+            if batch is None:
+                return False
+            wait = min(self._debounce - batch.quiet, deadline - loop.time())
+            if wait <= 0 or stopping.is_set():
+                return True
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopping.wait(), wait)
+
+    async def _run(self, key: str, lock: AsyncLock, batch: InboxBatch) -> tuple[bool, bool]:
+        """Run ``batch``'s calls in order, acknowledging each; ``(released, some call failed)``."""
+        events = [decode(entry.payload) for entry in batch.entries]
+        failed = False
+        for call in fold(events, self._handlers):
+            covered = [batch.entries[i] for i in (*call.skipped, call.handled)]
+            attempt = max(entry.attempt for entry in covered)
+            if _metrics._sink is not None:
+                _metrics.report("inbox_entry", key, batch.pending, covered[0].age)
+            error = await self._call(key, lock, call, events, attempt)
+            ids = tuple(entry.id for entry in covered)
+            if error is None:
+                left = await self._take(key, lock, limit=0, done=ids)
+            elif attempt < self._max_attempts:
+                failed = True  # its entries stay pending: the next batch has them again
+                continue
+            else:
+                text = self._dead(key, covered, events[call.handled], error)
+                left = await self._take(key, lock, limit=0, done=ids, dead=text)
+            if left is None:
+                return True, failed
+        return False, failed
+
+    async def _call(
+        self, key: str, lock: AsyncLock, call: BatchCall, events: list[Event], attempt: int
+    ) -> Exception | None:
+        """Run one folded call and record its events' outcomes; the error it raised, if any."""
+        event = events[call.handled]
+        skipped = tuple(events[i] for i in call.skipped)
+        ctx = HandlerContext(key, lock.token, skipped, attempt=attempt)
+        began = asyncio.get_running_loop().time()
+        try:
+            await call_all(call.handlers, event, ctx)
+        except Exception as error:  # noqa: BLE001 - a handler's failure is an outcome
+            for failed in (*skipped, event):
+                await self._record(failed, Outcome.FAILED, key, error)
+            return error
+        self._observe(key, asyncio.get_running_loop().time() - began)
+        folded = Outcome.HANDLED if call.queued_all else Outcome.SKIPPED
+        for older in skipped:
+            await self._record(older, folded, key, None)
+        await self._record(event, Outcome.HANDLED, key, None)
+        return None
+
+    def _dead(
+        self,
+        key: str,
+        covered: list[InboxEntry],
+        event: Event,
+        error: Exception,
+    ) -> str:
+        """Log (and count) the dead-lettering of a call's entries; the error text they keep."""
+        text = f"{type(error).__name__}: {error}"
+        if _metrics._sink is not None:
+            for _ in covered:
+                _metrics.report("inbox_dead_letter", key)
+        logger.error(
+            "asynclock: %d inbox entries of %r (handling %s) dead-lettered after %d attempts: %s",
+            len(covered),
+            key,
+            event.message_id,
+            self._max_attempts,
+            text,
+            extra={
+                "lock_key": key,
+                "message_id": event.message_id,
+                "attempts": self._max_attempts,
+                "event_type": event.type,
+                "entries": [entry.id for entry in covered],
+            },
+        )
+        return text

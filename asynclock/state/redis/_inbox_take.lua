@@ -1,0 +1,82 @@
+-- Prepended to release.lua to make inbox_take (the batch form of _inbox_step.lua): finish a set
+-- of entries of a key's inbox and hand out the oldest pending ones, or release the lock when none
+-- is pending, in one atomic step fenced by the lock.
+-- KEYS[4] the inbox, KEYS[5] the head's attempt count (kept for _inbox_step.lua), KEYS[6] the
+-- dead letters, KEYS[7] the set of keys with work, KEYS[8] the entry counter, KEYS[9] the attempt
+-- counts of entries handed out by this script (a hash: entry id -> deliveries)
+-- ARGV[6] how many entries to hand out (0: none), ARGV[7] '1' to dead-letter the entries done
+-- instead of removing them, ARGV[8] their error text, ARGV[9] the key (as the caller names it),
+-- ARGV[10..] the ids of the entries done
+-- returns -1 when ARGV[1] does not hold the lock (nothing changed); {now ms, entries pending,
+-- newest entry, entry 1, attempts 1, ...} while entries are pending (the lock kept; the attempt
+-- count of each entry handed out incremented); else falls through to release.lua (the inbox is
+-- empty: the lock is released, 0)
+local held = redis.call('GET', KEYS[1])
+if not held then
+  return -1
+end
+local _, holder = parse(held)
+if holder == '' or holder ~= ARGV[1] then
+  return -1
+end
+local function id_of(entry)
+  return string.sub(entry, 1, string.find(entry, ' ', 1, true) - 1)
+end
+-- deliveries of entry `id` so far; the head's may have been counted by _inbox_step.lua
+local function attempts_of(id, is_head)
+  local count = tonumber(redis.call('HGET', KEYS[9], id) or '0')
+  if is_head then
+    count = math.max(count, tonumber(redis.call('GET', KEYS[5]) or '0'))
+  end
+  return count
+end
+if #ARGV >= 10 then
+  local done, left = {}, 0
+  for i = 10, #ARGV do
+    done[ARGV[i]] = true
+    left = left + 1
+  end
+  -- anywhere in the inbox: dead letters may have been requeued in front meanwhile
+  for i, entry in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+    local id = id_of(entry)
+    if done[id] then
+      if ARGV[7] == '1' then
+        redis.call('RPUSH', KEYS[6], cjson.encode({entry, attempts_of(id, i == 1), ARGV[8]}))
+      end
+      if i == 1 then
+        redis.call('DEL', KEYS[5])
+      end
+      redis.call('LREM', KEYS[4], 1, entry)
+      redis.call('HDEL', KEYS[9], id)
+      left = left - 1
+      if left == 0 then
+        break
+      end
+    end
+  end
+end
+local pending = redis.call('LLEN', KEYS[4])
+if pending > 0 then
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local reply = {now_ms, pending, redis.call('LINDEX', KEYS[4], -1)}
+  local limit = tonumber(ARGV[6])
+  if limit > 0 then
+    for i, entry in ipairs(redis.call('LRANGE', KEYS[4], 0, limit - 1)) do
+      local id = id_of(entry)
+      local attempts = attempts_of(id, i == 1) + 1
+      redis.call('HSET', KEYS[9], id, attempts)
+      if i == 1 then
+        redis.call('SET', KEYS[5], attempts)
+      end
+      reply[#reply + 1] = entry
+      reply[#reply + 1] = attempts
+    end
+  end
+  return reply
+end
+redis.call('ZREM', KEYS[7], ARGV[9])
+redis.call('DEL', KEYS[5], KEYS[9])
+if redis.call('LLEN', KEYS[6]) == 0 then
+  redis.call('DEL', KEYS[8])
+end
