@@ -36,7 +36,7 @@ from asynclock.state._sqlbase import (
 )
 from asynclock.state._sqlinbox import SQLInboxState
 from asynclock.state._url import StateURL, redact
-from asynclock.state._watch import EventWatch
+from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
 
 if TYPE_CHECKING:
     import asyncio
@@ -57,12 +57,10 @@ _CLIENT_ERROR_CODES = 2000
 #: every fencing token is at least this (microseconds since 1970 at any date after 2001):
 #: ``acquire`` answers smaller numbers for "held, this many milliseconds left"
 _TOKEN_FLOOR = 10**15
+#: ``release``'s lastrowid when it freed a key that another state waits for (flagged)
+_WAITER_FLAGGED = 1
 #: ``abandon``'s answer (``LAST_INSERT_ID``) has this bit set when it freed the key
 _FREED = 4
-
-#: the back-off of a waiter in another state, which no release notification reaches
-FIRST_POLL = 0.005
-MAX_POLL = 0.1
 
 
 class _Cursor(Protocol):
@@ -84,44 +82,6 @@ class _Connection(Protocol):
 
 #: one statement's answer: (rowcount, lastrowid, rows)
 _Result = tuple[int, int, "Sequence[Sequence[object]]"]
-
-
-class PollingWatch:
-    """Release notifications for one key where the server cannot push them (MySQL).
-
-    A release made through the same :class:`MySQLState` sets the event at once. Otherwise
-    :meth:`wait` returns ``False`` after a back-off shorter than ``timeout`` (5 ms, doubling to
-    100 ms), so the caller re-checks the key: waiting across processes is bounded polling, at
-    most about ten attempts a second per waiting state and key, and never past the holder's
-    remaining TTL (the caller's ``timeout``).
-    """
-
-    __slots__ = ("_delay", "_event")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._event = EventWatch(loop)
-        self._delay = FIRST_POLL
-
-    def fire(self) -> None:
-        """A release was seen in this state: wake the waiter now."""
-        self._event.fire()
-
-    def hurry(self) -> None:
-        """Something moved (an inbox rescan found work): restart the back-off at its shortest."""
-        self._delay = FIRST_POLL
-
-    def reset(self) -> None:
-        """Forget notifications received so far."""
-        self._event.reset()
-
-    async def wait(self, timeout: float) -> bool:
-        """``True`` when a local release was announced, ``False`` after the back-off or timeout."""
-        delay = min(self._delay, max(timeout, 0.0))
-        if await self._event.wait(delay):
-            self._delay = FIRST_POLL  # the key moves: look closely again
-            return True
-        self._delay = min(self._delay * 2, MAX_POLL)
-        return False
 
 
 class MySQLState(SQLInboxState[_Connection, str, _Result]):
@@ -177,6 +137,10 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
             connect, _discard, _close, check_max_connections(max_connections), alive=_alive
         )
         super().__init__(pool, where=where, **options)
+        # two connections of its own, outside the pool: nothing a waiter blocks on is pooled
+        self._wake_channel = WakeChannel(
+            connect, table_prefix=self._table_prefix, op_timeout=self._op_timeout
+        )
 
     @classmethod
     def from_url(
@@ -287,7 +251,7 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
         matched, token, _ = answer
         if not matched:
             return Release(owned=False)
-        if token > 0:
+        if token >= _TOKEN_FLOOR:
             return Release(owned=True, handoff_token=token)
         return Release(owned=True)
 
@@ -342,7 +306,59 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
                 watch.hurry()
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> PollingWatch:
-        return PollingWatch(loop)
+        return PollingWatch(loop)  # the inbox's: accepts of other processes are polled for
+
+    def _new_key_watch(self, loop: asyncio.AbstractEventLoop, ident: str) -> PushWatch:
+        return PushWatch(loop, self._wake_channel, ident)
+
+    def _released_here(self, ident: str) -> None:
+        self._wake(ident)
+        self._wake_channel.released(ident)
+
+    async def _stop_listening(self) -> None:
+        await self._wake_channel.aclose()
+
+    # -- wake names around the lock statements ----------------------------------------------
+
+    async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
+        """See :meth:`SQLState.acquire`; also holds the key's wake name when it is contended.
+
+        A ``waiting`` attempt that fails makes the key hot for this state; once it takes a hot
+        key, its bell holds the key's wake name until it frees the key (see
+        :mod:`asynclock.state.mysql._wake`), so the other states' ears hear the release.
+        """
+        grant = await super().acquire(key, owner, ttl, waiting=waiting)
+        channel = self._wake_channel
+        if waiting or channel.hot:
+            ident = self._ids(key)[0].hex()
+            if grant.token is not None:
+                channel.acquired(ident)
+            elif waiting:
+                channel.waited(ident)
+        return grant
+
+    async def release(
+        self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
+    ) -> Release:
+        """See :meth:`SQLState.release`; a release that frees the key rings its wake name.
+
+        So does one that finds the key no longer ours (expired, taken): this state must stop
+        holding the wake name of a key it does not hold.
+        """
+        ident, _ = self._ids(key)
+        raw = await self._run(
+            "release", self._release_params(ident, owner, successor, ttl), idempotent=False
+        )
+        answer = self._release(raw)
+        if answer.handoff_token is None:
+            hex_id = ident.hex()
+            if raw[1] == _WAITER_FLAGGED:
+                self._wake_channel.waited(hex_id)  # another state waits: ring for it next time
+            if answer.owned:
+                self._released_here(hex_id)
+            else:
+                self._wake_channel.released(hex_id)
+        return answer
 
 
 def _code(exc: BaseException) -> int:
