@@ -60,9 +60,11 @@ MAX_HOT = 1024
 #: seconds between attempts to reopen a bell or ear that failed
 RECONNECT_DELAY = 1.0
 
-#: the back-off of a waiter the bell does not reach (the holder does not ring)
+#: the back-off of a waiter without the ear (busy with another key, or down)
 FIRST_POLL = 0.005
 MAX_POLL = 0.1
+#: the first back-off after the wake name was found free twice running (then doubling)
+FIRST_MISS = 0.001
 
 #: what one wait of the ear ended with
 RUNG, FREE, TIMED_OUT, FAILED = "rung", "free", "timed out", "failed"
@@ -219,9 +221,9 @@ class WakeChannel:
                     self._held.clear()
                     continue
                 for (ident, take), answer in zip(batch, row, strict=True):
-                    if take and answer != 1:
+                    if take and answer != 1 and (ident, True) not in self._pending:
                         # taken for an instant by a waiter's ear, or not yet freed by the last
-                        # holder: this holding does not ring, its waiters poll
+                        # holder: this holding does not ring (its waiters' back-off applies)
                         self._held.discard(ident)
         finally:
             self._ringer = None
@@ -323,42 +325,48 @@ class PushWatch(PollingWatch):
 
     :meth:`wait` has the state's ear wait for the key's wake name (see :class:`WakeChannel`),
     joining its wait when it already listens for this key. When the ear listens for another key
-    or is down, or the holder does not ring (the wake name is free twice running), it polls as
-    :class:`PollingWatch` does, trying the ear again at least every ``MAX_POLL`` seconds.
+    or is down, it polls as :class:`PollingWatch` does. A wake name found free means that the
+    holder rang already, or has not taken it yet (its acquire committed a moment ago), or does not
+    ring: the first time the caller re-checks at once, then after a back-off of ``FIRST_MISS``
+    doubling to ``MAX_POLL`` seconds, listening again each time.
     """
 
-    __slots__ = ("_channel", "_ident", "_misses")
+    __slots__ = ("_channel", "_ident", "_miss_delay")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, channel: WakeChannel, ident: str) -> None:
         super().__init__(loop)
         self._channel = channel
         self._ident = ident
-        self._misses = 0
+        self._miss_delay = 0.0
 
     async def wait(self, timeout: float) -> bool:
         """``True`` when a release was announced, ``False`` after a timeout or the back-off."""
-        heard = None
-        if self._misses < 2 or self._delay >= MAX_POLL:
-            heard = self._channel.listen(self._ident)
+        heard = self._channel.listen(self._ident)
         if heard is None:
             return await super().wait(timeout)
         heard.add_done_callback(self._heard)
-        woken = await self._event.wait(timeout)
+        try:
+            woken = await self._event.wait(timeout)
+        finally:
+            heard.remove_done_callback(self._heard)  # a later wait must not hear this one
         if not heard.done() or heard.cancelled():
             return woken  # a release through this state (or the timeout)
         outcome = heard.result()
         if outcome == RUNG:
-            self._misses = 0
-            self._delay = FIRST_POLL
+            self._miss_delay = 0.0
             return True
         if outcome == TIMED_OUT:
             return False
         self._event.reset()  # set by _heard, not by a release
-        if outcome == FREE:
-            self._misses += 1
-            if self._misses == 1:
-                return True  # most likely the holder's bell is on its way: look again now
-        return await super().wait(timeout)  # the holder does not ring, or the ear failed
+        if outcome == FAILED:
+            return await super().wait(timeout)
+        delay, self._miss_delay = (
+            self._miss_delay,
+            min(max(self._miss_delay * 2, FIRST_MISS), MAX_POLL),
+        )
+        if not delay:
+            return True  # most likely the new holder's bell is a moment late: look again now
+        return await self._event.wait(min(delay, max(timeout, 0.0)))
 
     def _heard(self, _: object) -> None:
         self.fire()
