@@ -55,8 +55,7 @@ async def handoff(holder: MySQLState, waiter: MySQLState, key: str) -> float:
         async with AsyncLock(holder, key, ttl=10.0):
             holding.set()
             await go.wait()
-            released_from = time.perf_counter()
-        return released_from
+            return time.perf_counter()  # the release runs on the way out
 
     async def wait() -> float:
         async with AsyncLock(waiter, key, ttl=10.0, timeout=5.0):
