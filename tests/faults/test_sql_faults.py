@@ -12,6 +12,9 @@ injection is ``pg_terminate_backend`` / ``KILL`` of every session with that tag 
   its reconnections for longer than the lock's TTL.
 * ``TestInboxKill``: the sessions of a worker running ``serve()`` (on PostgreSQL its LISTEN
   connection too): an accept made afterwards is handled within seconds, not at the next rescan.
+* ``TestWakeKill`` (MariaDB): the waiter's ear (blocked in ``GET_LOCK``) or the holder's bell
+  (holding the key's wake name) alone: the waiter polls and is served promptly, and the push
+  path comes back by itself.
 
 Expected, on both servers:
 

@@ -7,13 +7,17 @@ so it is atomic against every client of the database and uses the server's clock
 key itself, so keys of any length and characters fit. What does not depend on aiomysql lives in
 :class:`asynclock.state._sqlbase.SQLState`.
 
-Wake-ups: MySQL has no server-side notification a client could wait on without holding a
-session lock. A release wakes the waiters of the same state at once; a waiter in another state
-(another process) re-checks the key after a short back-off (5 ms, doubling up to 100 ms, never
-past the holder's remaining TTL): see :class:`PollingWatch`. The durable inbox's watchers poll
-the same way: an accept wakes the workers of the same state at once, a worker of another process
-rescans the keys with work (one indexed read) after the same back-off, which a rescan that
-found work restarts at 5 ms.
+Wake-ups: MySQL has no LISTEN/NOTIFY, so a release reaches other processes through the
+server's named locks (:mod:`asynclock.state.mysql._wake`): a state that holds a contended key
+also holds the key's wake name on a dedicated connection (its bell) and frees it right after the
+release commits; a state waiting for the key blocks in ``GET_LOCK`` of that name on another
+dedicated connection (its ear), then re-checks the key. A release wakes the waiters of the same
+state at once. Where the push path does not reach (the ear waits for another key, a connection
+is down, the holder does not ring), a waiter re-checks after a bounded back-off (5 ms, doubling
+up to 100 ms, never past the holder's remaining TTL): see :class:`PollingWatch`. The durable
+inbox's watchers poll that way: an accept wakes the workers of the same state at once, a worker
+of another process rescans the keys with work (one indexed read) after the same back-off, which
+a rescan that found work restarts at 5 ms.
 """
 
 from __future__ import annotations
@@ -99,8 +103,11 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
       chosen as a deadlock victim (rolled back whole) is run again.
     * A statement interrupted by a cancellation or a timeout may or may not have committed; its
       connection is discarded, never reused.
-    * Waiters in other processes are not notified: they poll with a bounded back-off
-      (:class:`PollingWatch`); so do the inbox workers of other processes.
+    * A waiter in another process is woken by the holder's bell (a named lock freed after the
+      release) once the key is contended (see :meth:`acquire`); where that does not reach, it
+      polls with a bounded back-off (:class:`PollingWatch`). The inbox workers of other
+      processes poll. Neither ever blocks a pooled connection: the bell and the ear are two
+      connections of their own, opened on first use.
     * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
       running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`).
 
