@@ -163,7 +163,9 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
         ``?unix_socket=/path`` connects through a socket instead of TCP. Connections use
         utf8mb4, autocommit, ``READ COMMITTED`` (fewer gap locks between concurrent upserts)
         and ``CLIENT_FOUND_ROWS`` (rowcount counts matched rows). At most ``max_connections``
-        are open; a burst waits for a free one within ``op_timeout``.
+        are open for operations; a burst waits for a free one within ``op_timeout``. Two more,
+        never pooled, carry the cross-process wake-ups once the state waits or holds a
+        contended key (see :mod:`asynclock.state.mysql._wake`).
         """
         parsed = StateURL(url)
         if parsed.scheme != "mysql":

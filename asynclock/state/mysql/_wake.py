@@ -328,20 +328,26 @@ class PushWatch(PollingWatch):
     or is down, it polls as :class:`PollingWatch` does. A wake name found free means that the
     holder rang already, or has not taken it yet (its acquire committed a moment ago), or does not
     ring: the first time the caller re-checks at once, then after a back-off of ``FIRST_MISS``
-    doubling to ``MAX_POLL`` seconds, listening again each time.
+    doubling to ``MAX_POLL`` seconds, listening again each time; once the back-off reached
+    ``MAX_POLL`` it polls and listens again only once per ``MAX_PUSH_WAIT`` (a holder that does
+    not ring costs about what polling alone costs).
     """
 
-    __slots__ = ("_channel", "_ident", "_miss_delay")
+    __slots__ = ("_channel", "_deaf_until", "_ident", "_loop", "_miss_delay")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, channel: WakeChannel, ident: str) -> None:
         super().__init__(loop)
+        self._loop = loop
         self._channel = channel
         self._ident = ident
         self._miss_delay = 0.0
+        self._deaf_until = 0.0
 
     async def wait(self, timeout: float) -> bool:
         """``True`` when a release was announced, ``False`` after a timeout or the back-off."""
-        heard = self._channel.listen(self._ident)
+        heard = None
+        if self._loop.time() >= self._deaf_until:
+            heard = self._channel.listen(self._ident)
         if heard is None:
             return await super().wait(timeout)
         heard.add_done_callback(self._heard)
@@ -366,6 +372,11 @@ class PushWatch(PollingWatch):
         )
         if not delay:
             return True  # most likely the new holder's bell is a moment late: look again now
+        if delay >= MAX_POLL:
+            # this holder does not ring: plain polling (one re-check per MAX_POLL), listening
+            # again only once per MAX_PUSH_WAIT, when another holder may have the key
+            self._deaf_until = self._loop.time() + MAX_PUSH_WAIT
+            self._delay = MAX_POLL
         return await self._event.wait(min(delay, max(timeout, 0.0)))
 
     def _heard(self, _: object) -> None:
