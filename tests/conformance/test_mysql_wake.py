@@ -4,7 +4,8 @@ Two MySQLStates share nothing in the process (no local wake-up between them), ex
 processes: the waiter hears the release only through the server, through the holder's wake
 name (``asynclock/state/mysql/_wake.py``). Polling alone cannot pass the latency bound here: a
 holder that keeps the key ``HOLD`` seconds leaves the waiter's back-off at 40-100 ms, so a
-release is seen ~50 ms late on average (the bound is 25 ms, the push path gives ~4 ms).
+release is seen tens of milliseconds late (65 ms median measured with the bell silenced; the
+bound is 25 ms, the push path gives ~4 ms).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.mysql, pytest.mark.timeout(60)]
 #: seconds the holder keeps the key before releasing it: long enough for polling to slow down
 HOLD = 0.2
 HANDOFFS = 20
-#: median handoff latency bound, loose for a loaded machine; polling gives ~50 ms here
+#: median handoff latency bound, loose for a loaded machine; polling gives ~65 ms here
 MEDIAN_BOUND = 0.025
 
 

@@ -321,8 +321,8 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
         return PushWatch(loop, self._wake_channel, ident)
 
     def _released_here(self, ident: str) -> None:
-        self._wake(ident)
-        self._wake_channel.released(ident)
+        super()._released_here(ident)
+        self._wake_channel.released(ident)  # the other states hear it through the wake name
 
     async def _stop_listening(self) -> None:
         await self._wake_channel.aclose()
