@@ -1123,9 +1123,11 @@ def _section(
             "- Within one process, waiters queue in the state's FIFO line and a release hands "
             "the lock to the next one in the same statement. Across processes PostgreSQL wakes "
             "a waiting process by LISTEN/NOTIFY (the release NOTIFYs in its own transaction); "
-            "**MySQL has no such push: a waiting process re-checks the key after a back-off of "
-            "5 ms doubling to 100 ms** (bounded by the holder's remaining TTL), so its "
-            "cross-process handoffs are polling latencies. Redis uses pub/sub."
+            "MySQL has no NOTIFY: **a waiting process blocks in `GET_LOCK` of the key's wake "
+            "name, which the holder's state holds on a connection of its own and frees after "
+            "the release** (from the second handoff of a key on; the first one, and any the "
+            "push misses, re-check after a back-off of 5 ms doubling to 100 ms, bounded by the "
+            "holder's remaining TTL). Redis uses pub/sub."
         ),
         "",
         "### Dedupe: `Deduper.first_seen` against the raw statement, 1 task",

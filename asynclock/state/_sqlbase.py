@@ -307,6 +307,10 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> WakeableWatch:
         """A watch for one key."""
 
+    def _new_key_watch(self, loop: asyncio.AbstractEventLoop, ident: str) -> WakeableWatch:
+        """A watch for the key whose id is ``ident`` (hex); :meth:`_new_watch`'s by default."""
+        return self._new_watch(loop)
+
     async def _listen(self) -> None:
         """Make sure releases from other processes are heard (PostgreSQL: LISTEN) by now."""
         await asyncio.sleep(0)
@@ -469,27 +473,30 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         Atomic compare-and-release, or handoff to ``successor``; a release wakes the watchers.
         """
         ident, _ = self._ids(key)
-        handoff = bool(successor and ttl)
-        hex_id = ident.hex()
         answer = self._release(
             await self._run(
-                "release",
-                {
-                    "id": self._id_param(ident),
-                    "owner": owner,
-                    "successor": successor if handoff else None,
-                    "successor_mark": mark_of(successor) if successor and handoff else None,
-                    "successor_ttl_ms": ttl_ms(ttl) if ttl and handoff else 0,
-                    "reservation_ms": self._reservation_ms,
-                    "channel": self._channel,
-                    "payload": hex_id,
-                },
-                idempotent=False,
+                "release", self._release_params(ident, owner, successor, ttl), idempotent=False
             )
         )
         if answer.owned and answer.handoff_token is None:
-            self._released_here(hex_id)
+            self._released_here(ident.hex())
         return answer
+
+    def _release_params(
+        self, ident: bytes, owner: str, successor: str | None, ttl: float | None
+    ) -> dict[str, object]:
+        """The parameters of the ``release`` statement."""
+        handoff = bool(successor and ttl)
+        return {
+            "id": self._id_param(ident),
+            "owner": owner,
+            "successor": successor if handoff else None,
+            "successor_mark": mark_of(successor) if successor and handoff else None,
+            "successor_ttl_ms": ttl_ms(ttl) if ttl and handoff else 0,
+            "reservation_ms": self._reservation_ms,
+            "channel": self._channel,
+            "payload": ident.hex(),
+        }
 
     async def abandon(self, key: str, owner: str) -> None:
         """See :meth:`asynclock.state.State.abandon` (``abandon`` in ``queries.sql``).
@@ -609,7 +616,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         """
         ident, _ = self._ids(key)
         hex_id = ident.hex()
-        watch = self._new_watch(asyncio.get_running_loop())
+        watch = self._new_key_watch(asyncio.get_running_loop(), hex_id)
         await self._listen()
         self._watches.setdefault(hex_id, set()).add(watch)
         try:

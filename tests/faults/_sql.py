@@ -173,6 +173,24 @@ class SQLTarget:
         self.killed |= killed
         return killed
 
+    async def running(self, text: str) -> set[int]:
+        """MariaDB: this test's sessions running a statement that contains ``text``."""
+        rows = await self._mysql(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s AND INFO LIKE %s",
+            (self.tag, f"%{text}%"),
+        )
+        return {int(row[0]) for row in rows} - self.killed
+
+    async def kill(self, session: int) -> None:
+        """MariaDB: kill one session of this test."""
+        await self._mysql(f"KILL CONNECTION {int(session)}")
+        self.killed.add(session)
+
+    async def lock_holder(self, name: str) -> int | None:
+        """MariaDB: the session holding the named lock ``name`` (``GET_LOCK``), if any."""
+        rows = await self._mysql("SELECT IS_USED_LOCK(%s)", (name,))
+        return None if rows[0][0] is None else int(rows[0][0])
+
     async def flagged(self, state: AnySQLState, key: str) -> bool:
         """Whether a waiting acquire of ``key`` has flagged its row (a waiter is registered)."""
         table = f"{state.table_prefix}locks"

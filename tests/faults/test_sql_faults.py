@@ -12,6 +12,9 @@ injection is ``pg_terminate_backend`` / ``KILL`` of every session with that tag 
   its reconnections for longer than the lock's TTL.
 * ``TestInboxKill``: the sessions of a worker running ``serve()`` (on PostgreSQL its LISTEN
   connection too): an accept made afterwards is handled within seconds, not at the next rescan.
+* ``TestWakeKill`` (MariaDB): the waiter's ear (blocked in ``GET_LOCK``) or the holder's bell
+  (holding the key's wake name) alone: the waiter polls and is served promptly, and the push
+  path comes back by itself.
 
 Expected, on both servers:
 
@@ -48,6 +51,8 @@ from asynclock import (
     LockNotOwnedError,
     StateUnavailableError,
 )
+from asynclock.state._sql import key_id
+from asynclock.state.mysql._wake import wake_name
 from tests._matrix import MYSQL, POSTGRES, require
 from tests.faults._proxy import FaultProxy
 from tests.faults._sql import SQLTarget
@@ -472,6 +477,101 @@ class TestInboxKill:
         finally:
             await bot.aclose()
             await bounded(serving, "serve() to stop", CALL_BOUND + 3.0)
+
+
+@pytest.fixture
+async def mysql_sql() -> AsyncIterator[SQLTarget]:
+    require(MYSQL)
+    target = SQLTarget(MYSQL)
+    await target.start()
+    try:
+        yield target
+    finally:
+        await target.aclose()
+
+
+async def handoff(holder: AnySQLState, waiter: AnySQLState, key: str, *, hold: float) -> float:
+    """Seconds from the holder's release (after ``hold`` s) to the waiting state's acquire."""
+    holding, go = asyncio.Event(), asyncio.Event()
+
+    async def keep() -> float:
+        async with AsyncLock(holder, key, ttl=TestWakeKill.HOLD_TTL):
+            holding.set()
+            await go.wait()
+            return time.monotonic()
+
+    held = asyncio.create_task(keep())
+    await bounded(holding.wait(), "the holder's acquire", CALL_BOUND)
+    served = asyncio.create_task(serve(AsyncLock(waiter, key, ttl=TestWakeKill.HOLD_TTL)))
+    await asyncio.sleep(hold)
+    go.set()
+    released_at = await bounded(held, "the holder's release", CALL_BOUND)
+    return await bounded(served, "the waiter", TestWakeKill.HOLD_TTL + MARGIN) - released_at
+
+
+class TestWakeKill:
+    """MySQL: the sessions of the push path (the waiter's ear, the holder's bell) are killed.
+
+    The ear blocks in ``GET_LOCK`` of the key's wake name, which the holder's bell holds. Killed,
+    either one must leave the waiter polling (served within ``PROMPT`` of the release, never at
+    the TTL), and the push path must come back by itself (a later handoff within 50 ms).
+    """
+
+    HOLD_TTL = 6.0
+    PROMPT = 1.0  # the polling back-off is at most 0.1 s: this is slack for a loaded machine
+
+    @pytest.mark.parametrize("victim", ["ear", "bell"])
+    async def test_a_killed_wake_session_falls_back_and_recovers(
+        self, mysql_sql: SQLTarget, victim: str
+    ) -> None:
+        sql = mysql_sql
+        a, b = open_state(sql), open_state(sql)
+        key = "woken"
+        name = wake_name(a.table_prefix, key_id(a.prefix + key).hex())
+        # a learns that another state waits for the key (its release finds b's flag): from now
+        # on its bell holds the key's wake name while it holds the key
+        await handoff(a, b, key, hold=0.05)
+        holding, go = asyncio.Event(), asyncio.Event()
+
+        async def keep() -> float:
+            async with AsyncLock(a, key, ttl=self.HOLD_TTL):
+                holding.set()
+                await go.wait()
+                return time.monotonic()
+
+        held = asyncio.create_task(keep())
+        await bounded(holding.wait(), "the holder's acquire", CALL_BOUND)
+        served = asyncio.create_task(serve(AsyncLock(b, key, ttl=self.HOLD_TTL)))
+
+        async def bell_holds() -> bool:
+            return await sql.lock_holder(name) is not None
+
+        async def ear_listens() -> bool:
+            return bool(await sql.running("IS_FREE_LOCK"))
+
+        await until(bell_holds, "the bell to hold the wake name", within=3.0)
+        await until(ear_listens, "the ear to wait on the wake name", within=3.0)
+        if victim == "ear":
+            (session,) = await sql.running("IS_FREE_LOCK")
+        else:
+            bell = await sql.lock_holder(name)
+            assert bell is not None
+            session = bell
+        await sql.kill(session)
+        go.set()
+        released_at = await bounded(held, "the holder's release", CALL_BOUND)
+        delay = await bounded(served, "the waiter", self.HOLD_TTL + MARGIN) - released_at
+        assert delay <= self.PROMPT, f"served {delay:.2f} s after the release"
+
+        fast: list[float] = []
+
+        async def pushed_again() -> bool:
+            fast.append(await handoff(a, b, key, hold=0.2))
+            return fast[-1] < 0.05
+
+        # the dropped connection is reopened (at most once a second) and rings again
+        await until(pushed_again, "a pushed handoff after the kill", within=10.0)
+        report(f"wake-kill[{victim}]", served_after=delay, pushed_handoff=fast[-1], tries=len(fast))
 
 
 def _true(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:

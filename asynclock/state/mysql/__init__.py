@@ -7,13 +7,17 @@ so it is atomic against every client of the database and uses the server's clock
 key itself, so keys of any length and characters fit. What does not depend on aiomysql lives in
 :class:`asynclock.state._sqlbase.SQLState`.
 
-Wake-ups: MySQL has no server-side notification a client could wait on without holding a
-session lock. A release wakes the waiters of the same state at once; a waiter in another state
-(another process) re-checks the key after a short back-off (5 ms, doubling up to 100 ms, never
-past the holder's remaining TTL): see :class:`PollingWatch`. The durable inbox's watchers poll
-the same way: an accept wakes the workers of the same state at once, a worker of another process
-rescans the keys with work (one indexed read) after the same back-off, which a rescan that
-found work restarts at 5 ms.
+Wake-ups: MySQL has no LISTEN/NOTIFY, so a release reaches other processes through the
+server's named locks (:mod:`asynclock.state.mysql._wake`): a state that holds a contended key
+also holds the key's wake name on a dedicated connection (its bell) and frees it right after the
+release commits; a state waiting for the key blocks in ``GET_LOCK`` of that name on another
+dedicated connection (its ear), then re-checks the key. A release wakes the waiters of the same
+state at once. Where the push path does not reach (the ear waits for another key, a connection
+is down, the holder does not ring), a waiter re-checks after a bounded back-off (5 ms, doubling
+up to 100 ms, never past the holder's remaining TTL): see :class:`PollingWatch`. The durable
+inbox's watchers poll that way: an accept wakes the workers of the same state at once, a worker
+of another process rescans the keys with work (one indexed read) after the same back-off, which
+a rescan that found work restarts at 5 ms.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from asynclock.state._sqlbase import (
 )
 from asynclock.state._sqlinbox import SQLInboxState
 from asynclock.state._url import StateURL, redact
-from asynclock.state._watch import EventWatch
+from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
 
 if TYPE_CHECKING:
     import asyncio
@@ -57,12 +61,10 @@ _CLIENT_ERROR_CODES = 2000
 #: every fencing token is at least this (microseconds since 1970 at any date after 2001):
 #: ``acquire`` answers smaller numbers for "held, this many milliseconds left"
 _TOKEN_FLOOR = 10**15
+#: ``release``'s lastrowid when it freed a key that another state waits for (flagged)
+_WAITER_FLAGGED = 1
 #: ``abandon``'s answer (``LAST_INSERT_ID``) has this bit set when it freed the key
 _FREED = 4
-
-#: the back-off of a waiter in another state, which no release notification reaches
-FIRST_POLL = 0.005
-MAX_POLL = 0.1
 
 
 class _Cursor(Protocol):
@@ -86,44 +88,6 @@ class _Connection(Protocol):
 _Result = tuple[int, int, "Sequence[Sequence[object]]"]
 
 
-class PollingWatch:
-    """Release notifications for one key where the server cannot push them (MySQL).
-
-    A release made through the same :class:`MySQLState` sets the event at once. Otherwise
-    :meth:`wait` returns ``False`` after a back-off shorter than ``timeout`` (5 ms, doubling to
-    100 ms), so the caller re-checks the key: waiting across processes is bounded polling, at
-    most about ten attempts a second per waiting state and key, and never past the holder's
-    remaining TTL (the caller's ``timeout``).
-    """
-
-    __slots__ = ("_delay", "_event")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._event = EventWatch(loop)
-        self._delay = FIRST_POLL
-
-    def fire(self) -> None:
-        """A release was seen in this state: wake the waiter now."""
-        self._event.fire()
-
-    def hurry(self) -> None:
-        """Something moved (an inbox rescan found work): restart the back-off at its shortest."""
-        self._delay = FIRST_POLL
-
-    def reset(self) -> None:
-        """Forget notifications received so far."""
-        self._event.reset()
-
-    async def wait(self, timeout: float) -> bool:
-        """``True`` when a local release was announced, ``False`` after the back-off or timeout."""
-        delay = min(self._delay, max(timeout, 0.0))
-        if await self._event.wait(delay):
-            self._delay = FIRST_POLL  # the key moves: look closely again
-            return True
-        self._delay = min(self._delay * 2, MAX_POLL)
-        return False
-
-
 class MySQLState(SQLInboxState[_Connection, str, _Result]):
     """Locks and dedupe records in MySQL 8 / MariaDB 10.6+, shared by every process using them.
 
@@ -139,8 +103,11 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
       chosen as a deadlock victim (rolled back whole) is run again.
     * A statement interrupted by a cancellation or a timeout may or may not have committed; its
       connection is discarded, never reused.
-    * Waiters in other processes are not notified: they poll with a bounded back-off
-      (:class:`PollingWatch`); so do the inbox workers of other processes.
+    * A waiter in another process is woken by the holder's bell (a named lock freed after the
+      release) once the key is contended (see :meth:`acquire`); where that does not reach, it
+      polls with a bounded back-off (:class:`PollingWatch`). The inbox workers of other
+      processes poll. Neither ever blocks a pooled connection: the bell and the ear are two
+      connections of their own, opened on first use.
     * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
       running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`).
 
@@ -177,6 +144,10 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
             connect, _discard, _close, check_max_connections(max_connections), alive=_alive
         )
         super().__init__(pool, where=where, **options)
+        # two connections of its own, outside the pool: nothing a waiter blocks on is pooled
+        self._wake_channel = WakeChannel(
+            connect, table_prefix=self._table_prefix, op_timeout=self._op_timeout
+        )
 
     @classmethod
     def from_url(
@@ -192,7 +163,9 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
         ``?unix_socket=/path`` connects through a socket instead of TCP. Connections use
         utf8mb4, autocommit, ``READ COMMITTED`` (fewer gap locks between concurrent upserts)
         and ``CLIENT_FOUND_ROWS`` (rowcount counts matched rows). At most ``max_connections``
-        are open; a burst waits for a free one within ``op_timeout``.
+        are open for operations; a burst waits for a free one within ``op_timeout``. Two more,
+        never pooled, carry the cross-process wake-ups once the state waits or holds a
+        contended key (see :mod:`asynclock.state.mysql._wake`).
         """
         parsed = StateURL(url)
         if parsed.scheme != "mysql":
@@ -287,7 +260,7 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
         matched, token, _ = answer
         if not matched:
             return Release(owned=False)
-        if token > 0:
+        if token >= _TOKEN_FLOOR:
             return Release(owned=True, handoff_token=token)
         return Release(owned=True)
 
@@ -342,7 +315,59 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
                 watch.hurry()
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> PollingWatch:
-        return PollingWatch(loop)
+        return PollingWatch(loop)  # the inbox's: accepts of other processes are polled for
+
+    def _new_key_watch(self, loop: asyncio.AbstractEventLoop, ident: str) -> PushWatch:
+        return PushWatch(loop, self._wake_channel, ident)
+
+    def _released_here(self, ident: str) -> None:
+        super()._released_here(ident)
+        self._wake_channel.released(ident)  # the other states hear it through the wake name
+
+    async def _stop_listening(self) -> None:
+        await self._wake_channel.aclose()
+
+    # -- wake names around the lock statements ----------------------------------------------
+
+    async def acquire(self, key: str, owner: str, ttl: float, *, waiting: bool = False) -> Grant:
+        """See :meth:`SQLState.acquire`; also holds the key's wake name when it is contended.
+
+        A ``waiting`` attempt that fails makes the key hot for this state; once it takes a hot
+        key, its bell holds the key's wake name until it frees the key (see
+        :mod:`asynclock.state.mysql._wake`), so the other states' ears hear the release.
+        """
+        grant = await super().acquire(key, owner, ttl, waiting=waiting)
+        channel = self._wake_channel
+        if waiting or channel.hot:
+            ident = self._ids(key)[0].hex()
+            if grant.token is not None:
+                channel.acquired(ident)
+            elif waiting:
+                channel.waited(ident)
+        return grant
+
+    async def release(
+        self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
+    ) -> Release:
+        """See :meth:`SQLState.release`; a release that frees the key rings its wake name.
+
+        So does one that finds the key no longer ours (expired, taken): this state must stop
+        holding the wake name of a key it does not hold.
+        """
+        ident, _ = self._ids(key)
+        raw = await self._run(
+            "release", self._release_params(ident, owner, successor, ttl), idempotent=False
+        )
+        answer = self._release(raw)
+        if answer.handoff_token is None:
+            hex_id = ident.hex()
+            if raw[1] == _WAITER_FLAGGED:
+                self._wake_channel.waited(hex_id)  # another state waits: ring for it next time
+            if answer.owned:
+                self._released_here(hex_id)
+            else:
+                self._wake_channel.released(hex_id)
+        return answer
 
 
 def _code(exc: BaseException) -> int:

@@ -60,15 +60,17 @@ ON DUPLICATE KEY UPDATE
 -- connection sets CLIENT_FOUND_ROWS, so rowcount counts matched rows). With a successor (not
 -- abandoned) and no flag, hand the lock straight over: successor, token + 1 (lastrowid), its
 -- TTL. Otherwise free it (lastrowid 0), or reserve it for reservation_ms when a waiting state
--- flagged it. Atomic: one UPDATE under the row's lock, with the owner and expiry in its WHERE.
+-- flagged it (lastrowid 1 then: another state waits, so this one holds the key's wake name the
+-- next time it takes it). Atomic: one UPDATE under the row's lock, with the owner and expiry in
+-- its WHERE.
 UPDATE {prefix}locks SET
     token = IF(%(successor)s IS NOT NULL AND flag IS NULL
                AND NOT (abandoned_until > UTC_TIMESTAMP(3)
                         AND LOCATE(%(successor_mark)s, abandoned) > 0),
-               LAST_INSERT_ID(token + 1), token + 0 * LAST_INSERT_ID(0)),
-    owner = IF(LAST_INSERT_ID() > 0, %(successor)s, NULL),
+               LAST_INSERT_ID(token + 1), token + 0 * LAST_INSERT_ID(flag IS NOT NULL)),
+    owner = IF(LAST_INSERT_ID() > 1, %(successor)s, NULL),
     expires_at = CASE
-        WHEN LAST_INSERT_ID() > 0
+        WHEN LAST_INSERT_ID() > 1
             THEN UTC_TIMESTAMP(3) + INTERVAL %(successor_ttl_ms)s * 1000 MICROSECOND
         WHEN flag IS NULL THEN UTC_TIMESTAMP(3)
         ELSE UTC_TIMESTAMP(3) + INTERVAL %(reservation_ms)s * 1000 MICROSECOND
