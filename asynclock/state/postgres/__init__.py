@@ -7,9 +7,11 @@ keys are stored as the SHA-256 of ``prefix + key`` (the primary key) next to the
 so keys of any length and characters fit. What does not depend on asyncpg lives in
 :class:`asynclock.state._sqlbase.SQLState`.
 
-Wake-ups: a release runs ``pg_notify`` in its own transaction; one dedicated connection per
-state LISTENs on the table's channel (``{table_prefix}released``, payload: the key's id in hex)
-and wakes the watchers of that key. An inbox accept (or requeue) notifies
+Wake-ups: a release of a key that a waiting state flagged runs ``pg_notify`` in its own
+transaction (an unflagged release wakes only this state's own watchers, in process: a NOTIFY
+serialises the commits that send it); one dedicated connection per state LISTENs on the table's
+channel (``{table_prefix}released``, payload: the key's id in hex) and wakes the watchers of
+that key. An inbox accept (or requeue) notifies
 ``{table_prefix}inbox`` (payload: the id of the state's key prefix in hex) in its transaction,
 heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections
 never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
@@ -363,7 +365,7 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
     def _rows(self, answer: _Rows) -> list[tuple[object, ...]]:
         return [tuple(record) for record in answer]
 
-    # -- wake-ups: NOTIFY reaches every state, this one included ------------------------------
+    # -- wake-ups: NOTIFY reaches every state, this one included (flagged releases) ---------
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> EventWatch:
         return EventWatch(loop)
@@ -387,9 +389,6 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.aclose()
-
-    def _released_here(self, ident: str) -> None:
-        pass  # the statement's NOTIFY wakes this state's watchers too
 
     def _accepted_here(self) -> None:
         pass  # the accept's NOTIFY wakes this state's inbox watchers too

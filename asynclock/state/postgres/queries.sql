@@ -87,8 +87,12 @@ FROM answered
 -- release --
 -- Compare-and-release: only when owner holds the key (live). With a successor (not abandoned)
 -- and no flag, hand the lock straight over: successor, token + 1, its TTL. Otherwise free it,
--- or reserve it for reservation_ms when a waiting state flagged it, and NOTIFY the release
--- (payload: the key's id in hex) in the same transaction, so listeners hear it after commit.
+-- or reserve it for reservation_ms when a waiting state flagged it, and then NOTIFY the release
+-- (payload: the key's id in hex) in the same transaction, so listeners hear it after commit. An
+-- unflagged release sends no NOTIFY: every waiter of another state has flagged the key or left
+-- it to another state's flag (whose release, or withdrawal in abandon, does NOTIFY; the waiter
+-- then flags the next holder), and a NOTIFY costs every committing release a turn on one global
+-- lock held through its commit's WAL flush (docs/decisions.md, "PostgreSQL claims").
 -- Atomic: one UPDATE; its row lock and the re-check of the WHERE on the latest row version
 -- serialise it with every other statement on the key. With claim_id (release_claimed), the same
 -- statement also sets dedupe claim claim_id to expire claim_ttl_ms from now, keeping its owner
@@ -120,10 +124,11 @@ WITH settle AS (
     )
     WHERE l.id = %(id)s AND l.owner = %(owner)s AND l.expires_at > now()
       AND (SELECT count(*) FROM settle) >= 0
-    RETURNING l.owner IS NOT NULL AS handed_over, l.token
+    RETURNING l.owner IS NOT NULL AS handed_over, l.token, l.flag IS NOT NULL AS flagged
 )
 SELECT token, handed_over,
-       (CASE WHEN NOT handed_over THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+       (CASE WHEN flagged AND NOT handed_over THEN pg_notify(%(channel)s, %(payload)s) END)
+           IS NULL AS sent
 FROM r
 
 -- abandon --
@@ -131,13 +136,16 @@ FROM r
 -- release does, without handoff); otherwise add owner's mark to the row (creating it if needed),
 -- so that the acquire, should it still arrive, is refused until abandoned_until. Either way,
 -- withdraw this state's waiting flag (waiter): a key reserved for it is freed at once, and one
--- it holds is released without a reservation for itself. NOTIFY when the key was freed (payload:
--- the key's id in hex). Marks are kept to the last 8 KB (older owners are long gone). Atomic: one
--- INSERT ... ON CONFLICT DO UPDATE decides on the latest version of the key's row, the row
--- acquire itself must lock to win. The snapshot read "cur" only tells a withdrawn reservation
--- (which leaves the row free) from a row that was free already, for the NOTIFY.
+-- it holds is released without a reservation for itself. NOTIFY when the key was freed, or when
+-- this state's flag was withdrawn (the waiters of other states that left the flag to it then
+-- flag the key themselves; see release) (payload: the key's id in hex). Marks are kept to the
+-- last 8 KB (older owners are long gone). Atomic: one INSERT ... ON CONFLICT DO UPDATE decides
+-- on the latest version of the key's row, the row acquire itself must lock to win. The snapshot
+-- read "cur" only tells a withdrawn reservation (which leaves the row free) from a row that was
+-- free already, and a withdrawn flag, for the NOTIFY.
 WITH cur AS (
-    SELECT l.owner IS NULL AND l.flag = %(waiter)s AND l.expires_at > now() AS reserved_for_us
+    SELECT l.owner IS NULL AND l.flag = %(waiter)s AND l.expires_at > now() AS reserved_for_us,
+           coalesce(l.flag = %(waiter)s, false) AS flagged_by_us
     FROM {prefix}locks AS l
     WHERE l.id = %(id)s
 ), a AS (
@@ -162,10 +170,12 @@ WITH cur AS (
     RETURNING strpos(l.abandoned, %(mark)s) = 0 AS released,
               l.owner IS NULL AND l.flag IS NULL AS free
 ), f AS (
-    SELECT a.released OR (a.free AND coalesce((SELECT reserved_for_us FROM cur), false)) AS freed
+    SELECT a.released OR (a.free AND coalesce((SELECT reserved_for_us FROM cur), false)) AS freed,
+           coalesce((SELECT flagged_by_us FROM cur), false) AS withdrew
     FROM a
 )
-SELECT freed, (CASE WHEN freed THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+SELECT freed,
+       (CASE WHEN freed OR withdrew THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
 FROM f
 
 -- extend --
