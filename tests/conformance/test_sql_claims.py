@@ -6,7 +6,9 @@ and an acquire recording the same (lapsed) claim A would wait for each other: th
 the cycle after ``deadlock_timeout`` by rolling one back, and every statement on the key and the
 claim waits meanwhile (docs/decisions.md, "PostgreSQL claims"). Each test row-locks one of the two
 rows from a session of its own, starts the statement, and checks which rows it holds while it
-waits: never the lock row while it waits for the dedupe row.
+waits: never the lock row while it waits for the dedupe row. The last test replays the cycle
+itself (a release racing its lock's expiry, a redelivery taking the lapsed claim over): with the
+two orders opposed it ends in ``DeadlockDetectedError`` after one second.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ class Rows:
             return False
         return True
 
-    async def waiting_for_a_row(self, task: asyncio.Task[Any]) -> None:
-        """Until another session of this database waits for a lock (``task``'s statement)."""
+    async def waiting_for_a_row(self, task: asyncio.Task[Any], sessions: int = 1) -> None:
+        """Until ``sessions`` other sessions wait for a row lock (``task``'s statement among them)."""
         for _ in range(500):
             assert not task.done(), task
             # inside the holding transaction the activity view is read once, unless cleared
@@ -74,7 +76,7 @@ class Rows:
                 "AND wait_event_type = 'Lock' AND query LIKE '%asynclock_dedupe%' "
                 "AND pid <> pg_backend_pid()"
             )
-            if waiting:
+            if waiting >= sessions:
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("the statement never waited for the dedupe row")
@@ -134,3 +136,40 @@ async def test_acquire_claimed_locks_the_claim_before_the_lock(rows: Rows) -> No
     assert grant is not None
     assert grant.token is not None
     assert await state.forget_claimed("c", "a")  # recorded as a's claim
+
+
+async def test_a_release_racing_its_expiry_and_a_redelivery_never_deadlock(
+    rows: Rows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The scenario of the earlier attempt's deadlock: the lock of event "c" expires while its
+    # release waits for the lock row (a stall), the claim's lease has lapsed with it, and a
+    # redelivery's acquire_claimed takes the claim over and wants the (expired) lock row.
+    # Deadlock victims are not run again here, so a cycle would surface as an error.
+    monkeypatch.setattr(type(rows.state), "_rolled_back_whole", lambda self, exc: False)
+    first, second = rows.state, state_from_url(POSTGRES.url, prefix=rows.prefix)
+    try:
+        grant = await first.acquire_claimed("k", "a", 0.3, claim="c", claim_ttl=30.0)
+        assert grant is not None
+        assert grant.token is not None
+        await rows.session.execute(
+            "UPDATE asynclock_dedupe SET expires_at = now() - interval '1 s' WHERE id = $1",
+            rows.ident("c"),
+        )
+        async with rows.session.transaction():  # the stall: the lock row is held elsewhere
+            await rows.session.execute(
+                "SELECT 1 FROM asynclock_locks WHERE id = $1 FOR UPDATE", rows.ident("k")
+            )
+            release = asyncio.ensure_future(
+                first.release_claimed("k", "a", claim="c", claim_ttl=600.0)
+            )
+            await rows.waiting_for_a_row(release)
+            await asyncio.sleep(0.4)  # the lock's 0.3 s run out while its release waits
+            assert await first.inspect("k") is None
+            redelivery = asyncio.ensure_future(
+                second.acquire_claimed("k", "b", 30.0, claim="c", claim_ttl=30.0)
+            )
+            await rows.waiting_for_a_row(redelivery, sessions=2)
+        assert (await asyncio.wait_for(release, 10.0)).owned  # its statement began in time
+        assert await asyncio.wait_for(redelivery, 10.0) is None  # "c" is done: a duplicate
+    finally:
+        await second.aclose()
