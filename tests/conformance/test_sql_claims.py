@@ -146,7 +146,8 @@ async def test_a_release_racing_its_expiry_and_a_redelivery_never_deadlock(
     # redelivery's acquire_claimed takes the claim over and wants the (expired) lock row.
     # Deadlock victims are not run again here, so a cycle would surface as an error.
     monkeypatch.setattr(type(rows.state), "_rolled_back_whole", lambda self, exc: False)
-    first, second = rows.state, state_from_url(POSTGRES.url, prefix=rows.prefix)
+    first: Any = rows.state
+    second: Any = state_from_url(POSTGRES.url, prefix=rows.prefix)
     try:
         grant = await first.acquire_claimed("k", "a", 0.3, claim="c", claim_ttl=30.0)
         assert grant is not None
