@@ -9,14 +9,16 @@ checked without waiting for a silence.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from asynclock import state_from_url
+from asynclock import AsyncLock, state_from_url
 from asynclock.state._sql import key_id
+from tests._helpers import SETTLE
 from tests._matrix import POSTGRES, purge_namespace, require
 
 if TYPE_CHECKING:
@@ -92,3 +94,37 @@ async def test_withdrawing_a_flag_notifies(two_states: tuple[Any, Any, Heard]) -
     assert (await holder.release("asked", "h")).owned
     await heard.next()
     assert heard.keys == ["withdrawn", "asked"]
+
+
+async def test_a_waiter_that_left_the_flag_to_another_is_woken_by_the_next_holder() -> None:
+    # Y waits behind X's flag without a flag of its own. H's release (flagged by X) wakes both;
+    # X takes the key, Y looks again and flags X's hold, so X's release notifies too: Y is
+    # served at X's release, not at the end of X's 30 s TTL.
+    require(POSTGRES)
+    namespace = uuid.uuid4().hex
+    options = POSTGRES.options(namespace)
+    h, x, y = (state_from_url(POSTGRES.url, **options) for _ in range(3))
+    got: dict[str, float] = {}
+    released: dict[str, float] = {}
+
+    async def waiter(name: str, state: Any, hold: float) -> None:
+        async with AsyncLock(state, "k", ttl=30.0, timeout=20.0):
+            got[name] = time.monotonic()
+            await asyncio.sleep(hold)  # X keeps the key while Y flags it
+            released[name] = time.monotonic()
+
+    try:
+        holder = AsyncLock(h, "k", ttl=30.0)
+        await holder.acquire()
+        first = asyncio.create_task(waiter("x", x, 0.3))
+        await asyncio.sleep(SETTLE)  # X waits, and has flagged the key
+        second = asyncio.create_task(waiter("y", y, 0.0))
+        await asyncio.sleep(SETTLE)  # Y waits behind X's flag
+        await holder.release()
+        await asyncio.wait_for(asyncio.gather(first, second), 25.0)
+        assert got["x"] < got["y"]
+        assert got["y"] - released["x"] < 1.0, (got, released)
+    finally:
+        for state in (h, x, y):
+            await state.aclose()
+        await purge_namespace(POSTGRES, namespace)
