@@ -22,6 +22,7 @@ from benchmarks import (
     _progress,
     _results,
     _sql,
+    _sql_dispatcher,
     _sql_inbox,
     _targets,
     _uncontended,
@@ -57,6 +58,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "cluster": _cluster.run,
     "inbox": _inbox.run,
     "inbox-sql": _sql_inbox.run,
+    "sql-dispatcher": _sql_dispatcher.run,
 }
 NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe", "cluster", "inbox"}
 
@@ -87,6 +89,7 @@ python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatch
 python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
 python -m benchmarks sql --quick     # ~20 s, stdout only
 python -m benchmarks inbox-sql --quick  # ~30 s: the durable inbox on PostgreSQL and MariaDB
+python -m benchmarks sql-dispatcher     # ~1 min: EventDispatcher on PostgreSQL vs chat-sdk's
 python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
                                        # single Redis vs a private 3-master Redis Cluster
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s

@@ -208,18 +208,22 @@ class ChatSdk(Variant):
         self.chat: Any = None
         self.adapter: Any = None
 
+    def make_state(self) -> Any:
+        """The chat-sdk state adapter of this row (not connected yet)."""
+        sdk = self.sdk
+        if not self.redis:
+            return sdk.MemoryStateAdapter()
+        # bounded like the others: RedisStateAdapter(url=...) builds an unbounded pool
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            self.cfg.url, max_connections=POOL, decode_responses=True
+        )
+        self.client = redis.asyncio.Redis(connection_pool=pool)
+        prefix = self.cfg.key("dispatcher", "chat-sdk", "burst" if self.burst else "serial")
+        return sdk.RedisStateAdapter(client=self.client, key_prefix=prefix)
+
     async def setup(self) -> None:
         sdk = self.sdk
-        if self.redis:
-            # bounded like the others: RedisStateAdapter(url=...) builds an unbounded pool
-            pool = redis.asyncio.BlockingConnectionPool.from_url(
-                self.cfg.url, max_connections=POOL, decode_responses=True
-            )
-            self.client = redis.asyncio.Redis(connection_pool=pool)
-            prefix = self.cfg.key("dispatcher", "chat-sdk", "burst" if self.burst else "serial")
-            self.state = sdk.RedisStateAdapter(client=self.client, key_prefix=prefix)
-        else:
-            self.state = sdk.MemoryStateAdapter()
+        self.state = self.make_state()
         await self.state.connect()
         self.adapter = sdk.MockAdapter(ADAPTER)
         config = sdk.ChatConfig(

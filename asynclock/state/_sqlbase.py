@@ -157,6 +157,9 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
     _PACKAGE: ClassVar[str]
     #: driver errors that mean "cannot reach the server / the connection is gone"
     _UNAVAILABLE: ClassVar[tuple[type[BaseException], ...]]
+    #: the claim parameters of a backend whose acquire and release statements can also record
+    #: a dedupe claim (ClaimingState), set to "no claim"; none by default
+    _NO_CLAIM: ClassVar[Mapping[str, object]] = {}
 
     def __init__(
         self,
@@ -448,22 +451,26 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         ``waiting`` attempt flags the key for this state: the holder's state then gives way to
         it at release (see ``reservation``).
         """
-        check_key(key)
-        ident, full = self._ids(key)
         answer = await self._run(
-            "acquire",
-            {
-                "id": self._id_param(ident),
-                "name": full,
-                "owner": owner,
-                "mark": mark_of(owner),
-                "ttl_ms": ttl_ms(check_ttl(ttl, key=key)),
-                "waiter": self._process if waiting else None,
-            },
-            idempotent=True,
+            "acquire", self._acquire_params(key, owner, ttl, waiting=waiting), idempotent=True
         )
         self._maybe_purge()
         return self._grant(answer)
+
+    def _acquire_params(
+        self, key: str, owner: str, ttl: float, *, waiting: bool = False
+    ) -> dict[str, object]:
+        check_key(key)
+        ident, full = self._ids(key)
+        return {
+            "id": self._id_param(ident),
+            "name": full,
+            "owner": owner,
+            "mark": mark_of(owner),
+            "ttl_ms": ttl_ms(check_ttl(ttl, key=key)),
+            "waiter": self._process if waiting else None,
+            **self._NO_CLAIM,
+        }
 
     async def release(
         self, key: str, owner: str, *, successor: str | None = None, ttl: float | None = None
@@ -472,10 +479,22 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
 
         Atomic compare-and-release, or handoff to ``successor``; a release wakes the watchers.
         """
+        return await self._release_with(key, owner, successor, ttl, self._NO_CLAIM)
+
+    async def _release_with(
+        self,
+        key: str,
+        owner: str,
+        successor: str | None,
+        ttl: float | None,
+        claim: Mapping[str, object],
+    ) -> Release:
         ident, _ = self._ids(key)
         answer = self._release(
             await self._run(
-                "release", self._release_params(ident, owner, successor, ttl), idempotent=False
+                "release",
+                {**self._release_params(ident, owner, successor, ttl), **claim},
+                idempotent=False,
             )
         )
         if answer.owned and answer.handoff_token is None:

@@ -1172,7 +1172,7 @@ class TestTwoPhaseClaims:
         if not isinstance(state, ClaimingState):
             # the separate dedupe_add either answered (then it is forgotten on failure) or its
             # outcome is unknown: then it is left to lapse with its lease (lock_ttl)
-            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            assert type(state).__name__ == "MySQLState"
             return
         handled: list[str | None] = []
         bot = bot_with(state, lambda e: handled.append(e.message_id), raise_errors=False)
@@ -1235,8 +1235,8 @@ class TestClaimingStateCapability:
 
     async def test_release_marks_the_claim_done_owned_or_not(self, state: State) -> None:
         if not isinstance(state, ClaimingState):
-            # documented: the SQL states make separate calls (covered by the dispatcher tests)
-            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            # documented: MySQL makes separate calls (covered by the dispatcher tests)
+            assert type(state).__name__ == "MySQLState"
             return
         grant = await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=0.2)
         assert grant is not None
@@ -1259,7 +1259,7 @@ class TestClaimingStateCapability:
 
     async def test_forget_claimed_deletes_only_the_owners_claim(self, state: State) -> None:
         if not isinstance(state, ClaimingState):
-            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            assert type(state).__name__ == "MySQLState"
             return
         assert await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=5.0) is not None
         await state.dedupe_keep("c1", 60.0)  # renewals and "done" keep the claim's owner
@@ -1272,7 +1272,7 @@ class TestClaimingStateCapability:
 
     async def test_release_with_a_successor_hands_over_and_marks(self, state: State) -> None:
         if not isinstance(state, ClaimingState):
-            assert type(state).__name__ in {"PostgresState", "MySQLState"}
+            assert type(state).__name__ == "MySQLState"
             return
         grant = await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=5.0)
         assert grant is not None
@@ -1612,6 +1612,7 @@ class TestRoundTrips:
         assert await bot.dispatch(ev("warm-up", thread="W")) is Outcome.HANDLED  # scripts loaded
         calls = spy_on_state(monkeypatch, state)
         commands = _count_redis_commands(monkeypatch, state)
+        statements = await _count_sql_statements(monkeypatch, state)
         assert await bot.dispatch(ev("m1")) is Outcome.HANDLED
         if isinstance(state, ClaimingState):
             # claim (in progress) + lock; release + claim done
@@ -1620,6 +1621,31 @@ class TestRoundTrips:
             assert calls == Counter({"dedupe_add": 1, "acquire": 1, "release": 1, "dedupe_keep": 1})
         if commands is not None:
             assert commands == [b"EVALSHA", b"EVALSHA"]  # 2 round trips
+        if statements is not None:
+            if isinstance(state, ClaimingState):  # PostgreSQL: the claim rides on both
+                assert statements == ["acquire", "release"]
+            else:
+                assert statements == ["dedupe_add", "acquire", "release", "dedupe_keep"]
+
+
+async def _count_sql_statements(monkeypatch: pytest.MonkeyPatch, state: State) -> list[str] | None:
+    """The name of every statement a SQL state sends from now on (``None`` for other states)."""
+    named = getattr(state, "_statements", None)
+    if named is None:
+        return None
+    purge = getattr(state, "_purge_task", None)
+    if purge is not None:
+        await purge  # the first acquire's background purge of expired rows is not the event's
+    names = {id(statement): name for name, statement in named.items()}
+    sent: list[str] = []
+    original = type(state)._execute  # type: ignore[attr-defined]
+
+    async def execute(self: Any, conn: Any, statement: Any, params: Any) -> Any:
+        sent.append(names.get(id(statement), "?"))
+        return await original(self, conn, statement, params)
+
+    monkeypatch.setattr(type(state), "_execute", execute)
+    return sent
 
 
 def _count_redis_commands(monkeypatch: pytest.MonkeyPatch, state: State) -> list[bytes] | None:

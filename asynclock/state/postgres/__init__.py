@@ -7,9 +7,11 @@ keys are stored as the SHA-256 of ``prefix + key`` (the primary key) next to the
 so keys of any length and characters fit. What does not depend on asyncpg lives in
 :class:`asynclock.state._sqlbase.SQLState`.
 
-Wake-ups: a release runs ``pg_notify`` in its own transaction; one dedicated connection per
-state LISTENs on the table's channel (``{table_prefix}released``, payload: the key's id in hex)
-and wakes the watchers of that key. An inbox accept (or requeue) notifies
+Wake-ups: a release of a key that a waiting state flagged runs ``pg_notify`` in its own
+transaction (an unflagged release wakes only this state's own watchers, in process: a NOTIFY
+serialises the commits that send it); one dedicated connection per state LISTENs on the table's
+channel (``{table_prefix}released``, payload: the key's id in hex) and wakes the watchers of
+that key. An inbox accept (or requeue) notifies
 ``{table_prefix}inbox`` (payload: the id of the state's key prefix in hex) in its transaction,
 heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections
 never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
@@ -21,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 import asyncpg  # type: ignore[import-untyped]
 from asyncpg import exceptions as pg_errors
 
 from asynclock._compat import deadline_after
+from asynclock._validate import check_key, check_ttl, ttl_ms
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._sql import ConnectionPool
 from asynclock.state._sqlbase import check_connect_options
@@ -113,6 +116,11 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
       WAL (see ``queries.sql``).
     * A statement interrupted by a cancellation or a timeout may or may not have committed; its
       connection is discarded, never reused.
+    * A :class:`~asynclock.state.ClaimingState`: the dispatcher's dedupe claim rides on the
+      acquire and release statements (two statements per fresh event). A statement that locks a
+      claim's dedupe row and a lock row always locks the dedupe row first, so two of them never
+      wait for each other in a cycle (see ``queries.sql``); a deadlock victim of any other cycle
+      (its whole transaction rolled back, nothing left behind) is run again.
     * The durable inbox's accept, step and requeue are each one call of a PL/pgSQL function
       running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`); accepts
       wake the inbox watchers of every state by ``NOTIFY``.
@@ -237,8 +245,67 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
             return []
         return await conn.fetch(sql, *[params[name] for name in names])
 
+    _NO_CLAIM: ClassVar[Mapping[str, object]] = {
+        "claim_id": None,
+        "claim_name": None,
+        "claim_ttl_ms": 0,
+    }
+
+    # -- ClaimingState: the claim rides on the acquire and release statements ---------------
+
+    def _claim_params(self, claim: str, claim_ttl: float) -> dict[str, object]:
+        check_key(claim)
+        ident, full = self._ids(claim)
+        return {
+            "claim_id": self._id_param(ident),
+            "claim_name": full,
+            "claim_ttl_ms": ttl_ms(check_ttl(claim_ttl, key=claim)),
+        }
+
+    async def acquire_claimed(
+        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    ) -> Grant | None:
+        """See :meth:`asynclock.state.ClaimingState.acquire_claimed` (one statement).
+
+        A first attempt: it never flags the key for a waiter. Not retried after a failure
+        mid-statement (unlike ``acquire``): a claim that did land would make the retry look like
+        a duplicate of itself.
+        """
+        params = self._acquire_params(key, owner, ttl) | self._claim_params(claim, claim_ttl)
+        answer = await self._run("acquire", params, idempotent=False)
+        self._maybe_purge()
+        return self._grant(answer) if answer else None
+
+    async def release_claimed(
+        self,
+        key: str,
+        owner: str,
+        *,
+        claim: str,
+        claim_ttl: float,
+        successor: str | None = None,
+        ttl: float | None = None,
+    ) -> Release:
+        """See :meth:`asynclock.state.ClaimingState.release_claimed` (one statement)."""
+        return await self._release_with(
+            key, owner, successor, ttl, self._claim_params(claim, claim_ttl)
+        )
+
+    async def forget_claimed(self, claim: str, owner: str) -> bool:
+        """See :meth:`asynclock.state.ClaimingState.forget_claimed` (one DELETE)."""
+        check_key(claim)
+        ident, _ = self._ids(claim)
+        answer = await self._run(
+            "forget_claimed", {"id": self._id_param(ident), "owner": owner}, idempotent=False
+        )
+        return self._matched(answer)
+
     def _is_statement_error(self, exc: BaseException) -> bool:
         return isinstance(exc, pg_errors.PostgresError) and not isinstance(exc, self._UNAVAILABLE)
+
+    def _rolled_back_whole(self, exc: BaseException) -> bool:
+        # 40P01: the server broke a wait cycle by rolling this statement's transaction back
+        return isinstance(exc, pg_errors.DeadlockDetectedError)
 
     def _never_sent(self, exc: BaseException) -> bool:
         # asyncpg checks its protocol state before it writes anything: a connection that has
@@ -298,7 +365,7 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
     def _rows(self, answer: _Rows) -> list[tuple[object, ...]]:
         return [tuple(record) for record in answer]
 
-    # -- wake-ups: NOTIFY reaches every state, this one included ------------------------------
+    # -- wake-ups: NOTIFY reaches every state, this one included (flagged releases) ---------
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> EventWatch:
         return EventWatch(loop)
@@ -322,9 +389,6 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.aclose()
-
-    def _released_here(self, ident: str) -> None:
-        pass  # the statement's NOTIFY wakes this state's watchers too
 
     def _accepted_here(self) -> None:
         pass  # the accept's NOTIFY wakes this state's inbox watchers too

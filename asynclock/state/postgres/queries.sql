@@ -13,7 +13,28 @@
 -- answers the cases that change nothing (a failed try is one read, no row lock, no WAL flush);
 -- every change goes through one INSERT ... ON CONFLICT DO UPDATE, which locks the row and decides
 -- on its latest committed version, never on the snapshot, so two acquirers cannot both win.
-WITH cur AS (
+-- With claim_id (ClaimingState.acquire_claimed), the statement first records dedupe claim
+-- claim_id for owner, as dedupe_add does, and touches the lock only if that claim is new ("gate");
+-- a duplicate answers no row at all. Without it (NULL) the claim steps do nothing. Row lock order:
+-- the claim's dedupe row, then the lock's row ("gate" is read before "up" can run), the order
+-- release takes them in too (see release; docs/decisions.md, "PostgreSQL claims").
+WITH claim_upd AS (
+    UPDATE {prefix}dedupe
+    SET expires_at = now() + %(claim_ttl_ms)s::bigint * interval '1 millisecond', owner = %(owner)s
+    WHERE id = %(claim_id)s AND expires_at <= now()
+    RETURNING 1
+), claim_ins AS (
+    INSERT INTO {prefix}dedupe (id, name, expires_at, owner)
+    SELECT %(claim_id)s, %(claim_name)s,
+           now() + %(claim_ttl_ms)s::bigint * interval '1 millisecond', %(owner)s
+    WHERE %(claim_id)s::bytea IS NOT NULL AND NOT EXISTS (SELECT 1 FROM claim_upd)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+), gate AS (
+    SELECT 1 WHERE %(claim_id)s::bytea IS NULL
+    UNION ALL SELECT 1 FROM claim_upd
+    UNION ALL SELECT 1 FROM claim_ins
+), cur AS (
     SELECT l.token, l.expires_at,
            l.abandoned_until > now() AND strpos(l.abandoned, %(mark)s) > 0 AS gave_up,
            coalesce(l.owner = %(owner)s AND l.expires_at > now(), false) AS mine,
@@ -25,12 +46,13 @@ WITH cur AS (
     WHERE l.id = %(id)s
 ), answered AS (
     SELECT * FROM cur
-    WHERE gave_up OR mine OR (busy AND nothing_to_flag AND NOT reserved_for_us)
+    WHERE (gave_up OR mine OR (busy AND nothing_to_flag AND NOT reserved_for_us))
+      AND EXISTS (SELECT 1 FROM gate)
 ), up AS (
     INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at)
     SELECT %(id)s, %(name)s, %(owner)s, (extract(epoch FROM now()) * 1000000)::bigint,
            now() + %(ttl_ms)s::bigint * interval '1 millisecond'
-    WHERE NOT EXISTS (SELECT 1 FROM answered)
+    WHERE NOT EXISTS (SELECT 1 FROM answered) AND EXISTS (SELECT 1 FROM gate)
     ON CONFLICT (id) DO UPDATE SET (owner, flag, token, expires_at) = (
         SELECT CASE WHEN d.take THEN EXCLUDED.owner ELSE l.owner END,
                CASE WHEN d.take THEN NULL WHEN d.flag_it THEN %(waiter)s ELSE l.flag END,
@@ -65,11 +87,29 @@ FROM answered
 -- release --
 -- Compare-and-release: only when owner holds the key (live). With a successor (not abandoned)
 -- and no flag, hand the lock straight over: successor, token + 1, its TTL. Otherwise free it,
--- or reserve it for reservation_ms when a waiting state flagged it, and NOTIFY the release
--- (payload: the key's id in hex) in the same transaction, so listeners hear it after commit.
+-- or reserve it for reservation_ms when a waiting state flagged it, and then NOTIFY the release
+-- (payload: the key's id in hex) in the same transaction, so listeners hear it after commit. An
+-- unflagged release sends no NOTIFY: every waiter of another state has flagged the key or left
+-- it to another state's flag (whose release, or withdrawal in abandon, does NOTIFY; the waiter
+-- then flags the next holder), and a NOTIFY costs every committing release a turn on one global
+-- lock held through its commit's WAL flush (docs/decisions.md, "PostgreSQL claims").
 -- Atomic: one UPDATE; its row lock and the re-check of the WHERE on the latest row version
--- serialise it with every other statement on the key.
-WITH r AS (
+-- serialise it with every other statement on the key. With claim_id (release_claimed), the same
+-- statement also sets dedupe claim claim_id to expire claim_ttl_ms from now, keeping its owner
+-- (created for owner if gone), whether or not the release matched. "settle" runs before the
+-- UPDATE locks the lock's row (its count is in the UPDATE's WHERE, which is evaluated before a
+-- row is locked): claim row first, lock row second, as in acquire. Left unreferenced, it would
+-- run after the main query, lock row first: two statements taking the same two rows in opposite
+-- orders deadlock.
+WITH settle AS (
+    INSERT INTO {prefix}dedupe AS d (id, name, expires_at, owner)
+    SELECT %(claim_id)s, %(claim_name)s,
+           now() + %(claim_ttl_ms)s::bigint * interval '1 millisecond', %(owner)s
+    WHERE %(claim_id)s::bytea IS NOT NULL
+    ON CONFLICT (id) DO UPDATE SET (expires_at, owner) = (
+        EXCLUDED.expires_at, CASE WHEN d.expires_at > now() THEN d.owner ELSE EXCLUDED.owner END)
+    RETURNING 1
+), r AS (
     UPDATE {prefix}locks AS l SET (owner, token, expires_at) = (
         SELECT CASE WHEN d.handoff THEN %(successor)s END,
                l.token + CASE WHEN d.handoff THEN 1 ELSE 0 END,
@@ -83,10 +123,12 @@ WITH r AS (
         ) AS d
     )
     WHERE l.id = %(id)s AND l.owner = %(owner)s AND l.expires_at > now()
-    RETURNING l.owner IS NOT NULL AS handed_over, l.token
+      AND (SELECT count(*) FROM settle) >= 0
+    RETURNING l.owner IS NOT NULL AS handed_over, l.token, l.flag IS NOT NULL AS flagged
 )
 SELECT token, handed_over,
-       (CASE WHEN NOT handed_over THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+       (CASE WHEN flagged AND NOT handed_over THEN pg_notify(%(channel)s, %(payload)s) END)
+           IS NULL AS sent
 FROM r
 
 -- abandon --
@@ -94,13 +136,16 @@ FROM r
 -- release does, without handoff); otherwise add owner's mark to the row (creating it if needed),
 -- so that the acquire, should it still arrive, is refused until abandoned_until. Either way,
 -- withdraw this state's waiting flag (waiter): a key reserved for it is freed at once, and one
--- it holds is released without a reservation for itself. NOTIFY when the key was freed (payload:
--- the key's id in hex). Marks are kept to the last 8 KB (older owners are long gone). Atomic: one
--- INSERT ... ON CONFLICT DO UPDATE decides on the latest version of the key's row, the row
--- acquire itself must lock to win. The snapshot read "cur" only tells a withdrawn reservation
--- (which leaves the row free) from a row that was free already, for the NOTIFY.
+-- it holds is released without a reservation for itself. NOTIFY when the key was freed, or when
+-- this state's flag was withdrawn (the waiters of other states that left the flag to it then
+-- flag the key themselves; see release) (payload: the key's id in hex). Marks are kept to the
+-- last 8 KB (older owners are long gone). Atomic: one INSERT ... ON CONFLICT DO UPDATE decides
+-- on the latest version of the key's row, the row acquire itself must lock to win. The snapshot
+-- read "cur" only tells a withdrawn reservation (which leaves the row free) from a row that was
+-- free already, and a withdrawn flag, for the NOTIFY.
 WITH cur AS (
-    SELECT l.owner IS NULL AND l.flag = %(waiter)s AND l.expires_at > now() AS reserved_for_us
+    SELECT l.owner IS NULL AND l.flag = %(waiter)s AND l.expires_at > now() AS reserved_for_us,
+           coalesce(l.flag = %(waiter)s, false) AS flagged_by_us
     FROM {prefix}locks AS l
     WHERE l.id = %(id)s
 ), a AS (
@@ -125,10 +170,12 @@ WITH cur AS (
     RETURNING strpos(l.abandoned, %(mark)s) = 0 AS released,
               l.owner IS NULL AND l.flag IS NULL AS free
 ), f AS (
-    SELECT a.released OR (a.free AND coalesce((SELECT reserved_for_us FROM cur), false)) AS freed
+    SELECT a.released OR (a.free AND coalesce((SELECT reserved_for_us FROM cur), false)) AS freed,
+           coalesce((SELECT flagged_by_us FROM cur), false) AS withdrew
     FROM a
 )
-SELECT freed, (CASE WHEN freed THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
+SELECT freed,
+       (CASE WHEN freed OR withdrew THEN pg_notify(%(channel)s, %(payload)s) END) IS NULL AS sent
 FROM f
 
 -- extend --
@@ -150,7 +197,8 @@ WHERE id = %(id)s AND owner IS NOT NULL AND expires_at > now()
 -- version), else the INSERT ... ON CONFLICT DO NOTHING creates it; of concurrent callers exactly
 -- one succeeds. A duplicate (live record) is one read: no row lock, no WAL flush.
 WITH upd AS (
-    UPDATE {prefix}dedupe SET expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+    UPDATE {prefix}dedupe
+    SET expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond', owner = NULL
     WHERE id = %(id)s AND expires_at <= now()
     RETURNING 1
 ), ins AS (
@@ -167,6 +215,12 @@ SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins
 SELECT greatest(extract(epoch FROM expires_at - now()), 0)::float8
 FROM {prefix}dedupe
 WHERE id = %(id)s AND expires_at > now()
+
+-- forget_claimed --
+-- Compare-and-delete: delete the live record only if owner's acquire_claimed recorded it; a row
+-- returned means it did. One DELETE.
+DELETE FROM {prefix}dedupe WHERE id = %(id)s AND owner = %(owner)s AND expires_at > now()
+RETURNING 1
 
 -- dedupe_forget --
 -- Delete the record; a row returned means it was live (an expired one counts as absent). One
@@ -214,9 +268,11 @@ ORDER BY name
 -- dedupe_keep --
 -- Set the record's expiry to ttl_ms from now, creating it if it is gone (a claim whose work is
 -- done, or whose lease is renewed). Atomic: one INSERT ... ON CONFLICT DO UPDATE.
-INSERT INTO {prefix}dedupe (id, name, expires_at)
+-- A live record keeps its owner (see forget_claimed); an expired one revived here has none.
+INSERT INTO {prefix}dedupe AS d (id, name, expires_at)
 VALUES (%(id)s, %(name)s, now() + %(ttl_ms)s::bigint * interval '1 millisecond')
-ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+ON CONFLICT (id) DO UPDATE
+SET (expires_at, owner) = (EXCLUDED.expires_at, CASE WHEN d.expires_at > now() THEN d.owner END)
 RETURNING 1
 
 -- inbox_accept --

@@ -24,8 +24,19 @@ CREATE TABLE IF NOT EXISTS {prefix}locks (
 CREATE TABLE IF NOT EXISTS {prefix}dedupe (
     id          bytea PRIMARY KEY,                   -- SHA-256 of the prefixed key
     name        text NOT NULL,
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    owner       text                                 -- who claimed it (acquire_claimed), or NULL
 );
+
+-- A dedupe table made before the owner column existed gets it here. Looked up first,
+-- through the same name resolution as the statements (regclass: search_path, case folding):
+-- ALTER TABLE takes an ACCESS EXCLUSIVE lock on the table even when the column exists.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{prefix}dedupe'::regclass
+                   AND attname = 'owner' AND NOT attisdropped) THEN
+        ALTER TABLE {prefix}dedupe ADD COLUMN owner text;
+    END IF;
+END $$;
 
 -- The durable inbox (EventDispatcher.accept / serve). One row per key with work or dead
 -- letters: its counters, and the row every inbox change of the key locks first, so accepts and
