@@ -13,7 +13,7 @@ import pytest
 from asynclock import AsyncLock, Deduper, StateUnavailableError, state_from_url
 from asynclock.state import Release
 from tests._helpers import token_of
-from tests._matrix import MYSQL, POSTGRES, require
+from tests._matrix import MYSQL, POSTGRES, POSTGRES_PGBOUNCER, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 SQL = [
     pytest.param(POSTGRES, id="postgres", marks=pytest.mark.postgres),
+    pytest.param(POSTGRES_PGBOUNCER, id="postgres-pgbouncer", marks=pytest.mark.postgres),
     pytest.param(MYSQL, id="mysql", marks=pytest.mark.mysql),
 ]
 SECRET = "s3cr3t-Pa55"
@@ -237,7 +238,7 @@ class Blocker:
         ident = key_id(f"{self.options['prefix']}k")
         session: Any = await self.state()
         conn, _ = await session._source.checkout()
-        if self.backend is POSTGRES:
+        if self.backend is not MYSQL:
             await conn.execute("BEGIN")
             await conn.execute("SELECT 1 FROM asynclock_locks WHERE id = $1 FOR UPDATE", ident)
             yield
