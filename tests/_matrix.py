@@ -168,7 +168,7 @@ _started_services = False
 
 def _start_local_services() -> None:
     """Run ``.ci/services.sh`` once per test session: it starts whichever loopback server
-    (Redis, the 3-master Redis Cluster, PostgreSQL, MariaDB) is not answering."""
+    (Redis, the 3-master Redis Cluster, PostgreSQL, PgBouncer, MariaDB) is not answering."""
     global _started_services
     if _started_services or not _SERVICES.is_file():
         return
