@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import pytest
 
@@ -43,6 +43,9 @@ class Backend:
     namespace_option: str | None = None
     #: the pytest marker of its tests (default: ``name``)
     marker: str | None = None
+    #: False: the tests marked ``slow`` are not collected for this row (a second way to a server
+    #: whose direct row runs them; keeps ``make test`` within its time budget)
+    slow: bool = True
 
     @property
     def server(self) -> bool:
@@ -62,8 +65,10 @@ def _server(
     default: str,
     namespace_option: str = "prefix",
     marker: str | None = None,
+    *,
+    slow: bool = True,
 ) -> Backend:
-    return Backend(name, os.environ.get(env, default), namespace_option, marker)
+    return Backend(name, os.environ.get(env, default), namespace_option, marker, slow)
 
 
 MEMORY = Backend("memory", "memory://")
@@ -78,9 +83,19 @@ REDIS_CLUSTER = _server(
 POSTGRES = _server(
     "postgres", "ASYNCLOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+#: the same database through PgBouncer in transaction mode (127.0.0.1:6432, .ci/services.sh):
+#: asyncpg's statement cache off, the listener straight to the server (docs/backends-sql.md)
+POSTGRES_PGBOUNCER = _server(
+    "postgres-pgbouncer",
+    "ASYNCLOCK_PGBOUNCER_URL",
+    "postgresql://postgres@127.0.0.1:6432/test?"
+    + urlencode({"statement_cache_size": 0, "listen_url": POSTGRES.url}),
+    marker="postgres",
+    slow=False,
+)
 MYSQL = _server("mysql", "ASYNCLOCK_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
-BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, REDIS_CLUSTER, POSTGRES, MYSQL)
+BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, REDIS_CLUSTER, POSTGRES, POSTGRES_PGBOUNCER, MYSQL)
 SERVER_BACKENDS: tuple[Backend, ...] = tuple(b for b in BACKENDS if b.server)
 
 
@@ -95,12 +110,19 @@ STATES = [_param(b) for b in BACKENDS]
 SERVER_STATES = [_param(b) for b in SERVER_BACKENDS]
 #: Backends with the durable inbox (``InboxState``): every built-in one (``test_inbox.py`` checks
 #: that a state without it is refused with a clear error).
-INBOX_BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, REDIS_CLUSTER, POSTGRES, MYSQL)
+INBOX_BACKENDS: tuple[Backend, ...] = (
+    MEMORY,
+    REDIS,
+    REDIS_CLUSTER,
+    POSTGRES,
+    POSTGRES_PGBOUNCER,
+    MYSQL,
+)
 INBOX_STATES = [_param(b) for b in INBOX_BACKENDS]
 #: the inbox backends that several OS processes can share (``test_inbox_processes.py``)
 INBOX_SERVER_STATES = [_param(b) for b in INBOX_BACKENDS if b.server]
 #: the SQL states' inbox (``test_inbox_sql.py``)
-SQL_INBOX_STATES = [_param(b) for b in INBOX_BACKENDS if b in (POSTGRES, MYSQL)]
+SQL_INBOX_STATES = [_param(b) for b in INBOX_BACKENDS if b in (POSTGRES, POSTGRES_PGBOUNCER, MYSQL)]
 
 
 _DEFAULT_PORTS = {
@@ -146,7 +168,7 @@ _started_services = False
 
 def _start_local_services() -> None:
     """Run ``.ci/services.sh`` once per test session: it starts whichever loopback server
-    (Redis, the 3-master Redis Cluster, PostgreSQL, MariaDB) is not answering."""
+    (Redis, the 3-master Redis Cluster, PostgreSQL, PgBouncer, MariaDB) is not answering."""
     global _started_services
     if _started_services or not _SERVICES.is_file():
         return
@@ -185,7 +207,7 @@ async def purge_namespace(backend: Backend, namespace: str) -> None:
             await client.aclose()
     elif backend.name == "redis-cluster":
         await _purge_cluster(backend, namespace)
-    elif backend.name in ("postgres", "mysql"):
+    elif backend.name in ("postgres", "postgres-pgbouncer", "mysql"):
         await _purge_sql(backend, f"{TEST_PREFIX}{namespace}:")
 
 
@@ -239,10 +261,14 @@ async def run_sql(backend: Backend, statements: list[str], *args: object) -> Non
     ``{}`` in a statement stands for the one parameter placeholder (``$1`` or ``%s``); a
     statement about a table that does not exist (yet) is skipped.
     """
-    if backend.name == "postgres":
+    if backend.name.startswith("postgres"):
         import asyncpg  # type: ignore[import-untyped]
 
-        conn = await asyncpg.connect(backend.url, timeout=10)
+        from asynclock.state.postgres._pooler import pooler_options
+
+        # the URL's asynclock options are not for asyncpg; no named statements (PgBouncer)
+        dsn = pooler_options(backend.url, None, None).dsn
+        conn = await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
         try:
             for statement in statements:
                 with contextlib.suppress(asyncpg.UndefinedTableError):

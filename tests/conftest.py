@@ -46,6 +46,20 @@ class Target:
         return state_from_url(self.url, **self.options)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the ``slow`` tests of the matrix rows that opt out of them (``Backend.slow``)."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        rows = [v for v in callspec.params.values() if isinstance(v, Backend)] if callspec else []
+        opted_out = any(not row.slow for row in rows)
+        (dropped if opted_out and item.get_closest_marker("slow") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def new_namespace() -> str:
     return uuid.uuid4().hex
 

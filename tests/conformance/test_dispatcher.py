@@ -536,6 +536,7 @@ class TestQueued:
         outcomes = await soon(asyncio.gather(first, second, newcomer))
         assert gate.ids == ["w1", "w2", "new"], (gate.ids, outcomes)
 
+    @pytest.mark.slow
     @pytest.mark.timeout(240)
     async def test_arrival_order_holds_for_events_2_ms_apart_200_times(self, state: State) -> None:
         # 20 events of one thread, 2 ms apart, handlers about as long as the spacing: a

@@ -34,7 +34,7 @@ FAIR_BACKENDS = (MEMORY, REDIS, REDIS_CLUSTER)
 FAIR_STATES = [pytest.param(b, id=b.name, marks=pytest.mark.redis) for b in FAIR_BACKENDS]
 FAIR_STATES[0] = pytest.param(MEMORY, id=MEMORY.name, marks=pytest.mark.memory)
 UNFAIR_STATES = [
-    pytest.param(b, id=b.name, marks=getattr(pytest.mark, b.name))
+    pytest.param(b, id=b.name, marks=getattr(pytest.mark, b.marker or b.name))
     for b in BACKENDS
     if b not in FAIR_BACKENDS
 ]

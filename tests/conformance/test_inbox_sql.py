@@ -167,7 +167,7 @@ async def test_the_schema_is_created_once_by_states_starting_together(clients: C
 
 async def _drop_tables(backend: Backend, table_prefix: str) -> None:
     """Drop what ``schema.sql`` made under ``table_prefix`` (a name made by this test)."""
-    kind = "FUNCTION" if backend.name == "postgres" else "PROCEDURE"
+    kind = "FUNCTION" if backend.name.startswith("postgres") else "PROCEDURE"
     routines = ("inbox_accept_v1", "inbox_step_v1", "inbox_requeue_v1")
     tables = ("locks", "dedupe", "inboxes", "inbox_entries")
     statements = [f"DROP {kind} IF EXISTS {table_prefix}{name}" for name in routines]

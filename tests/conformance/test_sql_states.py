@@ -13,7 +13,7 @@ import pytest
 from asynclock import AsyncLock, Deduper, StateUnavailableError, state_from_url
 from asynclock.state import Release
 from tests._helpers import token_of
-from tests._matrix import MYSQL, POSTGRES, require
+from tests._matrix import MYSQL, POSTGRES, POSTGRES_PGBOUNCER, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 SQL = [
     pytest.param(POSTGRES, id="postgres", marks=pytest.mark.postgres),
+    pytest.param(POSTGRES_PGBOUNCER, id="postgres-pgbouncer", marks=pytest.mark.postgres),
     pytest.param(MYSQL, id="mysql", marks=pytest.mark.mysql),
 ]
 SECRET = "s3cr3t-Pa55"
@@ -237,7 +238,7 @@ class Blocker:
         ident = key_id(f"{self.options['prefix']}k")
         session: Any = await self.state()
         conn, _ = await session._source.checkout()
-        if self.backend is POSTGRES:
+        if self.backend is not MYSQL:
             await conn.execute("BEGIN")
             await conn.execute("SELECT 1 FROM asynclock_locks WHERE id = $1 FOR UPDATE", ident)
             yield
@@ -292,3 +293,31 @@ async def test_a_statement_stuck_past_op_timeout_raises_and_the_state_recovers(
     await state.abandon("k", "cancelled")
     async with AsyncLock(state, "k", ttl=10.0) as lock:
         assert await state.extend("k", lock.owner, 10.0)
+
+
+@pytest.mark.postgres
+async def test_the_pgbouncer_row_moves_a_client_between_server_connections() -> None:
+    """The ``postgres-pgbouncer`` row tests transaction pooling, not a pass-through: one client
+    connection's transactions run on more than one server connection (PgBouncer 1.18 does not
+    carry a named prepared statement along, hence ``statement_cache_size=0`` in its URL)."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    from asynclock.state.postgres._pooler import pooler_options
+
+    require(POSTGRES_PGBOUNCER)
+    pooled = pooler_options(POSTGRES_PGBOUNCER.url, None, None)
+    # more clients than the pool's 4 server connections (.ci/services.sh), all busy at once
+    clients = [await asyncpg.connect(pooled.dsn, statement_cache_size=0) for _ in range(8)]
+    try:
+        seen: list[set[int]] = [set() for _ in clients]
+        for _ in range(10):
+            pids = await asyncio.gather(
+                *(c.fetchval("SELECT pg_backend_pid() FROM pg_sleep(0.005)") for c in clients)
+            )
+            for client_pids, pid in zip(seen, pids, strict=True):
+                client_pids.add(pid)
+        assert max(len(pids) for pids in seen) > 1, seen
+        assert len(set().union(*seen)) < len(clients), seen  # fewer servers than clients
+    finally:
+        for client in clients:
+            await client.close()

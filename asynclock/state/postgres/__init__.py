@@ -37,6 +37,7 @@ from asynclock.state._sqlbase import check_connect_options
 from asynclock.state._sqlinbox import SQLInboxState
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
+from asynclock.state.postgres._pooler import pooler_options
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -166,6 +167,8 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         max_connections: int = 10,
         durable: bool = True,
         application_name: str | None = None,
+        listen_url: str | None = None,
+        statement_cache_size: int | None = None,
         **options: Unpack[SQLOptions],
     ) -> PostgresState:
         """Build a state with its own connections from a ``postgresql://`` or ``postgres://`` URL.
@@ -184,11 +187,20 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         ``application_name`` is what the connections show in ``pg_stat_activity`` (and the
         server log), so an operator can find, or terminate, the sessions of one application:
         by default the URL's ``?application_name=``, else ``"asynclock"``.
+
+        Behind a transaction-mode pooler (PgBouncer ``pool_mode = transaction``), give the
+        listener a direct or session-mode ``listen_url`` (default: ``url``; a LISTEN through
+        transaction pooling hears nothing) and ``statement_cache_size=0`` (asyncpg's named
+        prepared statements do not survive the move to another server connection; ``None``
+        keeps asyncpg's default). Both may also be query parameters of ``url`` (see
+        :mod:`asynclock.state.postgres._pooler` and ``docs/backends-sql.md``).
         """
         parsed = StateURL(url)
         if parsed.scheme not in ("postgresql", "postgres"):
             raise ValueError(f"not a PostgreSQL URL: {redact(url)!r}")
-        _check_ports(url)
+        pooler = pooler_options(url, listen_url, statement_cache_size)
+        _check_ports(pooler.dsn)
+        _check_ports(pooler.listen_dsn)
         connect = check_connect_options(connect_timeout, max_connections)
         if application_name is None:
             application_name = dict(parse_qsl(urlsplit(url).query)).get(
@@ -203,19 +215,28 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         if not durable:
             settings["synchronous_commit"] = "off"
 
-        async def open_connection() -> _Connection:
-            conn: _Connection = await asyncpg.connect(
-                dsn=url, timeout=connect, server_settings=settings
-            )
-            return conn
+        cache = {}
+        if pooler.statement_cache_size is not None:
+            cache["statement_cache_size"] = pooler.statement_cache_size
 
+        def connector(dsn: str, **extra: int) -> Callable[[], Awaitable[_Connection]]:
+            async def open_connection() -> _Connection:
+                conn: _Connection = await asyncpg.connect(
+                    dsn=dsn, timeout=connect, server_settings=settings, **extra
+                )
+                return conn
+
+            return open_connection
+
+        open_connection = connector(pooler.dsn, **cache)
         state = cls(None, **options)
         state._source = ConnectionPool(
             open_connection, _terminate, _close, max_connections, alive=_alive
         )
-        state._connect_listener = open_connection
+        # the listener keeps asyncpg's statement cache: LISTEN is its only statement
+        state._connect_listener = connector(pooler.listen_dsn)
         state._release_listener = _close
-        state._where = f"PostgreSQL at {redact(url)}"
+        state._where = f"PostgreSQL at {redact(pooler.dsn)}"
         return state
 
     # -- the driver's part ------------------------------------------------------------------
