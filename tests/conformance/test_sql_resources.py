@@ -19,7 +19,6 @@ QUERIES = {
     "dedupe_remaining",
     "dedupe_forget",
     "dedupe_keep",
-    "dedupe_remaining",
     "purge_locks",
     "purge_dedupe",
     "held_locks",
