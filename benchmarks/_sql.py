@@ -10,6 +10,10 @@ Three parts, each interleaved round-robin (the starting variant rotates every ro
 
 Rows are written to the states' default tables (``asynclock_locks``, ``asynclock_dedupe``) under
 a key prefix of this run, and deleted at the end; the tables themselves are never dropped.
+
+This module runs the parts and writes the report; the rows of parts 1 and 3 are in
+``_sql_variants``, part 2 in ``_sql_contention``, the servers (URLs, statements, connections,
+facts, clean-up) in ``_sql_server``.
 """
 
 from __future__ import annotations

@@ -1371,9 +1371,16 @@ class TestCancellation:
         gate.open()
         assert await bot.dispatch(ev("m1")) is Outcome.HANDLED  # record forgotten
 
-    async def test_cancelled_while_queued(self, state: State) -> None:
+    @pytest.mark.parametrize(
+        ("policy", "freed_on_return"),
+        # a backlog (latest) releases after its dispatches return, a line (queue) before
+        [("queue", True), ("latest", False)],
+    )
+    async def test_a_cancelled_waiter_is_left_out_and_the_next_is_served(
+        self, state: State, policy: PolicyName, freed_on_return: bool
+    ) -> None:
         gate = Gate()
-        conflicts = Conflicts("queue")
+        conflicts = Conflicts(policy)
         bot = bot_with(state, gate, on_lock_conflict=conflicts)
         holder = await hold_key(bot, gate, ev("h"))
         waiters = []
@@ -1385,24 +1392,10 @@ class TestCancellation:
         gate.open()
         assert await soon(asyncio.gather(holder, waiters[1])) == [Outcome.HANDLED, Outcome.QUEUED]
         assert gate.ids == ["h", "w2"]
-        assert await state.inspect(KEY) is None
-        assert await bot.dispatch(ev("w1")) is Outcome.HANDLED
-
-    async def test_cancelled_in_a_latest_backlog(self, state: State) -> None:
-        gate = Gate()
-        conflicts = Conflicts("latest")
-        bot = bot_with(state, gate, on_lock_conflict=conflicts)
-        holder = await hold_key(bot, gate, ev("h"))
-        tasks = []
-        for n in (1, 2):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
-            await conflicts.reach(n)
-        tasks[0].cancel()
-        assert isinstance(await soon(finish(tasks[0])), asyncio.CancelledError)
-        gate.open()
-        assert await soon(asyncio.gather(holder, tasks[1])) == [Outcome.HANDLED, Outcome.QUEUED]
         assert gate.contexts[1].skipped == ()
-        assert await bot.dispatch(ev("e1")) is Outcome.HANDLED
+        if freed_on_return:
+            assert await state.inspect(KEY) is None
+        assert await bot.dispatch(ev("w1")) is Outcome.HANDLED
 
     async def test_every_waiter_of_a_backlog_cancelled_leaves_nothing_behind(
         self, state: State
