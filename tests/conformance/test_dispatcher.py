@@ -681,31 +681,6 @@ class TestLatestAndDebounce:
         bot = bot_with(state, lambda e: None, on_lock_conflict="debounce", debounce=5.0)
         assert await soon(bot.dispatch(ev("m1")), 2.0) is Outcome.HANDLED
 
-    async def test_a_failing_newest_fails_the_whole_batch_and_forgets_it(
-        self, state: State
-    ) -> None:
-        gate = Gate()
-        conflicts = Conflicts("latest")
-        bot = EventDispatcher(state, on_lock_conflict=conflicts, raise_errors=False)
-        bot.add_handler("*", gate)
-
-        @bot.on("*")
-        async def explode(event: Event) -> None:
-            if event.message_id == "e3":
-                raise RuntimeError("boom")
-
-        holder = await hold_key(bot, gate, ev("h"))
-        tasks = []
-        for n in (1, 2, 3):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
-            await conflicts.reach(n)
-        gate.open()
-        await soon(holder)
-        assert await soon(asyncio.gather(*tasks)) == [Outcome.FAILED] * 3
-        await key_freed(state)  # the backlog releases after its dispatches return
-        for n in (1, 2):  # none was handled: each redelivery is
-            assert await bot.dispatch(ev(f"e{n}")) is Outcome.HANDLED
-
 
 class TestBatchesReachTheirHandlers:
     """A batch of latest/debounce never folds an event away from the handlers it belongs to."""
@@ -873,30 +848,52 @@ class TestFailed:
         assert await state.inspect(KEY) is None
         assert await bot.dispatch(ev("m1")) is Outcome.FAILED  # redelivered: handled (fails again)
 
-    async def test_a_failing_queued_event_frees_the_key_for_the_next(self, state: State) -> None:
+    @pytest.mark.parametrize(
+        ("policy", "waiters", "failing", "outcomes", "redelivered"),
+        [
+            # a line serves one event at a time: the failing one fails, the key goes on to the
+            # next; the failed one's redelivery is handled (fails again), the next's a duplicate
+            (
+                "queue",
+                2,
+                "e1",
+                [Outcome.FAILED, Outcome.QUEUED],
+                [Outcome.FAILED, Outcome.DUPLICATE],
+            ),
+            # a backlog is one batch: a failing newest fails the whole batch and forgets it, so
+            # none was handled and each redelivery is
+            ("latest", 3, "e3", [Outcome.FAILED] * 3, [Outcome.HANDLED, Outcome.HANDLED]),
+        ],
+    )
+    async def test_a_failing_waiter_frees_the_key(
+        self,
+        state: State,
+        policy: PolicyName,
+        waiters: int,
+        failing: str,
+        outcomes: list[Outcome],
+        redelivered: list[Outcome],
+    ) -> None:
         gate = Gate()
-        conflicts = Conflicts("queue")
+        conflicts = Conflicts(policy)
         bot = EventDispatcher(state, on_lock_conflict=conflicts, raise_errors=False)
         bot.add_handler("*", gate)
 
         @bot.on("*")
         async def explode(event: Event) -> None:
-            if event.message_id == "w1":
+            if event.message_id == failing:
                 raise RuntimeError("boom")
 
         holder = await hold_key(bot, gate, ev("h"))
         tasks = []
-        for n in (1, 2):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(f"w{n}"))))
+        for n in range(1, waiters + 1):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
             await conflicts.reach(n)
         gate.open()
-        assert await soon(asyncio.gather(holder, *tasks)) == [
-            Outcome.HANDLED,
-            Outcome.FAILED,
-            Outcome.QUEUED,
-        ]
-        assert await bot.dispatch(ev("w1")) is Outcome.FAILED  # redelivered, handled again
-        assert await bot.dispatch(ev("w2")) is Outcome.DUPLICATE
+        assert await soon(asyncio.gather(holder, *tasks)) == [Outcome.HANDLED, *outcomes]
+        await key_freed(state)  # a backlog releases after its dispatches return
+        for n, expected in enumerate(redelivered, 1):
+            assert await bot.dispatch(ev(f"e{n}")) is expected
 
 
 # -- serialization, scopes -----------------------------------------------------------------------
