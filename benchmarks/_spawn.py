@@ -41,6 +41,8 @@ REDISPY = "redis-py"
 
 @dataclass(frozen=True)
 class ChildArgs:
+    """What one child of ``run_processes`` runs: child ``index`` of the run, ``tasks`` x ``cycles``."""
+
     contender: str
     url: str
     prefix: str

@@ -33,6 +33,8 @@ TASKS_PER_PROCESS = 4
 
 @dataclass
 class Contention:
+    """The two tables of the part: 16 tasks in one process, and the spawned processes."""
+
     single: Rounds = field(default_factory=Rounds)
     multi: Rounds = field(default_factory=Rounds)
 
@@ -43,10 +45,12 @@ def cycles_per_task(cfg: Config) -> tuple[int, int]:
 
 
 def single_name(backend: str) -> str:
+    """The row of ``backend``'s state in the one-process table."""
     return f"**asynclock** {STATE_CLASSES[backend]}, {WORKERS} tasks"
 
 
 def multi_name(backend: str) -> str:
+    """The row of ``backend``'s state in the multi-process table."""
     cls = STATE_CLASSES[backend]
     return f"**asynclock** {cls}, {PROCESSES} processes x {TASKS_PER_PROCESS} tasks"
 
