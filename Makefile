@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install services test check lint typecheck docs demo bench clean
+.PHONY: install services test redis-range check lint typecheck docs demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,33 @@ install: $(STAMP)
 services:
 	bash .ci/services.sh
 
-## The whole test suite against the real servers (started here if they are down).
+## The whole test suite against the real servers (started here if they are down), then the
+## Redis conformance subset on the other ends of the declared redis-py range.
 test: install services
 	$(PY) -m pytest
+	$(MAKE) redis-range
+
+## The main venv has the redis-py that arq pulls (5.3.x: arq needs redis < 6). The lowest one
+## asynclock declares and the newest get a small venv each: mypy on the package and the Redis
+## conformance tests (plain and Cluster), about 45 s each.
+REDIS_RANGE ?= 5.0.1 latest
+REDIS_RANGE_TESTS := tests/conformance/test_lock.py \
+	tests/conformance/test_cluster.py tests/conformance/test_fair.py
+.venv-redis-%/.installed-stamp: pyproject.toml
+	$(PYTHON) -m venv .venv-redis-$*
+	.venv-redis-$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-redis-$*/bin/python -m pip install --quiet -e '.[all,prometheus,otel]' \
+		pytest pytest-asyncio pytest-timeout hypothesis mypy rich \
+		'redis[hiredis]$(if $(filter latest,$*),>=5.0.1,==$*)'
+	touch $@
+
+redis-range: services $(foreach v,$(REDIS_RANGE),.venv-redis-$(v)/.installed-stamp)
+	@for v in $(REDIS_RANGE); do \
+		py=.venv-redis-$$v/bin/python; \
+		echo "== redis-py $$($$py -c 'import redis; print(redis.__version__)')"; \
+		$$py -m mypy --strict asynclock --exclude asynclock/integrations || exit 1; \
+		$$py -m pytest -q -p no:cacheprovider -m redis $(REDIS_RANGE_TESTS) || exit 1; \
+	done
 
 lint: install
 	$(PY) -m ruff check asynclock tests benchmarks examples
@@ -41,4 +65,4 @@ bench: install services
 	$(VENV)/bin/asynclock bench all $(if $(STATE),--state $(STATE),)
 
 clean:
-	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-redis-* build dist .mypy_cache .pytest_cache .ruff_cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from asynclock._dedupe import Deduper as Deduper
+from asynclock._delivery import Delivery as Delivery
 from asynclock._dispatch import ConflictPolicy as ConflictPolicy
 from asynclock._dispatch import EventDispatcher as EventDispatcher
 from asynclock._dispatch import LockScope as LockScope
@@ -44,6 +45,7 @@ __all__ = (
     "AsynclockError",
     "ConflictPolicy",
     "Deduper",
+    "Delivery",
     "Event",
     "EventDispatcher",
     "HandlerContext",

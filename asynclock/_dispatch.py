@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import random
 import types
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
@@ -19,14 +20,17 @@ from asynclock import metrics as _metrics
 from asynclock._backlog import Backlog, BatchCall, Waiting, conclude, fold, settle
 from asynclock._cancel import finish_despite_cancellation
 from asynclock._claim import EventClaim
+from asynclock._delivery import Delivery
 from asynclock._errors import InboxFullError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
+from asynclock._freeing import FreeingEstimate
 from asynclock._grant import granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all
 from asynclock._inbox import Drainer, encode
 from asynclock._lock import AsyncLock
+from asynclock._slots import RetrySlots
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock.state._protocol import ClaimingState, InboxState, State
+from asynclock.state._protocol import ClaimingState, DedupeReading, InboxState, State
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -124,6 +128,8 @@ class EventDispatcher:
         "_closed",
         "_debounce",
         "_dedupe_ttl",
+        "_done_ttl",
+        "_freeing",
         "_handlers",
         "_lock_ttl",
         "_marking",
@@ -134,6 +140,7 @@ class EventDispatcher:
         "_queue_timeout",
         "_raise_errors",
         "_scope",
+        "_slots",
         "_state",
         "_stats",
         "_stopping",
@@ -179,6 +186,11 @@ class EventDispatcher:
         self._policy = on_lock_conflict
         self._lock_ttl = check_ttl(lock_ttl, "lock_ttl")
         self._dedupe_ttl = check_ttl(dedupe_ttl, "dedupe_ttl")
+        # a done record outlives every lease (at most lock_ttl) for the whole dedupe_ttl, so its
+        # remaining time alone tells it from an in-progress claim (see deliver())
+        self._done_ttl = self._dedupe_ttl + self._lock_ttl
+        self._freeing = FreeingEstimate()
+        self._slots = RetrySlots(state)
         self._claiming = isinstance(self._state, ClaimingState)
         self._scope = lock_scope
         debounce_seconds = check_seconds(debounce, "debounce", allow_zero=True)
@@ -233,6 +245,11 @@ class EventDispatcher:
     def stats(self) -> Mapping[Outcome, int]:
         """Outcome -> how many dispatches ended with it (a live, read-only view)."""
         return types.MappingProxyType(self._stats)
+
+    @property
+    def on_lock_conflict(self) -> ConflictPolicy:
+        """The conflict policy, as given (a name, or the function asked per conflict)."""
+        return self._policy
 
     @property
     def closed(self) -> bool:
@@ -322,6 +339,65 @@ class EventDispatcher:
         """
         if not isinstance(event, Event):
             raise TypeError(f"dispatch() takes an Event, got {type(event).__name__}")
+        return await self._dispatch_event(event, submitted=False)
+
+    async def deliver(self, event: Event) -> Delivery:
+        """:meth:`dispatch` ``event`` as one webhook delivery; say what the platform must be told.
+
+        The outcome is :meth:`dispatch`'s. Beyond it: a ``DUPLICATE`` whose first delivery is
+        still *in progress* (its claim leased, not marked done: maybe by a worker that died) is
+        ``in_progress``, with ``retry_after`` the seconds until that lease lapses, so the
+        platform's redelivery then runs the event if nobody finished it; a ``DROPPED`` event's
+        ``retry_after`` estimates when its key frees (see :class:`FreeingEstimate`). Telling an
+        in-progress duplicate from a done one costs one read, on duplicates only, and needs a
+        :class:`~asynclock.state.DedupeReading` state (every shipped one); on another state a
+        duplicate counts as done, as :meth:`dispatch` reports it.
+
+        Raises:
+            Exception: as :meth:`dispatch`.
+        """
+        if not isinstance(event, Event):
+            raise TypeError(f"deliver() takes an Event, got {type(event).__name__}")
+        outcome = await self._dispatch_event(event, submitted=False)
+        if outcome is Outcome.DROPPED:
+            return Delivery(outcome, retry_after=await self._promise_retry(self.lock_key(event)))
+        if outcome is not Outcome.DUPLICATE or not isinstance(self._state, DedupeReading):
+            return Delivery(outcome)
+        lock_key = self.lock_key(event)
+        claim = EventClaim.of(event, lock_key)
+        if claim is None:  # not deduped: a DUPLICATE cannot come from a record
+            return Delivery(outcome)
+        remaining = await self._state.dedupe_remaining(claim.key)
+        if remaining is None:  # forgotten (not handled) or lapsed since: redeliver when it frees
+            retry_after = await self._promise_retry(lock_key)
+            return Delivery(outcome, in_progress=True, retry_after=retry_after)
+        if remaining > self._lock_ttl:
+            return Delivery(outcome)  # done: only a done record outlives a lease
+        # just past the lapse, so the redelivery finds the claim gone; jittered, so the retries
+        # of one burst do not land together
+        return Delivery(outcome, in_progress=True, retry_after=remaining + _jitter())
+
+    def _retry_after(self, lock_key: str) -> float:
+        return self._freeing.retry_after(lock_key, cap=self._lock_ttl)
+
+    async def _promise_retry(self, lock_key: str) -> float:
+        """When a retry on busy ``lock_key`` should come: this process's estimate, made a slot
+        that no other worker promises (claimed in the state) when one is free within the cap."""
+        estimate = self._retry_after(lock_key)
+        claimed = await self._slots.claim(lock_key, estimate, cap=self._lock_ttl)
+        if claimed is None:
+            return estimate
+        self._freeing.promised(lock_key, claimed)
+        return claimed
+
+    def _note_holder(self, lock_key: str, left: float | None) -> None:
+        """The busy key's holder has ``left`` seconds on its lock (``None``: unknown)."""
+        # a live holder renews every lock_ttl/3, so it never has under 2/3 of it left for long:
+        # less than half means it stopped (killed, stuck), and the key frees only at the lapse
+        if left is not None and left < self._lock_ttl / 2:
+            self._freeing.stalled(lock_key, left)
+
+    async def _dispatch_event(self, event: Event, *, submitted: bool) -> Outcome:
         started = asyncio.get_running_loop().time()
         try:
             lock_key = self.lock_key(event)
@@ -332,7 +408,7 @@ class EventDispatcher:
             return Outcome.FAILED
         claim = EventClaim.of(event, lock_key)
         if claim is None:
-            return await self._dispatch(event, lock_key, None, started)
+            return await self._dispatch(event, lock_key, None, started, submitted)
         if claim.key in self._claims_here:
             # another delivery of this event is being dispatched in this process: its claim is
             # recorded or on its way. Deciding here, before the state is asked, keeps the first
@@ -341,15 +417,20 @@ class EventDispatcher:
             return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
         self._claims_here.add(claim.key)
         try:
-            return await self._dispatch(event, lock_key, claim, started)
+            return await self._dispatch(event, lock_key, claim, started, submitted)
         finally:
             self._claims_here.discard(claim.key)
 
     async def _dispatch(
-        self, event: Event, lock_key: str, claim: EventClaim | None, started: float
+        self,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        started: float,
+        submitted: bool,
     ) -> Outcome:
         try:
-            outcome = await self._route(event, lock_key, claim)
+            outcome = await self._route(event, lock_key, claim, submitted=submitted)
         except asyncio.CancelledError:
             if claim is not None:  # handled: keep it; not handled: let a redelivery through
                 await finish_despite_cancellation(
@@ -370,7 +451,9 @@ class EventDispatcher:
                 await self._finish(claim)
         return await self._record(event, outcome, lock_key, started=started)
 
-    async def _route(self, event: Event, lock_key: str, claim: EventClaim | None) -> Outcome:
+    async def _route(
+        self, event: Event, lock_key: str, claim: EventClaim | None, *, submitted: bool
+    ) -> Outcome:
         handlers = self._handlers.for_type(event.type)
         if self._policy == "concurrent" or granted_reason() is not None:
             # no lock to take (concurrent), or every AsyncLock is granted without touching the
@@ -410,7 +493,7 @@ class EventDispatcher:
             if acquired:
                 await self._under_lock(lock, handlers, event, claim)
                 return Outcome.HANDLED
-            policy = await self._conflict_policy(lock_key, event)
+            policy = await self._conflict_policy(lock_key, event, submitted=submitted)
             if policy == "queue":
                 loop = asyncio.get_running_loop()
                 timeout = self._queue_timeout
@@ -423,6 +506,7 @@ class EventDispatcher:
             await finish_despite_cancellation(lock._leave_place())
             raise
         if policy == "drop":
+            self._note_holder(lock_key, lock.retry_after)
             return Outcome.DROPPED
         if policy in ("force", "concurrent"):
             await call_all(handlers, event, HandlerContext(lock_key, forced=True))
@@ -451,13 +535,15 @@ class EventDispatcher:
             async with lock._holding():
                 if claim is not None:
                     claim.keep(self._state, self._lock_ttl)
+                began = asyncio.get_running_loop().time()
                 await call_all(handlers, event, HandlerContext(lock.key, lock.token))
                 handled = True
+                self._freeing.observe(lock.key, asyncio.get_running_loop().time() - began)
                 if claim is not None:
                     claim.handled_now()
                     if self._claiming:  # the release marks it done too
                         state = cast("ClaimingState", self._state)
-                        await claim.settle_in_release(lock, state, self._dedupe_ttl)
+                        await claim.settle_in_release(lock, state, self._done_ttl)
         except Exception as error:
             if not handled:
                 raise
@@ -477,7 +563,7 @@ class EventDispatcher:
                 claim.release_failed()
             raise
 
-    async def _conflict_policy(self, lock_key: str, event: Event) -> PolicyName:
+    async def _conflict_policy(self, lock_key: str, event: Event, *, submitted: bool) -> PolicyName:
         policy = self._policy
         if isinstance(policy, str):
             return policy
@@ -489,6 +575,17 @@ class EventDispatcher:
                 f"on_lock_conflict function {_name(policy)} returned {chosen!r} for "
                 f"{lock_key!r}; expected one of {', '.join(POLICIES)}"
             )
+        if chosen == "drop" and submitted:
+            # the caller of submit() has answered already: a drop could not be redelivered
+            logger.warning(
+                "asynclock: on_lock_conflict function %s chose 'drop' for submitted event %s of "
+                "%r; it is queued instead (a submitted event cannot be answered 'dropped')",
+                _name(policy),
+                event.message_id,
+                lock_key,
+                extra={"lock_key": lock_key, "message_id": event.message_id},
+            )
+            return "queue"
         return chosen
 
     async def _finish(self, claim: EventClaim) -> None:
@@ -498,7 +595,7 @@ class EventDispatcher:
         gets through once the state is back (before a redelivery arrives) still saves that
         redelivery from running the handlers a second time.
         """
-        if not await claim.finish(self._state, self._dedupe_ttl):
+        if not await claim.finish(self._state, self._done_ttl):
             task = asyncio.get_running_loop().create_task(
                 self._mark_done_later(claim.key), name=f"asynclock-mark-done {claim.key!r}"
             )
@@ -512,7 +609,7 @@ class EventDispatcher:
         while loop.time() < give_up:
             await asyncio.sleep(delay)
             try:
-                await self._state.dedupe_keep(key, self._dedupe_ttl)
+                await self._state.dedupe_keep(key, self._done_ttl)
             except StateUnavailableError:
                 delay = min(delay * 2, self._lock_ttl / 3)
                 continue
@@ -591,7 +688,7 @@ class EventDispatcher:
         if not isinstance(self._state, InboxState):
             raise TypeError(
                 f"the durable inbox needs a state with the inbox capability (MemoryState, "
-                f"RedisState); {type(self._state).__name__} has none yet"
+                f"RedisState, PostgresState, MySQLState); {type(self._state).__name__} has none yet"
             )
         return self._state
 
@@ -599,8 +696,8 @@ class EventDispatcher:
         """Store ``event`` in its key's durable inbox; a worker's :meth:`serve` handles it.
 
         Returns ``ACCEPTED`` once the state confirmed the write (on Redis, in memory of the
-        server, after ``WAIT`` with ``replicas=``; on :class:`MemoryState` in this process's
-        memory only), or ``DUPLICATE`` when the event's dedupe key was seen within
+        server, after ``WAIT`` with ``replicas=``; on PostgreSQL and MySQL after the commit; on
+        :class:`MemoryState` in this process's memory only), or ``DUPLICATE`` when the event's dedupe key was seen within
         ``dedupe_ttl``. Never runs a handler. From the moment it returns ``ACCEPTED`` the event is
         not lost by any crash of any process (of the server's own durability aside).
 
@@ -624,7 +721,7 @@ class EventDispatcher:
             max_pending=self._max_pending,
         )
         if result.status == "full":
-            retry_after = min(self._lock_ttl, 1.0)
+            retry_after = self._retry_after(lock_key)
             logger.warning(
                 "asynclock: inbox of %r is full (%d pending): event %s refused, retry after %.1f s",
                 lock_key,
@@ -667,6 +764,7 @@ class EventDispatcher:
             lock_ttl=self._lock_ttl,
             max_attempts=self._max_attempts,
             record=self._record,
+            observe=self._freeing.observe,
         )
         try:
             await drainer.run(stopping)
@@ -688,18 +786,32 @@ class EventDispatcher:
         Errors are logged and recorded as ``FAILED``, never raised into the event loop's
         exception handler; :meth:`aclose` waits for everything submitted.
 
+        The caller answers its platform before the outcome is known, so a busy key's event must
+        not be dropped after that answer: ``on_lock_conflict="drop"`` is refused, and a policy
+        function that picks ``"drop"`` for a submitted event has it queued instead (logged).
+        ``queue_timeout`` still drops (logged at WARNING and counted): leave it unset here.
+
         Raises:
             RuntimeError: the dispatcher is closed.
+            ValueError: ``on_lock_conflict`` is ``"drop"`` (use :meth:`deliver` and answer with
+                the outcome, :meth:`accept` and :meth:`serve`, or another policy).
         """
         if self._closed:
             raise RuntimeError("EventDispatcher is closed: submit() after aclose()")
         if not isinstance(event, Event):
             raise TypeError(f"submit() takes an Event, got {type(event).__name__}")
+        if self._policy == "drop":
+            raise ValueError(
+                "submit() answers before the outcome is known, so under on_lock_conflict='drop' "
+                "a busy key's event would be lost after the platform was told it arrived; use "
+                "deliver() and answer with its outcome, accept() + serve() (durable), or "
+                "on_lock_conflict='queue'"
+            )
         return cast("asyncio.Task[Outcome]", self._spawn(self._dispatch_quietly(event), "submit"))
 
     async def _dispatch_quietly(self, event: Event) -> Outcome:
         try:
-            return await self.dispatch(event)
+            return await self._dispatch_event(event, submitted=True)
         except Exception:  # noqa: BLE001 - recorded as FAILED and logged by dispatch()
             return Outcome.FAILED
 
@@ -732,6 +844,11 @@ class EventDispatcher:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _jitter() -> float:
+    """Up to half a second, to spread retries that would otherwise land together."""
+    return random.uniform(0.0, 0.5)
 
 
 def _name(function: object) -> str:

@@ -102,6 +102,7 @@ class Drainer:
         "_keys",
         "_lock_ttl",
         "_max_attempts",
+        "_observe",
         "_recheck",
         "_record",
         "_state",
@@ -116,6 +117,7 @@ class Drainer:
         lock_ttl: float,
         max_attempts: int,
         record: Recorder,
+        observe: Callable[[str, float], None],
     ) -> None:
         self._state = state
         self._inbox = inbox
@@ -123,6 +125,8 @@ class Drainer:
         self._lock_ttl = lock_ttl
         self._max_attempts = max_attempts
         self._record = record
+        #: told how long each successful handling of a key took (the dispatcher's estimates)
+        self._observe = observe
         self._keys: dict[str, asyncio.Task[None]] = {}
         #: keys the last scan found with work while their drainer still ran: that drainer may
         #: be past its last step (it released the lock on an empty inbox before the accept
@@ -203,6 +207,7 @@ class Drainer:
         if _metrics._sink is not None:
             _metrics.report("inbox_entry", key, entry.pending, entry.age)
         ctx = HandlerContext(key, lock.token, attempt=entry.attempt)
+        began = asyncio.get_running_loop().time()
         try:
             await call_all(self._handlers.for_type(event.type), event, ctx)
         except Exception as error:  # noqa: BLE001 - a handler's failure is an outcome
@@ -226,6 +231,7 @@ class Drainer:
                 },
             )
             return entry.id, text
+        self._observe(key, asyncio.get_running_loop().time() - began)
         await self._record(event, Outcome.HANDLED, key, None)
         return entry.id, None
 

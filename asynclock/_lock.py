@@ -28,6 +28,7 @@ from asynclock._errors import (
 from asynclock._grant import granted_reason
 from asynclock._owner import new_owner
 from asynclock._renew import Renewer
+from asynclock._turn import current_turn
 from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock._waiters import Line, Ticket, line_for, release_chain
 from asynclock.state._protocol import Grant
@@ -590,6 +591,10 @@ class AsyncLock:
                     self._refused = True
                     return _NOT_GRANTED
                 return grant
+            turn = current_turn()
+            if turn is not None and not waiting:
+                # a fair retry (asynclock._turn): take the key only in first-conflict order
+                return await turn.acquire(self._state, self._key, ticket.owner, self._ttl)
             return await self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
         except asyncio.CancelledError:
             # The server may have granted the lock, or may still if the command is on the

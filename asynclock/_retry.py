@@ -1,27 +1,20 @@
 """retry_on_lock_conflict: retry a coroutine when its lock is busy, with a decided ending.
 
-Built like tenacity, from small pieces: the ``wait`` argument is normalised to a function
-``(executions, error) -> seconds`` and ``on_exhaustion`` to a policy object; the decorator only
-counts and sleeps. Unlike tenacity, every call keeps its own counters (no state shared between
-concurrent calls, tenacity#93), and ``CancelledError`` is never retried (tenacity#529).
+The decorator only: its pieces (waits, exhaustion policies, :class:`Retrying`) are in
+``_retrying.py``, shared with the job-queue integrations.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
-import logging
-import math
-import random
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast, final, overload
+from typing import TYPE_CHECKING, Literal, TypeVar, cast, overload
 
-from asynclock._errors import LockAcquisitionError
-from asynclock._grant import grant_all, reset_grant
+from asynclock._retrying import ExhaustionSpec, Retrying, RetryStatistics, WaitSpec, _name
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
     from typing_extensions import ParamSpec
 
     P = ParamSpec("P")
@@ -30,302 +23,7 @@ else:
 
 R = TypeVar("R")
 
-logger = logging.getLogger("asynclock")
-
-ExhaustionName = Literal["raise", "process_without_lock", "drop"]
-WaitSpec = float | int | Callable[[int], float] | Literal["lock_ttl"]
-#: what on_exhaustion may be: a policy name, or a (sync or async) callable given the call's args
-ExhaustionSpec = ExhaustionName | Callable[..., object]
-
-
-@dataclass(frozen=True, slots=True)
-class RetryStatistics:
-    """Counters of one decorated function, over all its calls so far.
-
-    Attributes:
-        calls: calls of the decorated function.
-        conflicts: ``LockAcquisitionError``\\ s caught (one per failed execution).
-        retries: executions started again after a conflict.
-        exhausted: calls whose every attempt hit a conflict.
-        processed_without_lock: exhausted calls run once more with their locks granted.
-        dropped: exhausted calls dropped (``on_exhaustion="drop"``), each logged.
-
-    Example:
-        >>> import asyncio, asynclock
-        >>> state = asynclock.MemoryState()
-        >>> @asynclock.retry_on_lock_conflict(wait=0.01, attempts=2, on_exhaustion="drop")
-        ... async def handle() -> None:
-        ...     async with asynclock.AsyncLock(state, "contact:7", blocking=False):
-        ...         pass
-        >>> async def main():
-        ...     async with asynclock.AsyncLock(state, "contact:7"):  # someone holds it
-        ...         await handle()                                  # 2 conflicts, dropped
-        ...     await handle()                                      # free: runs once
-        >>> asyncio.run(main())
-        >>> stats = handle.statistics()
-        >>> stats.calls, stats.conflicts, stats.retries, stats.exhausted, stats.dropped
-        (2, 2, 1, 1, 1)
-    """
-
-    calls: int = 0
-    conflicts: int = 0
-    retries: int = 0
-    exhausted: int = 0
-    processed_without_lock: int = 0
-    dropped: int = 0
-
-
-class _Counters:
-    __slots__ = ("calls", "conflicts", "dropped", "exhausted", "processed_without_lock", "retries")
-
-    def __init__(self) -> None:
-        self.calls = self.conflicts = self.retries = 0
-        self.exhausted = self.processed_without_lock = self.dropped = 0
-
-    def snapshot(self) -> RetryStatistics:
-        return RetryStatistics(
-            self.calls,
-            self.conflicts,
-            self.retries,
-            self.exhausted,
-            self.processed_without_lock,
-            self.dropped,
-        )
-
-
-# -- wait: (executions, error) -> seconds -------------------------------------------------------
-
-
-def _wait_function(
-    wait: WaitSpec, jitter: float
-) -> tuple[Callable[[int, LockAcquisitionError], float], Callable[[int], float] | None]:
-    """Normalise ``wait`` to ``(executions, error) -> seconds`` and, when it does not depend on
-    the error, a deterministic lower bound ``executions -> seconds`` for the window check."""
-    if wait == "lock_ttl":
-
-        def until_expiry(executions: int, error: LockAcquisitionError) -> float:
-            # the holder's remaining TTL as the server reported it; the TTL we asked for when
-            # the server could not tell (e.g. the conflict was decided locally)
-            return error.retry_after if error.retry_after is not None else error.ttl
-
-        return until_expiry, None
-    if isinstance(wait, str):
-        raise ValueError(  # noqa: TRY004 - a str is the right type, 'lock_ttl' the only value
-            f"wait must be seconds, a callable executions -> seconds, or 'lock_ttl', got {wait!r}"
-        )
-    if callable(wait):
-        function = wait
-
-        def computed(executions: int, error: LockAcquisitionError) -> float:
-            return _checked_wait(function(executions), executions)
-
-        return computed, lambda executions: _checked_wait(function(executions), executions)
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-        raise TypeError(f"wait must be a number of seconds, a callable or 'lock_ttl', got {wait!r}")
-    seconds = float(wait)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"wait must be finite seconds >= 0, got {wait!r}")
-
-    def fixed(executions: int, error: LockAcquisitionError) -> float:
-        return seconds * (1.0 + jitter * random.random())
-
-    return fixed, lambda executions: seconds
-
-
-def _checked_wait(value: object, executions: int) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"wait({executions}) must return seconds, got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"wait({executions}) must return finite seconds >= 0, got {value!r}")
-    return seconds
-
-
-def _check_window(
-    attempts: int, lower_bound: Callable[[int], float] | None, lock_ttl: float | None, wait: object
-) -> None:
-    """Refuse a retry window shorter than the lock's TTL (the Chatwoot race)."""
-    if lock_ttl is None:
-        return
-    if isinstance(lock_ttl, bool) or not isinstance(lock_ttl, (int, float)):
-        raise TypeError(f"lock_ttl must be seconds, got {lock_ttl!r}")
-    if not math.isfinite(lock_ttl) or lock_ttl <= 0:
-        raise ValueError(f"lock_ttl must be finite seconds > 0, got {lock_ttl!r}")
-    if lower_bound is None:  # wait="lock_ttl" waits for the holder's expiry by construction
-        return
-    waits = [lower_bound(n) for n in range(1, attempts)]
-    window = sum(waits)
-    if window + 1e-9 >= lock_ttl:
-        return
-    shown = " + ".join(f"{w:g}" for w in waits) or "0"
-    raise ValueError(
-        f"retry window too short for lock_ttl={lock_ttl:g} s: with attempts={attempts} and "
-        f"wait={_describe(wait)}, the last attempt starts {shown} = {window:g} s after the first "
-        f"conflict, while a lock taken just before it can still be held for {lock_ttl:g} s. "
-        "Falling back (or giving up) then would reopen the race the lock is there to close. "
-        "Make the waits add up to at least the lock's TTL, e.g. wait=lambda n: n with "
-        "attempts=3 for a 3 s lock (1 + 2 = 3 s), or use wait='lock_ttl'."
-    )
-
-
-def _describe(wait: object) -> str:
-    if callable(wait):
-        return getattr(wait, "__name__", "a callable")
-    return repr(wait)
-
-
-# -- on_exhaustion: policy objects ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Exhausted:
-    """A call whose every execution hit a lock conflict, handed to the exhaustion policy."""
-
-    function: Callable[..., Awaitable[object]]
-    args: tuple[object, ...]
-    kwargs: dict[str, object]
-    error: LockAcquisitionError
-    counters: _Counters
-
-    def warn(self, what: str) -> None:
-        name = _name(self.function)
-        logger.warning(
-            "asynclock: %s: lock %r still busy after every attempt; %s",
-            name,
-            self.error.key,
-            what,
-            extra={"lock_key": self.error.key, "function": name},
-        )
-
-
-class _Exhaustion:
-    """What happens after the last failed execution: re-raise (the default)."""
-
-    name = "raise"
-
-    async def __call__(self, call: _Exhausted) -> object:
-        raise call.error
-
-
-class _ProcessWithoutLock(_Exhaustion):
-    name = "process_without_lock"
-
-    async def __call__(self, call: _Exhausted) -> object:
-        call.counters.processed_without_lock += 1
-        call.warn("processing without the lock")
-        reason = f"{_name(call.function)}: process_without_lock after lock {call.error.key!r}"
-        token = grant_all(reason)
-        try:
-            return await call.function(*call.args, **call.kwargs)
-        finally:
-            reset_grant(token)
-
-
-class _Drop(_Exhaustion):
-    name = "drop"
-
-    async def __call__(self, call: _Exhausted) -> object:
-        call.counters.dropped += 1
-        call.warn("dropping the call")
-        return None
-
-
-class _Fallback(_Exhaustion):
-    name = "callable"
-
-    def __init__(self, fallback: Callable[..., object]) -> None:
-        self._fallback = fallback
-
-    async def __call__(self, call: _Exhausted) -> object:
-        call.warn(f"calling {_name(self._fallback)}")
-        result = self._fallback(*call.args, **call.kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-
-def _exhaustion_policy(on_exhaustion: object) -> _Exhaustion:
-    if on_exhaustion == "raise":
-        return _Exhaustion()
-    if on_exhaustion == "process_without_lock":
-        return _ProcessWithoutLock()
-    if on_exhaustion == "drop":
-        return _Drop()
-    if callable(on_exhaustion) and not isinstance(on_exhaustion, str):
-        return _Fallback(on_exhaustion)
-    raise ValueError(
-        "on_exhaustion must be 'raise', 'process_without_lock', 'drop' or a callable given the "
-        f"call's arguments, got {on_exhaustion!r}"
-    )
-
-
-def _name(function: object) -> str:
-    return cast("str", getattr(function, "__qualname__", None) or repr(function))
-
-
-# -- the decorator ----------------------------------------------------------------------------
-
-
-@final
-class _Retrying(Generic[R]):
-    """The parts of one decoration, shared (read-only but for counters) by all its calls."""
-
-    __slots__ = ("attempts", "counters", "exhaustion", "wait")
-
-    def __init__(
-        self,
-        attempts: int,
-        wait: Callable[[int, LockAcquisitionError], float],
-        exhaustion: _Exhaustion,
-    ) -> None:
-        self.attempts = attempts
-        self.wait = wait
-        self.exhaustion = exhaustion
-        self.counters = _Counters()
-
-    async def run(
-        self,
-        function: Callable[..., Coroutine[object, object, R]],
-        args: tuple[object, ...],
-        kwargs: dict[str, object],
-    ) -> R | None:
-        counters = self.counters
-        counters.calls += 1
-        executions = 0
-        while True:
-            executions += 1
-            try:
-                return await function(*args, **kwargs)
-            except LockAcquisitionError as error:  # CancelledError is a BaseException: never here
-                counters.conflicts += 1
-                if executions >= self.attempts:
-                    counters.exhausted += 1
-                    logger.info(
-                        "asynclock: %s: lock %r busy on execution %d of %d; retries exhausted "
-                        "(on_exhaustion=%s)",
-                        _name(function),
-                        error.key,
-                        executions,
-                        self.attempts,
-                        self.exhaustion.name,
-                        extra={"lock_key": error.key, "executions": executions},
-                    )
-                    result = await self.exhaustion(
-                        _Exhausted(function, args, kwargs, error, counters)
-                    )
-                    return cast("R | None", result)
-                delay = self.wait(executions, error)
-                counters.retries += 1
-                logger.info(
-                    "asynclock: %s: lock %r busy on execution %d of %d; retrying in %.3f s",
-                    _name(function),
-                    error.key,
-                    executions,
-                    self.attempts,
-                    delay,
-                    extra={"lock_key": error.key, "executions": executions, "wait": delay},
-                )
-                await asyncio.sleep(delay)
+__all__ = ["ExhaustionSpec", "RetryStatistics", "WaitSpec", "retry_on_lock_conflict"]
 
 
 @overload
@@ -336,6 +34,8 @@ def retry_on_lock_conflict(
     on_exhaustion: Literal["raise", "process_without_lock"] = ...,
     jitter: float = ...,
     lock_ttl: float | None = ...,
+    fair: bool = ...,
+    fair_window: float = ...,
 ) -> Callable[
     [Callable[P, Coroutine[object, object, R]]], Callable[P, Coroutine[object, object, R]]
 ]: ...
@@ -349,6 +49,8 @@ def retry_on_lock_conflict(
     on_exhaustion: Literal["drop"] | Callable[..., object],
     jitter: float = ...,
     lock_ttl: float | None = ...,
+    fair: bool = ...,
+    fair_window: float = ...,
 ) -> Callable[
     [Callable[P, Coroutine[object, object, R]]],
     Callable[P, Coroutine[object, object, R | None]],
@@ -362,6 +64,8 @@ def retry_on_lock_conflict(
     on_exhaustion: ExhaustionSpec = "raise",
     jitter: float = 0.15,
     lock_ttl: float | None = None,
+    fair: bool = False,
+    fair_window: float = 2.0,
 ) -> Callable[
     [Callable[P, Coroutine[object, object, R]]], Callable[P, Coroutine[object, object, R | None]]
 ]:
@@ -397,6 +101,11 @@ def retry_on_lock_conflict(
             (``ValueError`` at decoration time) a retry window shorter than it: falling back
             while the holder's lock may still be valid reopens the race (see the docs' retry
             page for the timeline).
+        fair: take turns across processes: a call that met a lock busy earlier gets it before
+            one that met it later (a per-key line in the state, see the docs' jobs page). Needs
+            a state with the :class:`~asynclock.state.FairState` capability (memory, Redis).
+        fair_window: with ``fair``, seconds a call's place in a key's line is kept beyond its
+            own wait, so a call that vanished blocks the key for at most its wait plus this.
 
     Raises:
         TypeError: the decorated object is not an ``async def`` function, or a bad type.
@@ -415,17 +124,15 @@ def retry_on_lock_conflict(
         >>> asyncio.run(handle("42"))
         'handled 42'
     """
-    if isinstance(attempts, bool) or not isinstance(attempts, int):
-        raise TypeError(f"attempts must be an int (total executions), got {attempts!r}")
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1 (total executions, Rails style), got {attempts}")
-    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)):
-        raise TypeError(f"jitter must be a fraction, got {jitter!r}")
-    if not math.isfinite(jitter) or jitter < 0:
-        raise ValueError(f"jitter must be a finite fraction >= 0, got {jitter!r}")
-    wait_function, lower_bound = _wait_function(wait, float(jitter))
-    exhaustion = _exhaustion_policy(on_exhaustion)
-    _check_window(attempts, lower_bound, lock_ttl, wait)
+    retrying = Retrying(
+        wait=wait,
+        attempts=attempts,
+        on_exhaustion=on_exhaustion,
+        jitter=jitter,
+        lock_ttl=lock_ttl,
+        fair=fair,
+        fair_window=fair_window,
+    )
 
     def decorate(
         function: Callable[P, Coroutine[object, object, R]],
@@ -443,7 +150,6 @@ def retry_on_lock_conflict(
                 f"retry_on_lock_conflict decorates async def functions; {_name(function)} is "
                 f"{type(function).__name__}"
             )
-        retrying: _Retrying[R] = _Retrying(attempts, wait_function, exhaustion)
 
         @functools.wraps(function)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:

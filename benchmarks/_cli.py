@@ -22,6 +22,7 @@ from benchmarks import (
     _progress,
     _results,
     _sql,
+    _sql_inbox,
     _targets,
     _uncontended,
 )
@@ -55,6 +56,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "sql": _sql.run,
     "cluster": _cluster.run,
     "inbox": _inbox.run,
+    "inbox-sql": _sql_inbox.run,
 }
 NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe", "cluster", "inbox"}
 
@@ -84,6 +86,7 @@ python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
 python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
 python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
 python -m benchmarks sql --quick     # ~20 s, stdout only
+python -m benchmarks inbox-sql --quick  # ~30 s: the durable inbox on PostgreSQL and MariaDB
 python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
                                        # single Redis vs a private 3-master Redis Cluster
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s

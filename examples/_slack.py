@@ -1,8 +1,9 @@
-"""What the two example apps share: Slack payload -> Event, outcome -> HTTP answer, the handler.
+"""What the two example apps share: settings, Slack payload -> Event, outcome -> HTTP answer.
 
-Nothing here knows about a web framework: ``fastapi_bot.py`` and ``aiohttp_bot.py`` parse the
-request body, call :func:`parse_payload`, dispatch (or submit) the event, and turn the outcome
-into a response with :func:`answer_for`.
+Nothing here knows about a web framework: ``fastapi_bot.py`` and ``aiohttp_bot.py`` read their
+:class:`Settings` from the environment, parse the request body with :func:`parse_payload`,
+deliver, accept or submit the event, and turn what happened into a response with
+:func:`delivery_answer` or :func:`accept_answer`.
 """
 
 from __future__ import annotations
@@ -11,20 +12,22 @@ import asyncio
 import logging
 import math
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast, get_args
 
 import asynclock
 from asynclock import (
+    Delivery,
     Event,
     EventDispatcher,
     HandlerContext,
     InboxFullError,
-    Outcome,
-    StateError,
+    PolicyName,
     StateUnavailableError,
 )
+from asynclock.state._protocol import InboxState
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,20 +38,74 @@ log = logging.getLogger("examples.slack_bot")
 DEFAULT_STATE_URL = os.environ.get("ASYNCLOCK_STATE_URL", "redis://127.0.0.1:6379/0")
 #: the key prefix of this bot's records on a server (a server may host several bots)
 DEFAULT_PREFIX = os.environ.get("ASYNCLOCK_PREFIX", "slack-bot:")
-#: seconds of ``Retry-After`` when the busy lock is already gone by the time we look
-FALLBACK_RETRY_AFTER = 1
+#: what ``POST /slack/events`` does: ``durable`` (accept + serve), ``sync`` or ``background``
+ROUTES = ("durable", "sync", "background")
+#: this process, as ``GET /stats`` names it (a deployment's workers answer it in turn)
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
-#: outcomes after which the platform must not redeliver (the event was dealt with, or had been)
-ACKNOWLEDGED = frozenset(
-    {
-        Outcome.HANDLED,
-        Outcome.QUEUED,
-        Outcome.SKIPPED,
-        Outcome.FORCED,
-        Outcome.DUPLICATE,
-        Outcome.ACCEPTED,
-    }
-)
+
+@dataclass(frozen=True)
+class Settings:
+    """How an example app runs; :meth:`from_env` reads it from ``ASYNCLOCK_*`` variables.
+
+    Attributes:
+        state_url: where locks, dedupe records and the inbox live; every worker shares it.
+        prefix: the key prefix of this bot's records on a server (a server may host several).
+        route: what ``POST /slack/events`` does (see :data:`ROUTES`); the other routes stay.
+        on_lock_conflict: what a busy thread's event does (``queue``: waits its turn).
+        lock_ttl: seconds of each per-thread lock between renewals.
+        delay: seconds the example handler pretends to work.
+        journal_file: a file the example handler appends each handled message id to.
+    """
+
+    state_url: str = DEFAULT_STATE_URL
+    prefix: str = DEFAULT_PREFIX
+    route: str = "durable"
+    on_lock_conflict: PolicyName = "queue"
+    lock_ttl: float = 30.0
+    delay: float = 0.5
+    journal_file: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """``ASYNCLOCK_STATE_URL``, ``ASYNCLOCK_PREFIX``, ``ASYNCLOCK_ROUTE``,
+        ``ASYNCLOCK_ON_LOCK_CONFLICT``, ``ASYNCLOCK_LOCK_TTL``, ``ASYNCLOCK_EXAMPLE_DELAY`` and
+        ``ASYNCLOCK_EXAMPLE_JOURNAL``, each defaulting to the field's default.
+
+        Raises:
+            ValueError: a value is not one this app can run with (the message names it).
+        """
+        route = environ.get("ASYNCLOCK_ROUTE", "durable")
+        if route not in ROUTES:
+            raise ValueError(f"ASYNCLOCK_ROUTE must be one of {', '.join(ROUTES)}, got {route!r}")
+        policy = environ.get("ASYNCLOCK_ON_LOCK_CONFLICT", "queue")
+        if policy not in get_args(PolicyName):
+            raise ValueError(
+                f"ASYNCLOCK_ON_LOCK_CONFLICT must be one of {', '.join(get_args(PolicyName))}, "
+                f"got {policy!r}"
+            )
+        return cls(
+            state_url=environ.get("ASYNCLOCK_STATE_URL", DEFAULT_STATE_URL),
+            prefix=environ.get("ASYNCLOCK_PREFIX", DEFAULT_PREFIX),
+            route=route,
+            on_lock_conflict=cast("PolicyName", policy),
+            lock_ttl=_seconds(environ, "ASYNCLOCK_LOCK_TTL", 30.0),
+            delay=_seconds(environ, "ASYNCLOCK_EXAMPLE_DELAY", 0.5),
+            journal_file=environ.get("ASYNCLOCK_EXAMPLE_JOURNAL") or None,
+        )
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {text!r}")
+    return value
 
 
 class BadPayload(ValueError):
@@ -126,37 +183,31 @@ def parse_payload(payload: object) -> Event | Challenge:
     )
 
 
-async def retry_after(bot: EventDispatcher, event: Event) -> int:
-    """Seconds a platform should wait before redelivering ``event`` to its busy key.
+def _header_seconds(seconds: float) -> int:
+    """``Retry-After`` is whole seconds: rounded up, so the retry never comes early; at least 1."""
+    return max(1, math.ceil(seconds))
 
-    The holder's remaining lock TTL: the longest the key can stay busy should its holder die
-    (a live holder renews, and usually finishes much sooner). At least one second.
+
+def delivery_answer(event: Event, delivery: Delivery) -> Answer:
+    """The HTTP answer to a delivery that ``bot.deliver`` ended with ``delivery``.
+
+    * 200 when the event was dealt with, or is a duplicate of one that was (done);
+    * 503 with ``Retry-After`` when it was ``DROPPED`` (its thread was busy: the estimate of
+      when it frees) or is a duplicate of a delivery still *in progress* (the lease's remaining
+      time: if that worker died, the claim lapses by then and the redelivery is handled);
+    * 500 when a handler failed (its dedupe record is forgotten: a redelivery retries).
+
+    A 2xx is only ever given for an event that is handled (or will be, by the handler that runs
+    it now); every other answer makes the platform redeliver it.
     """
-    try:
-        info = await bot.state.inspect(bot.lock_key(event))
-    except StateError:
-        info = None
-    if info is None:  # released between the conflict and this look: try again soon
-        return FALLBACK_RETRY_AFTER
-    return max(1, math.ceil(info.remaining))
-
-
-async def answer_for(bot: EventDispatcher, event: Event, outcome: Outcome) -> Answer:
-    """The HTTP answer to a delivery that ``bot.dispatch`` ended with ``outcome``.
-
-    * 200 when the event was dealt with (also ``DUPLICATE``: acknowledged, nothing done);
-    * 503 with ``Retry-After`` when it was ``DROPPED`` because its thread was busy: the
-      platform redelivers it later, and the dispatcher forgot its dedupe record, so that
-      redelivery is handled. Nothing is lost;
-    * 500 when a handler failed (its dedupe record is forgotten too: a redelivery retries).
-    """
-    body: dict[str, object] = {"outcome": outcome.value, "message_id": event.message_id}
-    if outcome in ACKNOWLEDGED:
+    body: dict[str, object] = {"outcome": delivery.outcome.value, "message_id": event.message_id}
+    if not delivery.redeliver:
         return Answer(200, body)
-    if outcome is Outcome.DROPPED:
-        seconds = await retry_after(bot, event)
-        return Answer(503, {**body, "retry_after": seconds}, {"Retry-After": str(seconds)})
-    return Answer(500, body)
+    if delivery.retry_after is None:
+        return Answer(500, body)
+    seconds = _header_seconds(delivery.retry_after)
+    body = {**body, "in_progress": delivery.in_progress, "retry_after": seconds}
+    return Answer(503, body, {"Retry-After": str(seconds)})
 
 
 async def accept_answer(bot: EventDispatcher, event: Event) -> Answer:
@@ -171,18 +222,59 @@ async def accept_answer(bot: EventDispatcher, event: Event) -> Answer:
     try:
         outcome = await bot.accept(event)
     except InboxFullError as full:
-        seconds = max(1, math.ceil(full.retry_after))
+        seconds = _header_seconds(full.retry_after)
         return Answer(503, {**body, "error": "inbox full"}, {"Retry-After": str(seconds)})
     except StateUnavailableError:
         return Answer(503, {**body, "error": "state unavailable"}, {"Retry-After": "1"})
     return Answer(200, {**body, "outcome": outcome.value})
 
 
-def worker_dispatcher(state_url: str, prefix: str, delay: float = 0.5) -> EventDispatcher:
+def submit_answer(bot: EventDispatcher, event: Event) -> Answer:
+    """The HTTP answer to a delivery handed to ``bot.submit`` (answered before it is handled).
+
+    * 202 once submitted: the dispatch runs in this process, and shutdown waits for it;
+    * 503 with ``Retry-After`` when the app is shutting down (nothing was submitted);
+    * 500 when the dispatcher refuses to submit under ``drop`` (a busy thread's event would be
+      lost after the 202): a configuration error, answered so the platform redelivers.
+    """
+    try:
+        bot.submit(event)
+    except ValueError as refused:
+        log.error("background route: %s", refused)
+        return Answer(500, {"error": str(refused)})
+    except RuntimeError:  # shutting down: the platform will redeliver
+        return Answer(503, {"error": "shutting down"}, {"Retry-After": "1"})
+    return Answer(202, {"accepted": event.message_id})
+
+
+async def inbox_summary(bot: EventDispatcher) -> dict[str, object] | None:
+    """The deployment's inbox, from the state: what is pending, how late, and dead letters.
+
+    ``None`` when the state has no inbox, or cannot be reached now.
+    """
+    state = bot.state
+    if not isinstance(state, InboxState):
+        return None
+    try:
+        keys = await state.inbox_keys()
+    except (StateUnavailableError, NotImplementedError):
+        return None
+    return {
+        "pending": sum(k.pending for k in keys),
+        "lag_seconds": max((k.oldest_age for k in keys), default=0.0),
+        "dead_letters": sum(k.dead for k in keys),
+        "keys": len(keys),
+    }
+
+
+def worker_dispatcher(settings: Settings) -> EventDispatcher:
     """The dispatcher a separate ``asynclock worker`` process serves, with the apps' handler."""
-    state = asynclock.state_from_url(state_url, **state_options(state_url, prefix))
-    work = Journal(delay)
-    bot = EventDispatcher(state, on_lock_conflict="queue", raise_errors=False)
+    url = settings.state_url
+    state = asynclock.state_from_url(url, **state_options(url, settings.prefix))
+    work = Journal(settings.delay, settings.journal_file)
+    bot = EventDispatcher(
+        state, on_lock_conflict="queue", lock_ttl=settings.lock_ttl, raise_errors=False
+    )
 
     @bot.on("*")
     async def reply(event: Event, ctx: HandlerContext) -> None:
@@ -215,10 +307,13 @@ class Journal:
         most_per_key: the most handlers ever seen running at once for one key (must stay 1).
         most_at_once: the most handlers ever seen running at once, all keys together.
         closing: set when the app's shutdown begins (before the dispatcher drains).
+        file: where each handled message id is also appended, one line each, as soon as it is
+            handled (``None``: nowhere); lines of several processes do not interleave.
     """
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, file: str | None = None) -> None:
         self.delay = delay
+        self.file = file
         self.gate: asyncio.Event | None = None
         self.fail_once: set[str] = set()
         self.deliveries = 0
@@ -273,6 +368,8 @@ class Journal:
                     text if isinstance(text, str) else "",
                 )
             )
+            if self.file is not None:
+                _append_line(self.file, f"{event.message_id}\n")
         finally:
             self.running[key] -= 1
             if not self.running[key]:
@@ -280,11 +377,22 @@ class Journal:
             self._touch()
 
     def snapshot(self, bot: EventDispatcher | None) -> dict[str, object]:
-        """What ``GET /stats`` shows."""
+        """This worker's part of ``GET /stats`` (named by :data:`WORKER`)."""
         return {
+            "worker": WORKER,
             "deliveries": self.deliveries,
             "handled": [h.message_id for h in self.handled],
             "running": dict(self.running),
             "most_per_key": self.most_per_key,
             "outcomes": {} if bot is None else {o.value: n for o, n in bot.stats.items()},
         }
+
+
+def _append_line(path: str, line: str) -> None:
+    # one O_APPEND write per line: whole lines, whatever other processes append meanwhile, and
+    # on disk before the answer (a worker killed later keeps what it wrote)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)

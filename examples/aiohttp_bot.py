@@ -2,14 +2,15 @@
 
 Run it (Redis on 127.0.0.1:6379, or ``ASYNCLOCK_STATE_URL=memory://`` for a single process)::
 
-    python -m examples.aiohttp_bot            # PORT=8080 by default
+    python -m examples.aiohttp_bot            # PORT=8080 by default; start several: they share it
 
-The routes are those of ``fastapi_bot.py``: ``POST /slack/events`` answers with the outcome
-(503 + ``Retry-After`` for a busy thread under ``drop``), ``POST /slack/events/background``
-submits and answers 202 at once, ``POST /slack/events/durable`` stores the event in the durable
-inbox and answers 200 (the recommended production route; ``serve()`` runs in the app, and
-``asynclock worker examples.fastapi_bot:bot`` adds workers), ``GET /stats``. ``on_startup`` builds the state and the
-:class:`~asynclock.EventDispatcher`; ``on_cleanup`` drains the dispatcher, then closes the state.
+The routes and the environment variables are those of ``fastapi_bot.py``: ``POST /slack/events``
+does what ``ASYNCLOCK_ROUTE`` says (``durable`` by default: stored in the inbox, then 200),
+``POST /slack/events/{durable,sync,background}`` each do theirs, ``GET /stats`` shows this
+worker's counts and the deployment's inbox. Several processes can serve one port (the socket is
+bound with ``SO_REUSEPORT``), as uvicorn's ``--workers`` do. ``on_startup`` builds the state and
+the :class:`~asynclock.EventDispatcher`; ``on_cleanup`` drains the dispatcher, then closes the
+state.
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ from asynclock import Event, EventDispatcher, HandlerContext, State
 from examples._slack import (
     DEFAULT_PREFIX,
     DEFAULT_STATE_URL,
+    ROUTES,
+    Answer,
     BadPayload,
     Challenge,
     Journal,
+    Settings,
     accept_answer,
-    answer_for,
+    delivery_answer,
+    inbox_summary,
     parse_payload,
     state_options,
+    submit_answer,
 )
 
 if TYPE_CHECKING:
@@ -51,12 +57,15 @@ def create_app(
     state_url: str = DEFAULT_STATE_URL,
     prefix: str = DEFAULT_PREFIX,
     *,
-    on_lock_conflict: ConflictPolicy = "drop",
+    route: str = "durable",
+    on_lock_conflict: ConflictPolicy = "queue",
     lock_ttl: float = 30.0,
     delay: float = 0.5,
     journal: Journal | None = None,
 ) -> web.Application:
     """The webhook app (the arguments are those of ``fastapi_bot.create_app``)."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
     work = journal if journal is not None else Journal(delay)
 
     async def start(app: web.Application) -> None:
@@ -95,52 +104,64 @@ def create_app(
             return web.json_response({"challenge": parsed.value})
         return parsed
 
-    async def slack_events(request: web.Request) -> web.Response:
-        event = await read_event(request)
-        if isinstance(event, web.Response):
-            return event
-        bot = request.app[BOT]
-        outcome = await bot.dispatch(event)
-        answer = await answer_for(bot, event, outcome)
+    def respond(answer: Answer) -> web.Response:
         return web.json_response(dict(answer.body), status=answer.status, headers=answer.headers)
 
-    async def slack_events_background(request: web.Request) -> web.Response:
+    async def sync(request: web.Request) -> web.Response:
         event = await read_event(request)
         if isinstance(event, web.Response):
             return event
-        try:
-            request.app[BOT].submit(event)
-        except RuntimeError:  # shutting down: the platform will redeliver
-            return web.json_response(
-                {"error": "shutting down"}, status=503, headers={"Retry-After": "1"}
-            )
-        return web.json_response({"accepted": event.message_id}, status=202)
+        return respond(delivery_answer(event, await request.app[BOT].deliver(event)))
 
-    async def slack_events_durable(request: web.Request) -> web.Response:
+    async def background(request: web.Request) -> web.Response:
         event = await read_event(request)
         if isinstance(event, web.Response):
             return event
-        answer = await accept_answer(request.app[BOT], event)
-        return web.json_response(dict(answer.body), status=answer.status, headers=answer.headers)
+        return respond(submit_answer(request.app[BOT], event))
+
+    async def durable(request: web.Request) -> web.Response:
+        event = await read_event(request)
+        if isinstance(event, web.Response):
+            return event
+        return respond(await accept_answer(request.app[BOT], event))
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response(work.snapshot(request.app.get(BOT)))
+        """This worker's counts (``worker`` names it) and the deployment's inbox (the state's)."""
+        bot = request.app[BOT]
+        inbox = await inbox_summary(bot)
+        return web.json_response({**work.snapshot(bot), "route": route, "inbox": inbox})
 
     app = web.Application()
     app[JOURNAL] = work
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
-    app.router.add_post("/slack/events", slack_events)
-    app.router.add_post("/slack/events/background", slack_events_background)
-    app.router.add_post("/slack/events/durable", slack_events_durable)
+    routes = {"sync": sync, "background": background, "durable": durable}
+    app.router.add_post("/slack/events", routes[route])
+    for name, endpoint in routes.items():
+        app.router.add_post(f"/slack/events/{name}", endpoint)
     app.router.add_get("/stats", stats)
     return app
 
 
+def app_from_env() -> web.Application:
+    """The app as :class:`~examples._slack.Settings` read from the environment configure it."""
+    settings = Settings.from_env()
+    return create_app(
+        settings.state_url,
+        settings.prefix,
+        route=settings.route,
+        on_lock_conflict=settings.on_lock_conflict,
+        lock_ttl=settings.lock_ttl,
+        journal=Journal(settings.delay, settings.journal_file),
+    )
+
+
 def main() -> None:
-    """``python -m examples.aiohttp_bot``: serve on 127.0.0.1:$PORT (8080)."""
-    logging.basicConfig(level=logging.INFO)
-    web.run_app(create_app(), host="127.0.0.1", port=int(os.environ.get("PORT", "8080")))
+    """``python -m examples.aiohttp_bot``: serve on 127.0.0.1:$PORT (8080), port shared."""
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"))
+    port = int(os.environ.get("PORT", "8080"))
+    # reuse_port: several processes serve one port, the kernel spreading the connections
+    web.run_app(app_from_env(), host="127.0.0.1", port=port, reuse_port=True)
 
 
 if __name__ == "__main__":

@@ -4,19 +4,26 @@ Run it (Redis on 127.0.0.1:6379, or ``ASYNCLOCK_STATE_URL=memory://`` for a sing
 
     uvicorn examples.fastapi_bot:app --port 8000 --workers 4
 
-* ``POST /slack/events`` dispatches the event and answers with what happened: 200 when it was
-  handled (or was a duplicate), **503 with ``Retry-After``** when its thread was busy and the
-  policy dropped it (the platform redelivers it later: nothing is lost), 500 when the handler
-  failed (a redelivery is handled again).
-* ``POST /slack/events/background`` submits the event and answers 202 at once, as Slack wants
-  (within 3 seconds); pair it with ``on_lock_conflict="queue"``, since a dropped event can no
-  longer be answered 503. Shutdown drains every submitted event.
-* ``POST /slack/events/durable`` (**recommended in production**) stores the event in the
+The environment configures it (``examples._slack.Settings``): ``ASYNCLOCK_STATE_URL``,
+``ASYNCLOCK_PREFIX``, ``ASYNCLOCK_ROUTE`` (what ``POST /slack/events`` does: ``durable``, the
+default, ``sync`` or ``background``), ``ASYNCLOCK_ON_LOCK_CONFLICT`` (default ``queue``),
+``ASYNCLOCK_LOCK_TTL``, ``ASYNCLOCK_EXAMPLE_DELAY``, ``ASYNCLOCK_EXAMPLE_JOURNAL``.
+
+* ``POST /slack/events/durable`` (the default of ``POST /slack/events``) stores the event in the
   durable inbox and answers 200 as soon as it is stored: no crash of any process loses it
   after that. The app's own processes drain the inbox (``serve()`` runs in the lifespan), and
   more workers can be started beside them with ``asynclock worker examples.fastapi_bot:bot``.
   A full inbox or an unreachable state answers 503 with ``Retry-After``.
-* ``GET /stats``: the dispatcher's outcome counts and what the handler did.
+* ``POST /slack/events/sync`` delivers the event (``bot.deliver``) and answers with what
+  happened: 200 when it was handled (or is a duplicate of a handled one), **503 with
+  ``Retry-After``** when its thread was busy and the policy dropped it, or when it is a
+  duplicate of a delivery still in progress (maybe on a worker that died), 500 when the
+  handler failed. Only a handled event gets a 2xx; the platform redelivers the rest.
+* ``POST /slack/events/background`` submits the event and answers 202 at once; the dispatcher
+  refuses ``on_lock_conflict="drop"`` there (answered 500), since a dropped event could no
+  longer be answered 503. Shutdown drains every submitted event.
+* ``GET /stats``: this worker's outcome counts (named by its ``worker`` id) and the
+  deployment's inbox depth and lag, read from the state.
 
 The lifespan builds the state and the :class:`~asynclock.EventDispatcher` and closes both on
 shutdown; ``async with EventDispatcher(...)`` drains what was submitted before the state closes.
@@ -41,13 +48,18 @@ from asynclock.metrics.prometheus import PrometheusMetrics
 from examples._slack import (
     DEFAULT_PREFIX,
     DEFAULT_STATE_URL,
+    ROUTES,
+    Answer,
     BadPayload,
     Challenge,
     Journal,
+    Settings,
     accept_answer,
-    answer_for,
+    delivery_answer,
+    inbox_summary,
     parse_payload,
     state_options,
+    submit_answer,
     worker_dispatcher,
 )
 
@@ -69,7 +81,8 @@ def create_app(
     state_url: str = DEFAULT_STATE_URL,
     prefix: str = DEFAULT_PREFIX,
     *,
-    on_lock_conflict: ConflictPolicy = "drop",
+    route: str = "durable",
+    on_lock_conflict: ConflictPolicy = "queue",
     lock_ttl: float = 30.0,
     delay: float = 0.5,
     journal: Journal | None = None,
@@ -81,14 +94,17 @@ def create_app(
     Args:
         state_url: where locks and dedupe records live (``asynclock.state_from_url``).
         prefix: the key prefix of this bot's records on a server state.
-        on_lock_conflict: what happens to an event whose thread is busy (``"drop"``: answered
-            503 so the platform redelivers; ``"queue"``: waits its turn).
+        route: what ``POST /slack/events`` does: ``"durable"``, ``"sync"`` or ``"background"``.
+        on_lock_conflict: what happens to an event whose thread is busy (``"queue"``: waits its
+            turn; ``"drop"``: answered 503 on the sync route so the platform redelivers).
         lock_ttl: seconds of each per-thread lock between renewals.
         delay: seconds the example handler pretends to work.
         journal: the handler and its record (tests pass their own to look at it).
         metrics: report asynclock's metrics to a Prometheus registry served on ``/metrics``.
         serve_inbox: drain the durable inbox in this process too (``serve()`` in the lifespan).
     """
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
     work = journal if journal is not None else Journal(delay)
     registry = CollectorRegistry()
 
@@ -134,35 +150,31 @@ def create_app(
             return JSONResponse({"challenge": parsed.value})
         return parsed
 
-    @app.post("/slack/events")
-    async def slack_events(request: Request) -> JSONResponse:
-        event = await read_event(request)
-        if isinstance(event, JSONResponse):
-            return event
-        bot: EventDispatcher = request.state.bot
-        outcome = await bot.dispatch(event)
-        answer = await answer_for(bot, event, outcome)
+    def respond(answer: Answer) -> JSONResponse:
         return JSONResponse(dict(answer.body), answer.status, headers=dict(answer.headers))
 
-    @app.post("/slack/events/background")
-    async def slack_events_background(request: Request) -> JSONResponse:
+    async def sync(request: Request) -> JSONResponse:
         event = await read_event(request)
         if isinstance(event, JSONResponse):
             return event
-        bot: EventDispatcher = request.state.bot
-        try:
-            bot.submit(event)
-        except RuntimeError:  # shutting down: the platform will redeliver
-            return JSONResponse({"error": "shutting down"}, 503, headers={"Retry-After": "1"})
-        return JSONResponse({"accepted": event.message_id}, 202)
+        return respond(delivery_answer(event, await request.state.bot.deliver(event)))
 
-    @app.post("/slack/events/durable")
-    async def slack_events_durable(request: Request) -> JSONResponse:
+    async def background(request: Request) -> JSONResponse:
         event = await read_event(request)
         if isinstance(event, JSONResponse):
             return event
-        answer = await accept_answer(request.state.bot, event)
-        return JSONResponse(dict(answer.body), answer.status, headers=dict(answer.headers))
+        return respond(submit_answer(request.state.bot, event))
+
+    async def durable(request: Request) -> JSONResponse:
+        event = await read_event(request)
+        if isinstance(event, JSONResponse):
+            return event
+        return respond(await accept_answer(request.state.bot, event))
+
+    routes = {"sync": sync, "background": background, "durable": durable}
+    app.add_api_route("/slack/events", routes[route], methods=["POST"])
+    for name, endpoint in routes.items():
+        app.add_api_route(f"/slack/events/{name}", endpoint, methods=["POST"])
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -171,16 +183,30 @@ def create_app(
 
     @app.get("/stats")
     async def stats(request: Request) -> dict[str, object]:
+        """This worker's counts (``worker`` names it) and the deployment's inbox (the state's)."""
         bot: EventDispatcher = request.state.bot
-        return work.snapshot(bot)
+        return {**work.snapshot(bot), "route": route, "inbox": await inbox_summary(bot)}
 
     return app
 
 
+def app_from_env() -> FastAPI:
+    """The app as :class:`~examples._slack.Settings` read from the environment configure it."""
+    settings = Settings.from_env()
+    return create_app(
+        settings.state_url,
+        settings.prefix,
+        route=settings.route,
+        on_lock_conflict=settings.on_lock_conflict,
+        lock_ttl=settings.lock_ttl,
+        journal=Journal(settings.delay, settings.journal_file),
+    )
+
+
 #: ``uvicorn examples.fastapi_bot:app``: nothing connects before the lifespan starts
-app = create_app()
+app = app_from_env()
 
 
 def bot() -> EventDispatcher:
     """A worker's dispatcher: ``asynclock worker examples.fastapi_bot:bot`` drains the inbox."""
-    return worker_dispatcher(DEFAULT_STATE_URL, DEFAULT_PREFIX)
+    return worker_dispatcher(Settings.from_env())

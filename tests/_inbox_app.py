@@ -4,7 +4,7 @@ Configured by environment variables (the test sets them): ``INBOX_TEST_URL`` and
 ``INBOX_TEST_PREFIX`` (the state), ``INBOX_TEST_EFFECTS`` (a Redis URL for the effect store, a
 second client, never faulted). Every handling writes one *effect* through a Lua script that
 fences by the lock's token: per key it rejects a token lower than the last one it accepted, and
-counts such stale writes. While a handler runs, the worker's pid is in the set ``<prefix>inside``,
+counts such stale writes. The hash ``<prefix>inside`` counts each worker's running handlers (by pid),
 so the test can kill a worker in the middle of one.
 """
 
@@ -45,11 +45,15 @@ def make_bot() -> EventDispatcher:
 
     @bot.on("*")
     async def handle(event: Event, ctx: HandlerContext) -> None:
-        await effects.sadd(inside, pid)
-        await asyncio.sleep(random.uniform(0.005, 0.03))
-        effect = f"{event.message_id} {ctx.attempt} {ctx.token} {os.getpid()}"
-        keys = [f"{prefix}fx:{ctx.lock_key}", f"{prefix}fx-token:{ctx.lock_key}", f"{prefix}stale"]
-        await write(keys=keys, args=[ctx.token or 0, effect])
-        await effects.srem(inside, pid)
+        # a count per worker, not set membership: a worker drains several keys at once, and one
+        # handler's end must not hide another that is still running
+        await effects.hincrby(inside, str(pid), 1)
+        try:
+            await asyncio.sleep(random.uniform(0.005, 0.03))
+            effect = f"{event.message_id} {ctx.attempt} {ctx.token} {os.getpid()}"
+            keys = [f"{prefix}fx:{ctx.lock_key}", f"{prefix}fx-token:{ctx.lock_key}"]
+            await write(keys=[*keys, f"{prefix}stale"], args=[ctx.token or 0, effect])
+        finally:
+            await effects.hincrby(inside, str(pid), -1)
 
     return bot

@@ -93,13 +93,14 @@ def _param(backend: Backend) -> object:
 STATES = [_param(b) for b in BACKENDS]
 #: Backends that several OS processes can share (the cross-process tests).
 SERVER_STATES = [_param(b) for b in SERVER_BACKENDS]
-#: Backends with the durable inbox (``InboxState``); the others refuse it with a clear error,
-#: which ``test_inbox.py`` checks on each of them.
-INBOX_BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, REDIS_CLUSTER)
+#: Backends with the durable inbox (``InboxState``): every built-in one (``test_inbox.py`` checks
+#: that a state without it is refused with a clear error).
+INBOX_BACKENDS: tuple[Backend, ...] = (MEMORY, REDIS, REDIS_CLUSTER, POSTGRES, MYSQL)
 INBOX_STATES = [_param(b) for b in INBOX_BACKENDS]
 #: the inbox backends that several OS processes can share (``test_inbox_processes.py``)
 INBOX_SERVER_STATES = [_param(b) for b in INBOX_BACKENDS if b.server]
-NO_INBOX_STATES = [_param(b) for b in BACKENDS if b not in INBOX_BACKENDS]
+#: the SQL states' inbox (``test_inbox_sql.py``)
+SQL_INBOX_STATES = [_param(b) for b in INBOX_BACKENDS if b in (POSTGRES, MYSQL)]
 
 
 _DEFAULT_PORTS = {
@@ -215,22 +216,37 @@ async def _purge_cluster(backend: Backend, namespace: str) -> None:
         await cluster.aclose()
 
 
-#: the tables of the SQL states under their default ``table_prefix``
-SQL_TABLES = ("asynclock_locks", "asynclock_dedupe")
+#: the tables of the SQL states under their default ``table_prefix``, with a ``name`` column
+SQL_TABLES = ("asynclock_locks", "asynclock_dedupe", "asynclock_inboxes")
+#: the inbox entries go first, by the id of their key's inboxes row (they have no name)
+SQL_INBOX_ENTRIES = (
+    "DELETE FROM asynclock_inbox_entries WHERE inbox IN "
+    "(SELECT id FROM asynclock_inboxes WHERE name LIKE {})"
+)
 
 
 async def _purge_sql(backend: Backend, key_prefix: str) -> None:
     """Delete the rows whose key starts with ``key_prefix`` (tables not created yet: nothing)."""
     # The prefix is "asynclock-test:<hex>:": no LIKE wildcard in it.
-    pattern = f"{key_prefix}%"
+    statements = [SQL_INBOX_ENTRIES]
+    statements += [f"DELETE FROM {table} WHERE name LIKE {{}}" for table in SQL_TABLES]
+    await run_sql(backend, statements, f"{key_prefix}%")
+
+
+async def run_sql(backend: Backend, statements: list[str], *args: object) -> None:
+    """Run each statement on the backend's SQL server in autocommit mode, with ``args``.
+
+    ``{}`` in a statement stands for the one parameter placeholder (``$1`` or ``%s``); a
+    statement about a table that does not exist (yet) is skipped.
+    """
     if backend.name == "postgres":
         import asyncpg  # type: ignore[import-untyped]
 
         conn = await asyncpg.connect(backend.url, timeout=10)
         try:
-            for table in SQL_TABLES:
+            for statement in statements:
                 with contextlib.suppress(asyncpg.UndefinedTableError):
-                    await conn.execute(f"DELETE FROM {table} WHERE name LIKE $1", pattern)
+                    await conn.execute(statement.format("$1"), *args)
         finally:
             await conn.close()
         return
@@ -249,10 +265,10 @@ async def _purge_sql(backend: Backend, key_prefix: str) -> None:
     )
     try:
         async with mysql.cursor() as cursor:
-            for table in SQL_TABLES:
+            for statement in statements:
                 try:
-                    await cursor.execute(f"DELETE FROM {table} WHERE name LIKE %s", (pattern,))
-                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - two tables
+                    await cursor.execute(statement.format("%s"), args or None)
+                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - a few statements
                     if exc.args[0] != 1146:  # ER_NO_SUCH_TABLE
                         raise
     finally:

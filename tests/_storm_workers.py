@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from asynclock import AsyncLock, state_from_url
 from asynclock.cli._storm import Message, StormHandler, lock_key, run_storm, storm_handler
+from tests._helpers import reply
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -47,11 +48,11 @@ class RedisConversations:
         self._prefix = f"{prefix}db:"
 
     async def find_active(self, contact: int) -> int | None:
-        found = await self._client.lindex(f"{self._prefix}contact:{contact}", 0)
+        found = await reply(self._client.lindex(f"{self._prefix}contact:{contact}", 0))
         return int(found) if found is not None else None
 
     async def create(self, contact: int) -> int:
-        conversation = int(await self._client.incr(f"{self._prefix}ids"))
+        conversation = int(await reply(self._client.incr(f"{self._prefix}ids")))
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.rpush(f"{self._prefix}contact:{contact}", conversation)
             pipe.sadd(f"{self._prefix}contacts", contact)
@@ -59,20 +60,23 @@ class RedisConversations:
         return conversation
 
     async def append(self, conversation: int, message: int) -> None:
-        await self._client.rpush(f"{self._prefix}conversation:{conversation}", message)
+        await reply(self._client.rpush(f"{self._prefix}conversation:{conversation}", message))
 
     async def snapshot(self) -> dict[int, dict[int, list[int]]]:
         stored: dict[int, dict[int, list[int]]] = {}
         for contact in sorted(
-            int(c) for c in await self._client.smembers(f"{self._prefix}contacts")
+            int(c) for c in await reply(self._client.smembers(f"{self._prefix}contacts"))
         ):
             ids = [
-                int(c) for c in await self._client.lrange(f"{self._prefix}contact:{contact}", 0, -1)
+                int(c)
+                for c in await reply(self._client.lrange(f"{self._prefix}contact:{contact}", 0, -1))
             ]
             stored[contact] = {
                 c: [
                     int(m)
-                    for m in await self._client.lrange(f"{self._prefix}conversation:{c}", 0, -1)
+                    for m in await reply(
+                        self._client.lrange(f"{self._prefix}conversation:{c}", 0, -1)
+                    )
                 ]
                 for c in ids
             }

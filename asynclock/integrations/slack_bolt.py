@@ -17,11 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, final
 
 from asynclock import (
+    Delivery,
     Event,
     EventDispatcher,
     InboxFullError,
-    Outcome,
-    StateError,
     StateUnavailableError,
 )
 from asynclock.state._protocol import InboxState
@@ -47,18 +46,6 @@ logger = logging.getLogger("asynclock")
 #: how an Events API delivery is handed to the dispatcher (see :class:`SlackEventsMiddleware`)
 Mode = Literal["submit", "accept", "dispatch"]
 MODES: tuple[Mode, ...] = ("submit", "accept", "dispatch")
-
-#: outcomes after which Slack must not redeliver: the event was dealt with, or had been
-_ACKNOWLEDGED = frozenset(
-    {
-        Outcome.HANDLED,
-        Outcome.QUEUED,
-        Outcome.SKIPPED,
-        Outcome.FORCED,
-        Outcome.DUPLICATE,
-        Outcome.ACCEPTED,
-    }
-)
 
 
 def _text(mapping: Mapping[str, object], name: str) -> str | None:
@@ -122,22 +109,26 @@ class SlackEventsMiddleware(AsyncMiddleware):
     (``X-Slack-Retry-Num`` 1-3); ``mode`` says when the answer is given:
 
     * ``"submit"`` (default): ``bot.submit(event)`` and 200 at once; the handlers run after the
-      answer, in this process. Pair it with ``on_lock_conflict="queue"``: under ``"drop"`` a
-      busy thread's event is ``DROPPED`` after Slack got its 200 (logged at WARNING and counted,
-      never redelivered). An event in hand when the process dies is lost.
+      answer, in this process. A dispatcher with ``on_lock_conflict="drop"`` is refused (a busy
+      thread's event would be dropped after Slack got its 200): use ``"queue"``. An event in
+      hand when the process dies is lost.
     * ``"accept"``: ``await bot.accept(event)`` (the durable inbox), 200 once it is stored,
       503 + ``Retry-After`` when its thread's inbox is full or the state is down (nothing
       stored: Slack redelivers). Processes running ``bot.serve()`` handle it, per thread one at
       a time in accept order; no crash of any process loses it after the 200.
-    * ``"dispatch"``: ``await bot.dispatch(event)`` and answer with the outcome: 200 when dealt
+    * ``"dispatch"``: ``await bot.deliver(event)`` and answer with what happened: 200 when dealt
       with, **503 + ``Retry-After``** when it was ``DROPPED`` because its thread was busy (the
-      dispatcher forgot its dedupe record, so Slack's redelivery is handled), 500 when a handler
-      failed. Only for handlers that finish well within 3 seconds.
+      dispatcher forgot its dedupe record, so Slack's redelivery is handled) or is a duplicate
+      of a delivery still in progress (maybe in a process that died: after the lease, the
+      redelivery runs it), 500 when a handler failed. Only for handlers that finish well within
+      3 seconds.
 
     Invariants:
 
-    * A redelivery of an event (same ``event_id``) that was handled, or is being handled, is a
-      ``DUPLICATE`` and answered 200: Slack stops retrying, nothing runs twice.
+    * A redelivery of an event (same ``event_id``) that was handled is a ``DUPLICATE`` and
+      answered 200: Slack stops retrying, nothing runs twice. One that is being handled is
+      answered 200 in modes ``"submit"`` and ``"accept"`` (it is in this process's hands, or
+      stored), and 503 in mode ``"dispatch"`` (only a handled event gets a 2xx there).
     * Every delivery with ``X-Slack-Retry-Num`` is logged (INFO, with ``X-Slack-Retry-Reason``)
       and counted in :attr:`redeliveries`.
     * Requests that are not Events API deliveries (slash commands, actions, shortcuts, views,
@@ -155,6 +146,12 @@ class SlackEventsMiddleware(AsyncMiddleware):
             raise TypeError(f"SlackEventsMiddleware needs an EventDispatcher, got {bot!r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "submit" and bot.on_lock_conflict == "drop":
+            raise ValueError(
+                "mode='submit' answers Slack before the event is handled, so a dispatcher with "
+                "on_lock_conflict='drop' would drop busy threads' events after their 200; use "
+                "on_lock_conflict='queue', or mode='accept' / 'dispatch'"
+            )
         if mode == "accept" and not isinstance(bot.state, InboxState):
             # refused here, not by every delivery's accept() answering 500 to Slack
             raise TypeError(
@@ -208,7 +205,7 @@ class SlackEventsMiddleware(AsyncMiddleware):
         if self._mode == "accept":
             return await self._accept(event)
         if self._mode == "dispatch":
-            return await self._answer(event, await self._bot.dispatch(event))
+            return self._answer(event, await self._bot.deliver(event))
         try:
             self._bot.submit(event)
         except RuntimeError:  # the dispatcher is closing: Slack redelivers to a live process
@@ -229,20 +226,13 @@ class SlackEventsMiddleware(AsyncMiddleware):
             return _refuse(event, "state unavailable", 1)
         return BoltResponse(status=200, body="")
 
-    async def _answer(self, event: Event, outcome: Outcome) -> BoltResponse:
-        if outcome in _ACKNOWLEDGED:
+    def _answer(self, event: Event, delivery: Delivery) -> BoltResponse:
+        if not delivery.redeliver:
             return BoltResponse(status=200, body="")
-        if outcome is Outcome.DROPPED:
-            return _refuse(event, "thread busy", await self._busy_for(event))
-        return BoltResponse(status=500, body={"error": "handler failed"})
-
-    async def _busy_for(self, event: Event) -> int:
-        """Seconds the busy thread may stay busy: its holder's remaining lock TTL (at least 1)."""
-        try:
-            info = await self._bot.state.inspect(self._bot.lock_key(event))
-        except StateError:
-            return 1
-        return 1 if info is None else math.ceil(info.remaining)
+        if delivery.retry_after is None:
+            return BoltResponse(status=500, body={"error": "handler failed"})
+        why = "in progress" if delivery.in_progress else "thread busy"
+        return _refuse(event, why, math.ceil(delivery.retry_after))
 
 
 def _refuse(event: Event, why: str, retry_after: int) -> BoltResponse:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from asynclock.state._protocol import (
     ClaimingState,
+    DedupeReading,
+    FairState,
     Grant,
     LockAdmin,
     LockInfo,
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = (
     "SCHEMES",
     "ClaimingState",
+    "DedupeReading",
+    "FairState",
     "Grant",
     "LockAdmin",
     "LockInfo",

@@ -257,6 +257,24 @@ class ClaimingState(Protocol):
         ...
 
 
+@runtime_checkable
+class DedupeReading(Protocol):
+    """Optional capability: how long a dedupe record has left, in one read.
+
+    The dispatcher asks it only about a duplicate, to tell a claim still *in progress* (its
+    lease, at most ``lock_ttl``, is renewed while the first delivery runs) from a *done* record
+    (written for ``dedupe_ttl + lock_ttl``): an endpoint then answers an in-progress duplicate
+    with a retry, so a dead worker's event is redelivered once its lease lapses.
+    """
+
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """Seconds until the record of ``key`` expires (server clock); ``None`` when it has none.
+
+        One read; changes nothing. An expired record counts as absent.
+        """
+        ...
+
+
 class InboxEntry(NamedTuple):
     """The head of a key's inbox, as :meth:`InboxState.inbox_step` hands it to its drainer."""
 
@@ -390,4 +408,37 @@ class LockAdmin(Protocol):
         The holder is not told: its next ``extend`` or ``release`` raises
         ``LockNotOwnedError``, and its fencing token is already lower than the next one.
         """
+        ...
+
+
+@runtime_checkable
+class FairState(Protocol):
+    """Optional capability: fair turns for retried calls and jobs, across processes.
+
+    Per key, a *line* of turns ordered by the time each first met the key busy (by the state's
+    clock). A turn is an opaque id that stays the same across the retries of one job. A place in
+    the line is kept only until the ``hold`` its last attempt asked for, so a job that vanished
+    cannot block the key for longer than that.
+
+    Only :meth:`fair_acquire` honours the line; a plain :meth:`State.acquire` ignores it.
+    """
+
+    async def fair_acquire(
+        self, key: str, owner: str, ttl: float, *, turn: str, hold: float
+    ) -> Grant:
+        """:meth:`State.acquire` (not waiting), taken only in turn; one atomic step.
+
+        First the places whose hold ran out leave the line. Then, if the line is empty or
+        ``turn`` is at its head, the key is acquired as :meth:`State.acquire` would, and on
+        success ``turn`` leaves the line. Otherwise (the key is held, or another turn is ahead)
+        nothing is acquired: ``turn`` joins the line if it is not in it (its place: now) and its
+        place is kept until ``hold`` seconds after the holder's lock expires (after now, when
+        the key is free). The
+        refusal's ``retry_after`` is the holder's remaining TTL, or, when the key is free but
+        reserved for an earlier turn, the time that turn's place is still kept.
+        """
+        ...
+
+    async def fair_leave(self, key: str, turn: str) -> None:
+        """Take ``turn`` out of ``key``'s line (it gave up, or was served another way)."""
         ...

@@ -13,7 +13,8 @@ and the rest, up to the next block, is one statement. Placeholders are named (``
 the file; :class:`Query` maps them to ``$1, $2, ...`` for drivers that want positional ones
 (asyncpg), and ``{prefix}`` is replaced by the configured table prefix (validated as a plain
 identifier, because table names cannot be parameters). ``schema.sql`` is a list of idempotent
-statements separated by ``;`` at the end of a line.
+statements separated by ``;`` at the end of a line; a body between ``$$`` marks (a PostgreSQL
+function, a MySQL procedure) is kept whole, whatever ``;`` it holds (see :func:`load_schema`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "load_queries",
     "load_schema",
     "mark_of",
+    "split_statements",
 ]
 
 _BLOCK = re.compile(r"^-- ([a-z_][a-z0-9_]*) --[ \t]*$", re.MULTILINE)
@@ -101,10 +103,42 @@ def load_queries(
 
 
 def load_schema(package: str, table_prefix: str, filename: str = "schema.sql") -> list[str]:
-    """The statements of ``package``'s ``schema.sql``, table prefix applied, comments kept."""
+    """The statements of ``package``'s ``schema.sql``, table prefix applied, comments kept.
+
+    Statements end with ``;`` at the end of a line, except inside a body quoted by ``$$``
+    marks, which is kept whole with its marks (PostgreSQL's dollar quoting; the MySQL state
+    removes the marks, since a procedure sent alone needs no ``DELIMITER``). ``$$`` may
+    therefore appear nowhere else in the file, comments included.
+
+    Raises:
+        ValueError: a ``$$`` body is not closed.
+    """
     text = _read(package, filename).replace("{prefix}", table_prefix)
-    statements = [part.strip() for part in re.split(r";[ \t]*$", text, flags=re.MULTILINE)]
-    return [s for s in statements if any(not line.startswith("--") for line in _code_lines(s))]
+    return [s for s in split_statements(text, f"{package}/{filename}") if _has_code(s)]
+
+
+def split_statements(text: str, where: str) -> list[str]:
+    """``text`` cut at each ``;`` that ends a line outside ``$$`` bodies (see :func:`load_schema`)."""
+    parts = text.split("$$")
+    if len(parts) % 2 == 0:
+        raise ValueError(f"{where}: a $$ body is not closed")
+    statements: list[str] = []
+    current = ""
+    for n, part in enumerate(parts):
+        if n % 2:  # inside a $$ body: never cut
+            current += f"$${part}$$"
+            continue
+        first, *rest = re.split(r";[ \t]*$", part, flags=re.MULTILINE)
+        current += first
+        for piece in rest:
+            statements.append(current.strip())
+            current = piece
+    statements.append(current.strip())
+    return statements
+
+
+def _has_code(statement: str) -> bool:
+    return any(not line.startswith("--") for line in _code_lines(statement))
 
 
 def _code_lines(statement: str) -> list[str]:

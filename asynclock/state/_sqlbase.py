@@ -201,6 +201,8 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         )
         #: the watches of each key (by the key's id in hex)
         self._watches: dict[str, set[WakeableWatch]] = {}
+        #: the inbox watches (``inbox_watch``: woken by any accept of this prefix)
+        self._inbox_watches: set[WakeableWatch] = set()
         self._next_purge = 0.0
         self._purge_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -292,6 +294,10 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
     @abc.abstractmethod
     def _claimed(self, answer: R) -> bool:
         """Whether ``dedupe_add`` recorded the key."""
+
+    @abc.abstractmethod
+    def _remaining(self, answer: R) -> float | None:
+        """``dedupe_remaining``'s answer: the live record's seconds left, or ``None``."""
 
     @abc.abstractmethod
     def _deleted(self, answer: R) -> int:
@@ -425,7 +431,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
             watch.fire()
 
     def _wake_all(self) -> None:
-        for watches in tuple(self._watches.values()):
+        for watches in (*self._watches.values(), self._inbox_watches):
             for watch in tuple(watches):
                 watch.fire()
 
@@ -587,6 +593,12 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         ident, _ = self._ids(key)
         answer = await self._run("dedupe_forget", {"id": self._id_param(ident)}, idempotent=False)
         return self._matched(answer)
+
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """See :meth:`asynclock.state.DedupeReading.dedupe_remaining` (one read, server clock)."""
+        ident, _ = self._ids(key)
+        answer = await self._run("dedupe_remaining", {"id": self._id_param(ident)}, idempotent=True)
+        return self._remaining(answer)
 
     @contextlib.asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[WakeableWatch]:

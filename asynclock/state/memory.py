@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from asynclock._errors import LockNotOwnedError
 from asynclock._validate import check_key, check_ttl
 from asynclock.state._base import ClosesOnExit
+from asynclock.state._lines import Lines
 from asynclock.state._protocol import (
     DeadLetter,
     Grant,
@@ -116,6 +117,7 @@ class MemoryState(ClosesOnExit):
         "_heap",
         "_inbox_watchers",
         "_inboxes",
+        "_lines",
         "_locks",
         "_mutex",
         "_tokens",
@@ -134,6 +136,7 @@ class MemoryState(ClosesOnExit):
         #: the durable inbox (durable for this process's life only: it is memory)
         self._inboxes: dict[str, _Inbox] = {}
         self._inbox_watchers: set[EventWatch] = set()
+        self._lines = Lines()  # FairState: the per-key lines of fair retries
         self._tokens = itertools.count(1)
         self._closed = False
 
@@ -231,6 +234,37 @@ class MemoryState(ClosesOnExit):
             if not self._add(claim, now, claim_ttl, owner):
                 return None
             return self._take(key, owner, ttl, now, waiting=False)
+
+    async def fair_acquire(
+        self, key: str, owner: str, ttl: float, *, turn: str, hold: float
+    ) -> Grant:
+        """See :meth:`asynclock.state.FairState.fair_acquire`."""
+        check_key(key)
+        check_ttl(ttl, key=key)
+        check_ttl(hold, "hold", key=key)
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+
+            def remaining() -> float | None:
+                held = self._live(key, now)
+                return None if held is None else held.expires_at - now
+
+            return self._lines.take(
+                key,
+                turn,
+                hold,
+                now,
+                lambda: self._take(key, owner, ttl, now, waiting=False),
+                remaining,
+            )
+
+    async def fair_leave(self, key: str, turn: str) -> None:
+        """See :meth:`asynclock.state.FairState.fair_leave`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            self._lines.leave(key, turn)
 
     def _take(self, key: str, owner: str, ttl: float, now: float, *, waiting: bool) -> Grant:
         """The body of ``acquire``, under the mutex."""
@@ -363,6 +397,14 @@ class MemoryState(ClosesOnExit):
             self._claim_owners.pop(key, None)
             expires_at = self._dedupe.pop(key, None)
             return expires_at is not None and expires_at > self._clock()
+
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """See :meth:`asynclock.state.DedupeReading.dedupe_remaining`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            expires_at = self._dedupe.get(key)
+            now = self._clock()
+            return None if expires_at is None or expires_at <= now else expires_at - now
 
     async def forget_claimed(self, claim: str, owner: str) -> bool:
         """See :meth:`asynclock.state.ClaimingState.forget_claimed`."""

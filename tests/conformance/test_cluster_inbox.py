@@ -21,6 +21,7 @@ from redis.crc import key_slot
 
 from asynclock import RedisState, StateUnavailableError, state_from_url
 from asynclock.state.redis._cluster_inbox import DIRECTORY_SHARDS, SlotReadySets, slot_tag
+from tests._helpers import reply
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
 from tests.conformance.test_cluster import node_client
 from tests.conftest import new_namespace
@@ -50,7 +51,7 @@ class Inbox:
 
     async def listed(self, key: str) -> str | None:
         """The generation under which the directory lists ``key``'s slot, if it does."""
-        value = await self.raw.hget(self.shard(key), str(self.slot(key)))
+        value = await reply(self.raw.hget(self.shard(key), str(self.slot(key))))
         return _text(value) if value is not None else None
 
     def master_of(self, name: str) -> str:
@@ -110,7 +111,7 @@ async def test_the_keys_with_work_spread_over_slots_and_masters(inbox: Inbox) ->
     # the directory lists exactly those slots, its shards on several masters too
     listed = set()
     for shard in inbox.index.directory:
-        listed |= {int(slot) for slot in await inbox.raw.hkeys(shard)}
+        listed |= {int(slot) for slot in await reply(inbox.raw.hkeys(shard))}
     assert listed == {inbox.slot(key) for key in keys}
     assert len({inbox.master_of(shard) for shard in inbox.index.directory}) == 3
     # none of it is taken for a lock by the operators' listing
@@ -149,7 +150,9 @@ async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
     # step one of a pruning: the empty set's mark goes, its generation comes back
     unlist = SCRIPTS.joinpath("inbox_unlist.lua").read_text()
     taken = _text(
-        await inbox.raw.eval(unlist, 2, index.ready_key(lock_key), index.listed_key(lock_key))
+        await reply(
+            inbox.raw.eval(unlist, 2, index.ready_key(lock_key), index.listed_key(lock_key))
+        )
     )
     assert taken == await inbox.listed(key)
     # meanwhile an accept finds no mark: it lists the slot again (a new generation) and appends
@@ -157,7 +160,8 @@ async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
     # step two with the old generation must not take the slot off the directory
     forget = SCRIPTS.joinpath("inbox_forget_slot.lua").read_text()
     shard = inbox.shard(key)
-    assert await inbox.raw.eval(forget, 1, shard, inbox.slot(key), taken) == 0
+    forgotten = await reply(inbox.raw.eval(forget, 1, shard, str(inbox.slot(key)), taken))
+    assert int(forgotten) == 0
     assert await inbox.listed(key) not in (None, taken)
     assert await inbox.state.inbox_ready() == [key]
 

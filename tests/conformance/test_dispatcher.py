@@ -1461,7 +1461,8 @@ class TestSubmitAndClose:
             bot.submit(ev("after"))
 
     async def test_submit_records_failures_without_raising(self, state: State) -> None:
-        bot = EventDispatcher(state)  # raise_errors=True: submit still never raises
+        # raise_errors=True: submit still never raises
+        bot = EventDispatcher(state, on_lock_conflict="queue")
 
         @bot.on("*")
         async def broken(event: Event) -> None:

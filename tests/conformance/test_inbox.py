@@ -25,11 +25,14 @@ from asynclock import (
     Outcome,
     state_from_url,
 )
+from asynclock.state import MemoryState
 from asynclock.state._protocol import InboxState
-from tests._matrix import INBOX_STATES, NO_INBOX_STATES, Backend, purge_namespace, require
+from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
+
+    from typing_extensions import Self
 
     from asynclock import State
 
@@ -376,23 +379,39 @@ class TestFailures:
             await bot.serve()
 
 
-@pytest.fixture(params=NO_INBOX_STATES)
-async def other_state(request: pytest.FixtureRequest) -> AsyncIterator[State]:
-    backend: Backend = request.param
-    require(backend)
-    namespace = uuid.uuid4().hex
-    opened = state_from_url(backend.url, **backend.options(namespace))
-    yield opened
-    await opened.aclose()
-    await purge_namespace(backend, namespace)
+class LocksOnly:
+    """A third-party state with the State protocol and nothing else (every built-in state now
+    has the inbox): the dispatcher must refuse the inbox on it, naming what is missing."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryState()
+        self.acquire = self._inner.acquire
+        self.release = self._inner.release
+        self.abandon = self._inner.abandon
+        self.extend = self._inner.extend
+        self.inspect = self._inner.inspect
+        self.dedupe_add = self._inner.dedupe_add
+        self.dedupe_keep = self._inner.dedupe_keep
+        self.dedupe_forget = self._inner.dedupe_forget
+        self.watch = self._inner.watch
+        self.aclose = self._inner.aclose
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
-async def test_a_backend_without_the_inbox_says_so(other_state: State) -> None:
-    bot = EventDispatcher(other_state, on_lock_conflict="queue")
+async def test_a_state_without_the_inbox_says_so() -> None:
+    state = LocksOnly()
+    assert not isinstance(state, InboxState)
+    bot = EventDispatcher(state, on_lock_conflict="queue")
     with pytest.raises((TypeError, NotImplementedError), match="inbox"):
         await bot.accept(ev(1))
     with pytest.raises((TypeError, NotImplementedError), match="inbox"):
         await bot.serve()
+    await bot.aclose()
 
 
 class TestInboxMetrics:

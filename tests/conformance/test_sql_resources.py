@@ -6,7 +6,7 @@ from importlib import resources
 
 import pytest
 
-from asynclock.state._sql import load_queries, load_schema
+from asynclock.state._sql import load_queries, load_schema, split_statements
 
 PACKAGES = ("asynclock.state.postgres", "asynclock.state.mysql")
 QUERIES = {
@@ -21,7 +21,16 @@ QUERIES = {
     "purge_locks",
     "purge_dedupe",
     "held_locks",
+    "inbox_accept",
+    "inbox_step",
+    "inbox_requeue",
+    "inbox_ready",
+    "inbox_keys",
+    "inbox_dead_letters",
 }
+#: the tables schema.sql creates, and its versioned routines (functions or procedures)
+TABLES = ("locks", "dedupe", "inboxes", "inbox_entries")
+ROUTINES = ("inbox_accept_v1", "inbox_step_v1", "inbox_requeue_v1")
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -39,15 +48,48 @@ def test_every_query_is_defined_and_described(package: str) -> None:
     for query in queries.values():
         assert query.description, f"{query.name} has no description"
         assert "{prefix}" not in query.text
-        assert "asynclock_locks" in query.text or "asynclock_dedupe" in query.text
+        assert "asynclock_" in query.text
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_schema_is_idempotent_create_statements(package: str) -> None:
     statements = load_schema(package, "app_")
-    assert len(statements) == 2
-    for statement in statements:
-        assert "CREATE TABLE IF NOT EXISTS app_" in statement
+    code = [
+        " ".join(line for line in s.splitlines() if line and not line.startswith("--"))
+        for s in statements
+    ]
+    tables = [c for c in code if c.startswith("CREATE TABLE IF NOT EXISTS app_")]
+    assert [t.split()[5] for t in tables] == [f"app_{name}" for name in TABLES]
+    routines = [c for c in code if "$$" in c]
+    assert len(routines) == len(ROUTINES)
+    for routine, name in zip(routines, ROUTINES, strict=True):
+        # replaced in place (PostgreSQL), or made once (MySQL): a new body needs a new version
+        assert routine.startswith(
+            (
+                f"CREATE OR REPLACE FUNCTION app_{name}(",
+                f"CREATE PROCEDURE IF NOT EXISTS app_{name}(",
+            )
+        ), routine[:80]
+        assert routine.count("$$") == 2
+    others = [c for c in code if c not in tables and c not in routines]
+    assert all(c.startswith("CREATE INDEX IF NOT EXISTS app_") for c in others), others
+
+
+def test_statements_split_at_line_end_semicolons_outside_dollar_bodies() -> None:
+    text = (
+        "-- a comment; not the end\n"
+        "CREATE TABLE t (a int);\n"
+        "CREATE FUNCTION f() AS $$\nBEGIN\n  x := 1;\n  RETURN;\nEND\n$$;\n"
+        "SELECT ';'   ;\n"
+    )
+    assert split_statements(text, "here") == [
+        "-- a comment; not the end\nCREATE TABLE t (a int)",
+        "CREATE FUNCTION f() AS $$\nBEGIN\n  x := 1;\n  RETURN;\nEND\n$$",
+        "SELECT ';'",
+        "",
+    ]
+    with pytest.raises(ValueError, match=r"here: a \$\$ body is not closed"):
+        split_statements("CREATE FUNCTION f() AS $$ BEGIN;\nEND;\n", "here")
 
 
 def test_positional_placeholders_reuse_numbers() -> None:

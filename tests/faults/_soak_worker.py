@@ -66,6 +66,7 @@ from asynclock import (
     StateUnavailableError,
 )
 from asynclock.state import MySQLState, PostgresState, RedisState
+from tests._helpers import reply
 from tests.faults._soak_history import RAISED
 
 if TYPE_CHECKING:
@@ -345,7 +346,7 @@ class _Worker:
         """Report that ``serve()`` returned or raised before the stop: a finding."""
         error = "cancelled" if serving.cancelled() else repr(serving.exception())
         report = {"kind": "serve-ended", "worker": self.worker, "pid": self.pid, "error": error}
-        await self.store.rpush(RESULTS, json.dumps(report))
+        await reply(self.store.rpush(RESULTS, json.dumps(report)))
 
     async def answer(
         self,
@@ -362,7 +363,7 @@ class _Worker:
         report |= {"outcome": outcome, "error": error, "received": received}
         report |= {"unkept": unkept or [], "answered": answered}
         report |= {"worker": self.worker, "pid": self.pid}
-        await self.store.rpush(RESULTS, json.dumps(report))
+        await reply(self.store.rpush(RESULTS, json.dumps(report)))
 
 
 async def _serve(

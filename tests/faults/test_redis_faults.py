@@ -23,6 +23,7 @@ from asynclock import (
     LockNotOwnedError,
     StateUnavailableError,
 )
+from tests._helpers import reply as answer
 from tests.faults._load import Load
 from tests.faults._proxy import FaultProxy
 from tests.faults._timing import bounded, report, unexpected_failures, until
@@ -359,11 +360,11 @@ class FencedStore:
 
     async def write(self, token: int | None, value: str) -> bool:
         assert token is not None
-        reply: Any = await self.admin.eval(self.WRITE, 1, self.key, token, value)
+        reply: Any = await answer(self.admin.eval(self.WRITE, 1, self.key, str(token), value))
         return bool(reply)
 
     async def value(self) -> str:
-        raw: Any = await self.admin.hget(self.key, "value")
+        raw: Any = await answer(self.admin.hget(self.key, "value"))
         return raw.decode() if raw is not None else ""
 
 

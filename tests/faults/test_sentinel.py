@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 from asynclock import AsyncLock, Deduper, LockNotOwnedError, RedisState, StateUnavailableError
 from asynclock.state import state_from_url
+from tests._helpers import reply
 from tests._matrix import IN_CI
 from tests.faults._load import Load
 from tests.faults._server import START_BOUND, _ping, free_port, redis_server_binary
@@ -116,8 +117,8 @@ async def _ready(topology: SentinelSet) -> bool:
     for sentinel in topology.sentinels:
         client = topology.client(sentinel.port)
         try:
-            master: Any = await client.sentinel_master(SERVICE)
-            replicas: Any = await client.sentinel_slaves(SERVICE)
+            master: Any = await client.sentinel_master(SERVICE)  # type: ignore[no-untyped-call, unused-ignore]
+            replicas: Any = await client.sentinel_slaves(SERVICE)  # type: ignore[no-untyped-call, unused-ignore]
         finally:
             await client.aclose()
         if int(master.get("num-other-sentinels", 0)) < 2:
@@ -291,7 +292,7 @@ async def test_replicas_wait(topology: SentinelSet, open_state: Callable[..., Re
         # an accepted inbox entry is on the replica before accept returned, too
         accepted = await state.inbox_accept("inbox", "{}", claim=None, claim_ttl=5.0, max_pending=9)
         assert accepted.status == "accepted"
-        assert await replica.llen(f"{state.lock_key('inbox')}:inbox") == 1
+        assert await reply(replica.llen(f"{state.lock_key('inbox')}:inbox")) == 1
         assert state.replica_shortfalls == 0
 
         # no replica to confirm: an acquire is undone and raises, the key stays free

@@ -10,6 +10,8 @@ injection is ``pg_terminate_backend`` / ``KILL`` of every session with that tag 
   state's LISTEN connection; then three times under a load of lock and dedupe calls.
 * ``TestOutage``: the same kill, with a proxy in front of the holder's state that blackholes
   its reconnections for longer than the lock's TTL.
+* ``TestInboxKill``: the sessions of a worker running ``serve()`` (on PostgreSQL its LISTEN
+  connection too): an accept made afterwards is handled within seconds, not at the next rescan.
 
 Expected, on both servers:
 
@@ -417,3 +419,65 @@ class TestOutage:
             outage=up_at - down_at,
             recovered_after=recovered,
         )
+
+
+class TestInboxKill:
+    """Every session of a serving worker's state is killed: its inbox hears accepts again."""
+
+    #: longer than the bound below: a worker that only found the event by its rescan fails
+    LOCK_TTL = 30.0
+    #: an accept after the kill is handled within this (a reconnected LISTEN, or MySQL's poll)
+    PROMPT = 2.0
+
+    async def test_a_worker_whose_sessions_are_killed_hears_accepts_again(
+        self, sql: SQLTarget
+    ) -> None:
+        from asynclock import Event, EventDispatcher
+
+        worker, webhook = open_state(sql), open_state(sql)
+        handled: list[tuple[str, float]] = []
+        bot = EventDispatcher(worker, on_lock_conflict="queue", lock_ttl=self.LOCK_TTL)
+
+        @bot.on("*")
+        async def handle(event: Event) -> None:
+            handled.append((event.message_id or "", time.monotonic()))
+
+        producer = EventDispatcher(webhook, on_lock_conflict="queue")
+        serving = asyncio.create_task(bot.serve())
+        try:
+            await producer.accept(Event("message", "slack", "C1", "T1", "before"))
+            await until(_true(lambda: len(handled) == 1), "the first event handled", within=3.0)
+            if sql.postgres:
+                assert await sql.listeners(), "the worker does not LISTEN"
+            killed = await sql.kill_all()
+            assert killed
+            if sql.postgres:
+
+                async def listening_again() -> bool:
+                    return bool((await sql.listeners()) - killed)
+
+                await until(listening_again, "the worker to LISTEN again", within=3.0)
+            accepted_at = time.monotonic()
+            await until(
+                works(lambda: producer.accept(Event("message", "slack", "C1", "T1", "after"))),
+                "an accept after the kill",
+                within=3.0,
+            )
+            await until(
+                _true(lambda: len(handled) == 2), "the accept after the kill handled", within=10.0
+            )
+            delay = handled[1][1] - accepted_at
+            assert delay <= self.PROMPT, f"handled {delay:.2f} s after the accept"
+            report(f"inbox-kill[{sql.backend.name}]", killed=len(killed), handled_after=delay)
+        finally:
+            await bot.aclose()
+            await bounded(serving, "serve() to stop", CALL_BOUND + 3.0)
+
+
+def _true(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """``check`` as a predicate for ``until``."""
+
+    async def predicate() -> bool:
+        return check()
+
+    return predicate

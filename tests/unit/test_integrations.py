@@ -81,10 +81,19 @@ class TestSlackEventsMiddleware:
 
     def test_accept_needs_a_state_with_the_inbox(self) -> None:
         # built, never connected: PostgreSQL has no inbox yet
-        bot = EventDispatcher(state_from_url("postgresql://postgres@127.0.0.1:1/test"))
+        bot = EventDispatcher(
+            state_from_url("postgresql://postgres@127.0.0.1:1/test"), on_lock_conflict="queue"
+        )
         with pytest.raises(TypeError, match=r"needs a state with the durable inbox.*PostgresState"):
             SlackEventsMiddleware(bot, mode="accept")
         assert SlackEventsMiddleware(bot, mode="submit").mode == "submit"
+
+    def test_submit_refuses_a_dispatcher_that_drops(self) -> None:
+        # a busy thread's event would be dropped after Slack got its 200 (#14)
+        with pytest.raises(ValueError, match="on_lock_conflict='drop'"):
+            SlackEventsMiddleware(EventDispatcher(MemoryState()))
+        for mode in ("accept", "dispatch"):
+            assert SlackEventsMiddleware(EventDispatcher(MemoryState()), mode=mode).mode == mode
 
     def test_repr_and_properties(self) -> None:
         bot = EventDispatcher(MemoryState())
@@ -197,7 +206,7 @@ class TestSlackAnswers:
         assert (answer.status, answer.headers["retry-after"]) == (503, ["1"])
 
     async def test_other_requests_go_on_to_bolt(self) -> None:
-        middleware = SlackEventsMiddleware(EventDispatcher(MemoryState()))
+        middleware = SlackEventsMiddleware(EventDispatcher(MemoryState(), on_lock_conflict="queue"))
         passed = BoltResponse(status=200, body="from the listener")
 
         async def listener_chain() -> BoltResponse:

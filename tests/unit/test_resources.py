@@ -29,6 +29,9 @@ SCRIPTS = {
     "_listed.lua",
     "inbox_unlist.lua",
     "inbox_forget_slot.lua",
+    "_fair_open.lua",
+    "fair_acquire.lua",
+    "fair_leave.lua",
 }
 
 

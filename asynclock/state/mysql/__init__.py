@@ -1,4 +1,4 @@
-"""MySQLState: locks and dedupe records in MySQL 8 or MariaDB 10.6+ tables, through aiomysql.
+"""MySQLState: locks, dedupe records and the inbox in MySQL 8 / MariaDB 10.6+, through aiomysql.
 
 Every operation is one statement of ``queries.sql`` run in autocommit mode (one transaction),
 so it is atomic against every client of the database and uses the server's clock
@@ -10,7 +10,10 @@ key itself, so keys of any length and characters fit. What does not depend on ai
 Wake-ups: MySQL has no server-side notification a client could wait on without holding a
 session lock. A release wakes the waiters of the same state at once; a waiter in another state
 (another process) re-checks the key after a short back-off (5 ms, doubling up to 100 ms, never
-past the holder's remaining TTL): see :class:`PollingWatch`.
+past the holder's remaining TTL): see :class:`PollingWatch`. The durable inbox's watchers poll
+the same way: an accept wakes the workers of the same state at once, a worker of another process
+rescans the keys with work (one indexed read) after the same back-off, which a rescan that
+found work restarts at 5 ms.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._sql import ConnectionPool
 from asynclock.state._sqlbase import (
     DEFAULT_OP_TIMEOUT,
-    SQLState,
     check_connect_options,
     check_max_connections,
 )
+from asynclock.state._sqlinbox import SQLInboxState
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 
@@ -103,6 +106,10 @@ class PollingWatch:
         """A release was seen in this state: wake the waiter now."""
         self._event.fire()
 
+    def hurry(self) -> None:
+        """Something moved (an inbox rescan found work): restart the back-off at its shortest."""
+        self._delay = FIRST_POLL
+
     def reset(self) -> None:
         """Forget notifications received so far."""
         self._event.reset()
@@ -117,7 +124,7 @@ class PollingWatch:
         return False
 
 
-class MySQLState(SQLState[_Connection, str, _Result]):
+class MySQLState(SQLInboxState[_Connection, str, _Result]):
     """Locks and dedupe records in MySQL 8 / MariaDB 10.6+, shared by every process using them.
 
     Invariants:
@@ -133,7 +140,9 @@ class MySQLState(SQLState[_Connection, str, _Result]):
     * A statement interrupted by a cancellation or a timeout may or may not have committed; its
       connection is discarded, never reused.
     * Waiters in other processes are not notified: they poll with a bounded back-off
-      (:class:`PollingWatch`).
+      (:class:`PollingWatch`); so do the inbox workers of other processes.
+    * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
+      running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`).
 
     One MySQLState serves one event loop (aiomysql connections belong to a loop). Build it with
     :meth:`from_url`.
@@ -244,7 +253,8 @@ class MySQLState(SQLState[_Connection, str, _Result]):
         return query.text
 
     def _schema(self, statements: list[str]) -> list[str]:
-        return statements
+        # a procedure's body comes between $$ marks (see load_schema), which MySQL does not know
+        return [statement.replace("$$", "") for statement in statements]
 
     async def _execute(
         self, conn: _Connection, statement: str, params: Mapping[str, object]
@@ -311,8 +321,25 @@ class MySQLState(SQLState[_Connection, str, _Result]):
     def _claimed(self, answer: _Result) -> bool:
         return answer[1] > 0
 
+    def _remaining(self, answer: _Result) -> float | None:
+        rows = answer[2]
+        if not rows:
+            return None
+        remaining_us = rows[0][0]
+        return max(int(remaining_us), 0) / 1e6 if isinstance(remaining_us, int) else 0.0
+
     def _deleted(self, answer: _Result) -> int:
         return answer[0]
+
+    def _rows(self, answer: _Result) -> Sequence[Sequence[object]]:
+        return answer[2]
+
+    def _inbox_found_work(self) -> None:
+        # work is flowing: the next accept of another process is likely soon, so the inbox
+        # watchers poll closely again (5 ms, doubling back to 100 ms while nothing comes)
+        for watch in self._inbox_watches:
+            if isinstance(watch, PollingWatch):
+                watch.hurry()
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> PollingWatch:
         return PollingWatch(loop)

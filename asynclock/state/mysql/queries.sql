@@ -136,6 +136,12 @@ ON DUPLICATE KEY UPDATE
     expires_at = IF(LAST_INSERT_ID() > 0,
                     UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND, expires_at)
 
+-- dedupe_remaining --
+-- The live record's microseconds left (an expired one counts as absent). One read.
+SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), expires_at)
+FROM {prefix}dedupe
+WHERE id = UNHEX(%(id)s) AND expires_at > UTC_TIMESTAMP(3)
+
 -- dedupe_forget --
 -- Delete the record if it is live (rowcount 1); an expired one is left to the purge. One DELETE.
 DELETE FROM {prefix}dedupe WHERE id = UNHEX(%(id)s) AND expires_at > UTC_TIMESTAMP(3)
@@ -167,3 +173,57 @@ ORDER BY name
 INSERT INTO {prefix}dedupe (id, name, expires_at, claims)
 VALUES (UNHEX(%(id)s), %(name)s, UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND, 1)
 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)
+
+-- inbox_accept --
+-- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
+-- entries are pending ("full"); record the claim for claim_ttl_ms and mark the key as having
+-- work. Answers one row (status, pending). Atomic: one CALL of inbox_accept_v1 (schema.sql), one
+-- transaction that first locks the key's inboxes row, so concurrent accepts and drain steps of
+-- one key run one after the other. No wake-up: workers of other processes poll (MySQLState).
+CALL {prefix}inbox_accept_v1(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payload)s,
+                             UNHEX(%(claim)s), %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s)
+
+-- inbox_step --
+-- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
+-- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when
+-- nothing is pending (as release does). Answers one row (status, entry, attempts, payload, age,
+-- pending); status 'not_owner' changed nothing. Atomic: one CALL of inbox_step_v1 (schema.sql),
+-- which locks the lock row, then the inboxes row, in one transaction.
+CALL {prefix}inbox_step_v1(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(take)s,
+                           %(reservation_ms)s)
+
+-- inbox_requeue --
+-- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
+-- counts. Answers one row: how many. Atomic: one CALL of inbox_requeue_v1 (schema.sql), under
+-- the key's inboxes row lock.
+CALL {prefix}inbox_requeue_v1(UNHEX(%(id)s))
+
+-- inbox_ready --
+-- The prefix's keys with pending entries, longest waiting first, except those whose lock is held
+-- now (their holder drains them; a rescan would only fail to take them). One indexed read: what
+-- an idle worker costs per poll.
+SELECT i.name
+FROM {prefix}inboxes AS i
+WHERE i.space = UNHEX(%(space)s) AND i.ready_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM {prefix}locks AS l
+                  WHERE l.id = i.id AND l.owner IS NOT NULL AND l.expires_at > UTC_TIMESTAMP(3))
+ORDER BY i.ready_at
+
+-- inbox_keys --
+-- Operators' listing: the prefix's keys with pending entries or dead letters, by name, with the
+-- age in seconds of the head (the oldest pending entry). One read.
+SELECT i.name, i.pending,
+       COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, e.accepted_at, UTC_TIMESTAMP(3))
+                 FROM {prefix}inbox_entries AS e
+                 WHERE e.inbox = i.id AND e.error IS NULL ORDER BY e.id LIMIT 1), 0) / 1000000,
+       i.dead
+FROM {prefix}inboxes AS i
+WHERE i.space = UNHEX(%(space)s) AND (i.pending > 0 OR i.dead > 0)
+ORDER BY i.name
+
+-- inbox_dead_letters --
+-- The key's dead letters in id (accept) order: id, attempts, error, payload. One read.
+SELECT e.id, e.attempts, e.error, e.payload
+FROM {prefix}inbox_entries AS e
+WHERE e.inbox = UNHEX(%(id)s) AND e.error IS NOT NULL
+ORDER BY e.id

@@ -28,3 +28,210 @@ CREATE TABLE IF NOT EXISTS {prefix}dedupe (
     expires_at  DATETIME(3) NOT NULL,
     claims      BIGINT NOT NULL                      -- claims so far; carries the "claimed" answer
 ) ENGINE = InnoDB;
+
+-- The durable inbox (EventDispatcher.accept / serve). One row per key with work or dead
+-- letters: its counters, and the row every inbox change of the key locks first, so accepts and
+-- drain steps of one key run one after the other (max_pending and release-if-empty rely on it).
+-- A key's row is deleted when its last entry is gone (its next ids then start at 1 again).
+CREATE TABLE IF NOT EXISTS {prefix}inboxes (
+    id          BINARY(32) NOT NULL PRIMARY KEY,     -- SHA-256 of the prefixed key (as locks.id)
+    name        LONGTEXT CHARACTER SET utf8mb4 NOT NULL,  -- the prefixed key itself
+    space       BINARY(32) NOT NULL,                 -- SHA-256 of the state's key prefix
+    last_id     BIGINT NOT NULL,                     -- the last entry id given out
+    pending     INT NOT NULL,                        -- entries not done and not dead
+    dead        INT NOT NULL,                        -- dead letters
+    ready_at    DATETIME(3) NULL,                    -- since when it has pending entries
+    KEY by_space (space, ready_at)                   -- inbox_ready (oldest first), inbox_keys
+) ENGINE = InnoDB;
+
+-- The entries: pending (error NULL) in id order, which is accept order; dead letters keep
+-- their id and carry their last error.
+CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
+    inbox       BINARY(32) NOT NULL,                 -- inboxes.id
+    id          BIGINT NOT NULL,
+    attempts    INT NOT NULL,                        -- deliveries so far
+    accepted_at DATETIME(3) NOT NULL,
+    payload     LONGTEXT CHARACTER SET utf8mb4 NOT NULL,
+    error       LONGTEXT CHARACTER SET utf8mb4 NULL, -- set: a dead letter
+    PRIMARY KEY (inbox, id)
+) ENGINE = InnoDB;
+
+-- The procedures below are written between dollar-quote marks (two dollar signs), which the
+-- loader keeps whole and MySQLState removes (sent alone, a procedure needs no DELIMITER); the
+-- marks appear nowhere else in this file. Each runs one explicit
+-- transaction (the session is in autocommit mode), rolled back on any error; the server rolls
+-- it back too if the connection is lost. Under READ COMMITTED every statement reads the latest
+-- committed rows, and the first one locks the key's row, so each sees every accept and step of
+-- the key that committed before it. Text parameters are utf8mb4 whatever the database's default
+-- character set. SQL SECURITY INVOKER: a call runs with the caller's privileges, so dropping the
+-- user that created the schema (a migration user) breaks nothing. Names are versioned: CREATE
+-- ... IF NOT EXISTS never replaces a body, so a later change adds _v2.
+
+-- inbox_accept: dedupe check, max_pending check, append, atomically. The claim is recorded by
+-- the upsert of dedupe_add, which only takes over an expired record, so two accepts of one
+-- event id never both succeed, even across keys. Answers one row (status, pending) after the
+-- commit.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v1(
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
+    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
+    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
+    IN p_max_pending INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_pending INT;
+    DECLARE v_id BIGINT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'accepted';
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    -- locks the key's row exclusively, inserted or not (no shared lock to upgrade: no deadlock)
+    INSERT INTO {prefix}inboxes (id, name, space, last_id, pending, dead)
+    VALUES (p_id, p_name, p_space, 0, 0, 0)
+    ON DUPLICATE KEY UPDATE name = VALUES(name);
+    SELECT pending INTO v_pending FROM {prefix}inboxes WHERE id = p_id;
+    IF p_claim IS NOT NULL AND EXISTS (
+        SELECT 1 FROM {prefix}dedupe WHERE id = p_claim AND expires_at > UTC_TIMESTAMP(3)
+    ) THEN
+        SET v_status = 'duplicate';
+    ELSEIF v_pending >= p_max_pending THEN
+        SET v_status = 'full';
+    ELSEIF p_claim IS NOT NULL THEN
+        INSERT INTO {prefix}dedupe (id, name, expires_at, claims)
+        VALUES (p_claim, p_claim_name,
+                UTC_TIMESTAMP(3) + INTERVAL p_claim_ttl_ms * 1000 MICROSECOND, LAST_INSERT_ID(1))
+        ON DUPLICATE KEY UPDATE
+            claims = IF(expires_at <= UTC_TIMESTAMP(3), LAST_INSERT_ID(claims + 1),
+                        claims + 0 * LAST_INSERT_ID(0)),
+            expires_at = IF(LAST_INSERT_ID() > 0,
+                            UTC_TIMESTAMP(3) + INTERVAL p_claim_ttl_ms * 1000 MICROSECOND,
+                            expires_at);
+        IF LAST_INSERT_ID() = 0 THEN  -- recorded meanwhile by a dispatch, or another key's accept
+            SET v_status = 'duplicate';
+        END IF;
+    END IF;
+    IF v_status = 'accepted' THEN
+        UPDATE {prefix}inboxes
+        SET last_id = last_id + 1, pending = pending + 1,
+            ready_at = COALESCE(ready_at, UTC_TIMESTAMP(3))
+        WHERE id = p_id;
+        SELECT last_id, pending INTO v_id, v_pending FROM {prefix}inboxes WHERE id = p_id;
+        INSERT INTO {prefix}inbox_entries (inbox, id, attempts, accepted_at, payload)
+        VALUES (p_id, v_id, 0, UTC_TIMESTAMP(3), p_payload);
+    END IF;
+    COMMIT;
+    SELECT v_status, v_pending;
+END
+$$;
+
+-- inbox_step: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
+-- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
+-- pending, release the lock as the release statement does (reserved for a flagged waiter, else
+-- free) in the same transaction. Locks the key's lock row, then its inboxes row (always in that
+-- order: no deadlock with another step), so no accept can commit between the "empty" decision
+-- and the release: an accept after it finds the key free. Aggregates make each locking read
+-- answer one row, found or not (a SELECT INTO of no row would raise a warning). Answers one row
+-- (status, entry, attempts, payload, age in seconds, pending); status 'not_owner' changed
+-- nothing, 'released' released the lock.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v1(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT,
+    IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_take BOOLEAN, IN p_reservation_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_held INT;
+    DECLARE v_rows INT;
+    DECLARE v_pending INT;
+    DECLARE v_dead INT;
+    DECLARE v_entry BIGINT;
+    DECLARE v_attempts INT;
+    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_age_us BIGINT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'released';
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_held FROM {prefix}locks
+    WHERE id = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3)
+    FOR UPDATE;
+    IF v_held = 0 THEN
+        SET v_status = 'not_owner';
+    ELSE
+        SELECT COUNT(*), COALESCE(MAX(pending), 0), COALESCE(MAX(dead), 0)
+        INTO v_rows, v_pending, v_dead
+        FROM {prefix}inboxes WHERE id = p_id
+        FOR UPDATE;
+        IF v_rows > 0 AND p_done IS NOT NULL THEN
+            -- the head, unless dead letters were requeued in front of it meanwhile
+            IF p_dead IS NULL THEN
+                DELETE FROM {prefix}inbox_entries
+                WHERE inbox = p_id AND id = p_done AND error IS NULL;
+            ELSE
+                UPDATE {prefix}inbox_entries SET error = p_dead
+                WHERE inbox = p_id AND id = p_done AND error IS NULL;
+            END IF;
+            IF ROW_COUNT() > 0 THEN
+                SET v_pending = v_pending - 1;
+                SET v_dead = v_dead + IF(p_dead IS NULL, 0, 1);
+                UPDATE {prefix}inboxes SET pending = v_pending, dead = v_dead WHERE id = p_id;
+            END IF;
+        END IF;
+        IF v_pending > 0 THEN
+            SELECT id, attempts, payload,
+                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
+            INTO v_entry, v_attempts, v_payload, v_age_us
+            FROM {prefix}inbox_entries
+            WHERE inbox = p_id AND error IS NULL
+            ORDER BY id LIMIT 1;
+            IF p_take THEN
+                UPDATE {prefix}inbox_entries SET attempts = attempts + 1
+                WHERE inbox = p_id AND id = v_entry;
+                SET v_attempts = v_attempts + 1;
+            END IF;
+            SET v_status = 'entry';
+        ELSE
+            IF v_rows > 0 AND v_dead = 0 THEN
+                DELETE FROM {prefix}inboxes WHERE id = p_id;
+            ELSEIF v_rows > 0 THEN
+                UPDATE {prefix}inboxes SET ready_at = NULL WHERE id = p_id;
+            END IF;
+            UPDATE {prefix}locks
+            SET owner = NULL,
+                expires_at = IF(flag IS NULL, UTC_TIMESTAMP(3),
+                                UTC_TIMESTAMP(3) + INTERVAL p_reservation_ms * 1000 MICROSECOND)
+            WHERE id = p_id;
+        END IF;
+    END IF;
+    COMMIT;
+    SELECT v_status, v_entry, v_attempts, v_payload, GREATEST(v_age_us, 0) / 1000000, v_pending;
+END
+$$;
+
+-- inbox_requeue: put the key's dead letters back at the head of its inbox, in id (accept)
+-- order, with fresh attempt counts. Locks the key's inboxes row first, as accept and step do,
+-- so the counters stay exact. Answers one row: how many were put back.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v1(IN p_id BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_rows INT;
+    DECLARE v_moved INT DEFAULT 0;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_rows FROM {prefix}inboxes WHERE id = p_id FOR UPDATE;
+    IF v_rows > 0 THEN
+        UPDATE {prefix}inbox_entries
+        SET error = NULL, attempts = 0, accepted_at = UTC_TIMESTAMP(3)
+        WHERE inbox = p_id AND error IS NOT NULL;
+        SET v_moved = ROW_COUNT();
+        IF v_moved > 0 THEN
+            UPDATE {prefix}inboxes
+            SET pending = pending + v_moved, dead = 0,
+                ready_at = COALESCE(ready_at, UTC_TIMESTAMP(3))
+            WHERE id = p_id;
+        END IF;
+    END IF;
+    COMMIT;
+    SELECT v_moved;
+END
+$$;

@@ -1,4 +1,4 @@
-"""PostgresState: locks and dedupe records in PostgreSQL tables, through asyncpg.
+"""PostgresState: locks, dedupe records and the durable inbox in PostgreSQL, through asyncpg.
 
 Every operation is one statement of ``queries.sql`` run in autocommit mode (one transaction),
 so it is atomic against every client of the database and uses the server's clock (``now()``).
@@ -9,9 +9,11 @@ so keys of any length and characters fit. What does not depend on asyncpg lives 
 
 Wake-ups: a release runs ``pg_notify`` in its own transaction; one dedicated connection per
 state LISTENs on the table's channel (``{table_prefix}released``, payload: the key's id in hex)
-and wakes the watchers of that key. Pooled connections never LISTEN and never hold session
-state, so they stay safe behind PgBouncer in transaction mode (the listener needs a direct or
-session-mode connection).
+and wakes the watchers of that key. An inbox accept (or requeue) notifies
+``{table_prefix}inbox`` (payload: the id of the state's key prefix in hex) in its transaction,
+heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections
+never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
+mode (the listener needs a direct or session-mode connection).
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ from asyncpg import exceptions as pg_errors
 from asynclock._compat import deadline_after
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._sql import ConnectionPool
-from asynclock.state._sqlbase import SQLState, check_connect_options
+from asynclock.state._sqlbase import check_connect_options
+from asynclock.state._sqlinbox import SQLInboxState
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable, Iterator, Mapping
 
     from typing_extensions import Unpack
 
@@ -50,6 +53,7 @@ _MAX_RECONNECT_DELAY = 1.0
 
 class _Record(Protocol):
     def __getitem__(self, index: int) -> object: ...
+    def __iter__(self) -> Iterator[object]: ...
 
 
 class _Connection(Protocol):
@@ -93,7 +97,7 @@ def _check_ports(url: str) -> None:
             )
 
 
-class PostgresState(SQLState[_Connection, _Statement, _Rows]):
+class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
     """Locks and dedupe records in PostgreSQL, shared by every process using the same database.
 
     Invariants:
@@ -109,6 +113,9 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
       WAL (see ``queries.sql``).
     * A statement interrupted by a cancellation or a timeout may or may not have committed; its
       connection is discarded, never reused.
+    * The durable inbox's accept, step and requeue are each one call of a PL/pgSQL function
+      running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`); accepts
+      wake the inbox watchers of every state by ``NOTIFY``.
 
     One PostgresState serves one event loop (asyncpg connections belong to a loop).
 
@@ -277,10 +284,19 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
     def _claimed(self, answer: _Rows) -> bool:
         return bool(answer)
 
+    def _remaining(self, answer: _Rows) -> float | None:
+        if not answer:
+            return None
+        remaining = answer[0][0]
+        return float(remaining) if isinstance(remaining, float) else 0.0
+
     def _deleted(self, answer: _Rows) -> int:
         deleted = answer[0][0]
         assert isinstance(deleted, int)
         return deleted
+
+    def _rows(self, answer: _Rows) -> list[tuple[object, ...]]:
+        return [tuple(record) for record in answer]
 
     # -- wake-ups: NOTIFY reaches every state, this one included ------------------------------
 
@@ -309,6 +325,9 @@ class PostgresState(SQLState[_Connection, _Statement, _Rows]):
 
     def _released_here(self, ident: str) -> None:
         pass  # the statement's NOTIFY wakes this state's watchers too
+
+    def _accepted_here(self) -> None:
+        pass  # the accept's NOTIFY wakes this state's inbox watchers too
 
     @staticmethod
     def _listener_from_pool(pool: object) -> Callable[[], Awaitable[_Connection]]:
@@ -398,6 +417,7 @@ class _Listener:
             try:
                 conn.add_termination_listener(self._on_terminated)
                 await conn.add_listener(self._state._channel, self._on_notify)
+                await conn.add_listener(self._state._inbox_channel, self._on_accept)
             except BaseException:
                 conn.terminate()
                 raise
@@ -412,6 +432,9 @@ class _Listener:
 
     def _on_notify(self, conn: object, pid: object, channel: object, payload: object) -> None:
         self._state._wake(str(payload))
+
+    def _on_accept(self, conn: object, pid: object, channel: object, payload: object) -> None:
+        self._state._inbox_notified(str(payload))
 
     def _on_terminated(self, conn: object) -> None:
         if conn is not self._conn or self._closed:
@@ -430,7 +453,10 @@ class _Listener:
     async def _reconnect_loop(self) -> None:
         delay = _FIRST_RECONNECT_DELAY
         try:
-            while not self._closed and self._state._watches and self._conn is None:
+            state = self._state
+            while (
+                not self._closed and (state._watches or state._inbox_watches) and self._conn is None
+            ):
                 try:
                     async with deadline_after(self._state._op_timeout):
                         await self.ensure()
@@ -439,7 +465,7 @@ class _Listener:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, _MAX_RECONNECT_DELAY)
                 else:
-                    self._state._wake_all()  # releases during the gap were not heard
+                    state._wake_all()  # releases and accepts during the gap were not heard
         finally:
             self._reconnect = None
 

@@ -162,6 +162,12 @@ WITH upd AS (
 )
 SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins
 
+-- dedupe_remaining --
+-- The live record's seconds left (an expired one counts as absent). One read.
+SELECT greatest(extract(epoch FROM expires_at - now()), 0)::float8
+FROM {prefix}dedupe
+WHERE id = %(id)s AND expires_at > now()
+
 -- dedupe_forget --
 -- Delete the record; a row returned means it was live (an expired one counts as absent). One
 -- DELETE.
@@ -212,3 +218,59 @@ INSERT INTO {prefix}dedupe (id, name, expires_at)
 VALUES (%(id)s, %(name)s, now() + %(ttl_ms)s::bigint * interval '1 millisecond')
 ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
 RETURNING 1
+
+-- inbox_accept --
+-- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
+-- entries are pending ("full"); record the claim for claim_ttl_ms, mark the key as having work
+-- and NOTIFY the inbox channel (payload: the prefix's id in hex). Answers (status, pending).
+-- Atomic: one call of inbox_accept_v1 (schema.sql), one transaction that first locks the key's
+-- inboxes row, so concurrent accepts and drain steps of one key run one after the other.
+SELECT status, pending
+FROM {prefix}inbox_accept_v1(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
+                             %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s, %(channel)s,
+                             %(wake)s)
+
+-- inbox_step --
+-- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
+-- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when
+-- nothing is pending (as release does; NOTIFY on the release channel). Answers (status, entry,
+-- attempts, payload, age, pending); status 'not_owner' changed nothing. Atomic: one call of
+-- inbox_step_v1 (schema.sql), which locks the lock row, then the inboxes row, in one transaction.
+SELECT status, entry, attempts, payload, age, pending
+FROM {prefix}inbox_step_v1(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s,
+                           %(reservation_ms)s, %(channel)s, %(payload)s)
+
+-- inbox_requeue --
+-- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
+-- counts; NOTIFY the inbox channel. Answers how many. Atomic: one call of inbox_requeue_v1
+-- (schema.sql), under the key's inboxes row lock.
+SELECT {prefix}inbox_requeue_v1(%(id)s, %(channel)s, %(wake)s)
+
+-- inbox_ready --
+-- The prefix's keys with pending entries, longest waiting first, except those whose lock is held
+-- now (their holder drains them; a rescan would only fail to take them). One indexed read.
+SELECT i.name
+FROM {prefix}inboxes AS i
+WHERE i.space = %(space)s AND i.ready_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM {prefix}locks AS l
+                  WHERE l.id = i.id AND l.owner IS NOT NULL AND l.expires_at > now())
+ORDER BY i.ready_at
+
+-- inbox_keys --
+-- Operators' listing: the prefix's keys with pending entries or dead letters, by name, with the
+-- age in seconds of the head (the oldest pending entry). One read.
+SELECT i.name, i.pending,
+       coalesce(extract(epoch FROM now() - (
+           SELECT e.accepted_at FROM {prefix}inbox_entries AS e
+           WHERE e.inbox = i.id AND e.error IS NULL ORDER BY e.id LIMIT 1)), 0)::float8,
+       i.dead
+FROM {prefix}inboxes AS i
+WHERE i.space = %(space)s AND (i.pending > 0 OR i.dead > 0)
+ORDER BY i.name
+
+-- inbox_dead_letters --
+-- The key's dead letters in id (accept) order: id, attempts, error, payload. One read.
+SELECT e.id, e.attempts, e.error, e.payload
+FROM {prefix}inbox_entries AS e
+WHERE e.inbox = %(id)s AND e.error IS NOT NULL
+ORDER BY e.id

@@ -26,3 +26,181 @@ CREATE TABLE IF NOT EXISTS {prefix}dedupe (
     name        text NOT NULL,
     expires_at  timestamptz NOT NULL
 );
+
+-- The durable inbox (EventDispatcher.accept / serve). One row per key with work or dead
+-- letters: its counters, and the row every inbox change of the key locks first, so accepts and
+-- drain steps of one key run one after the other (max_pending and release-if-empty rely on it).
+-- A key's row is deleted when its last entry is gone (its next ids then start at 1 again).
+CREATE TABLE IF NOT EXISTS {prefix}inboxes (
+    id          bytea PRIMARY KEY,                   -- SHA-256 of the prefixed key (as locks.id)
+    name        text NOT NULL,                       -- the prefixed key itself
+    space       bytea NOT NULL,                      -- SHA-256 of the state's key prefix
+    last_id     bigint NOT NULL,                     -- the last entry id given out
+    pending     integer NOT NULL,                    -- entries not done and not dead
+    dead        integer NOT NULL,                    -- dead letters
+    ready_at    timestamptz                          -- since when it has pending entries
+) WITH (fillfactor = 70);
+
+-- inbox_ready (the keys of one prefix with pending entries, oldest first) and inbox_keys
+CREATE INDEX IF NOT EXISTS {prefix}inboxes_space ON {prefix}inboxes (space, ready_at);
+
+-- The entries: pending (error NULL) in id order, which is accept order; dead letters keep
+-- their id and carry their last error.
+CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
+    inbox       bytea NOT NULL,                      -- inboxes.id
+    id          bigint NOT NULL,
+    attempts    integer NOT NULL,                    -- deliveries so far
+    accepted_at timestamptz NOT NULL,
+    payload     text NOT NULL,
+    error       text,                                -- set: a dead letter
+    PRIMARY KEY (inbox, id)
+);
+
+-- inbox_accept: dedupe check, max_pending check, append and wake-up, atomically. The first
+-- statement locks the key's inboxes row (creating it); every later statement runs on a fresh
+-- snapshot (READ COMMITTED, a VOLATILE function), so it sees every accept and step of the key
+-- that committed before. The claim is recorded with an upsert that only takes over an expired
+-- record, so two accepts of one event id never both succeed, even across keys. The NOTIFY
+-- reaches the listeners when the transaction commits. Versioned name: a later change adds _v2.
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v1(
+    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
+    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text
+) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
+DECLARE
+    v_pending integer;
+    v_id bigint;
+BEGIN
+    INSERT INTO {prefix}inboxes AS i (id, name, space, last_id, pending, dead)
+    VALUES (p_id, p_name, p_space, 0, 0, 0)
+    ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name
+    RETURNING i.pending INTO v_pending;
+    IF p_claim IS NOT NULL AND EXISTS (
+        SELECT 1 FROM {prefix}dedupe d WHERE d.id = p_claim AND d.expires_at > now()
+    ) THEN
+        RETURN QUERY SELECT 'duplicate'::text, v_pending;
+        RETURN;
+    END IF;
+    IF v_pending >= p_max_pending THEN
+        RETURN QUERY SELECT 'full'::text, v_pending;
+        RETURN;
+    END IF;
+    IF p_claim IS NOT NULL THEN
+        INSERT INTO {prefix}dedupe AS d (id, name, expires_at)
+        VALUES (p_claim, p_claim_name, now() + p_claim_ttl_ms * interval '1 millisecond')
+        ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+            WHERE d.expires_at <= now();
+        IF NOT FOUND THEN  -- recorded meanwhile by a dispatch, or an accept of another key
+            RETURN QUERY SELECT 'duplicate'::text, v_pending;
+            RETURN;
+        END IF;
+    END IF;
+    UPDATE {prefix}inboxes AS i
+    SET last_id = i.last_id + 1, pending = i.pending + 1, ready_at = coalesce(i.ready_at, now())
+    WHERE i.id = p_id
+    RETURNING i.last_id, i.pending INTO v_id, v_pending;
+    INSERT INTO {prefix}inbox_entries (inbox, id, attempts, accepted_at, payload)
+    VALUES (p_id, v_id, 0, now(), p_payload);
+    PERFORM pg_notify(p_channel, p_wake);
+    RETURN QUERY SELECT 'accepted'::text, v_pending;
+END
+$$;
+
+-- inbox_step: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
+-- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
+-- pending, release the lock as the release statement does (reserved for a flagged waiter, else
+-- free; NOTIFY on the release channel) in the same transaction. Locks the key's lock row, then
+-- its inboxes row (always in that order: no deadlock with another step), so no accept can
+-- commit between the "empty" decision and the release: an accept after it finds the key free.
+-- Answers one row: status 'not_owner' (nothing changed), 'entry' (id, attempts, payload, age in
+-- seconds, pending entries) or 'released'.
+CREATE OR REPLACE FUNCTION {prefix}inbox_step_v1(
+    p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean,
+    p_reservation_ms bigint, p_channel text, p_payload text
+) RETURNS TABLE (
+    status text, entry bigint, attempts integer, payload text, age float8, pending integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_pending integer;
+    v_dead integer;
+    v_head {prefix}inbox_entries%ROWTYPE;
+BEGIN
+    PERFORM 1 FROM {prefix}locks AS l
+    WHERE l.id = p_id AND l.owner = p_owner AND l.expires_at > now()
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
+                            NULL::float8, NULL::integer;
+        RETURN;
+    END IF;
+    SELECT i.pending, i.dead INTO v_pending, v_dead
+    FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
+    IF FOUND AND p_done IS NOT NULL THEN
+        -- the head, unless dead letters were requeued in front of it meanwhile
+        IF p_dead IS NULL THEN
+            DELETE FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
+        ELSE
+            UPDATE {prefix}inbox_entries AS e SET error = p_dead
+            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
+        END IF;
+        IF FOUND THEN
+            v_pending := v_pending - 1;
+            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE 1 END;
+            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
+            WHERE i.id = p_id;
+        END IF;
+    END IF;
+    IF coalesce(v_pending, 0) > 0 THEN
+        SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
+        WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
+        IF p_take THEN
+            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+            WHERE e.inbox = p_id AND e.id = v_head.id;
+            v_head.attempts := v_head.attempts + 1;
+        END IF;
+        RETURN QUERY SELECT 'entry'::text, v_head.id, v_head.attempts, v_head.payload,
+                            greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
+                            v_pending;
+        RETURN;
+    END IF;
+    IF v_dead = 0 THEN
+        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
+    ELSIF v_dead IS NOT NULL THEN
+        UPDATE {prefix}inboxes AS i SET ready_at = NULL WHERE i.id = p_id;
+    END IF;
+    UPDATE {prefix}locks AS l
+    SET owner = NULL,
+        expires_at = CASE WHEN l.flag IS NULL THEN now()
+                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
+    WHERE l.id = p_id;
+    PERFORM pg_notify(p_channel, p_payload);
+    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
+                        NULL::float8, NULL::integer;
+END
+$$;
+
+-- inbox_requeue: put the key's dead letters back at the head of its inbox, in id (accept)
+-- order, with fresh attempt counts, and wake the workers. Locks the key's inboxes row first,
+-- as accept and step do, so the counters stay exact. Answers how many were put back.
+CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v1(
+    p_id bytea, p_channel text, p_wake text
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    PERFORM 1 FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    UPDATE {prefix}inbox_entries AS e SET error = NULL, attempts = 0, accepted_at = now()
+    WHERE e.inbox = p_id AND e.error IS NOT NULL;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    IF v_moved > 0 THEN
+        UPDATE {prefix}inboxes AS i
+        SET pending = i.pending + v_moved, dead = 0, ready_at = coalesce(i.ready_at, now())
+        WHERE i.id = p_id;
+        PERFORM pg_notify(p_channel, p_wake);
+    END IF;
+    RETURN v_moved;
+END
+$$;

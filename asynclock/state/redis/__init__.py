@@ -35,7 +35,7 @@ import contextlib
 import hashlib
 import json
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
@@ -61,7 +61,7 @@ from asynclock.state._protocol import (
 )
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
-from asynclock.state.redis._cluster import ClusterRouter, slot_of
+from asynclock.state.redis._cluster import ClusterRouter, slot_of, startup_nodes
 from asynclock.state.redis._cluster_inbox import SlotReadySets
 from asynclock.state.redis._pool import LeanPool
 from asynclock.state.redis._ready import ReadyIndex, ReadySet
@@ -130,6 +130,10 @@ def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
     scripts["inbox_step"] = _Script("inbox_step", "_inbox_step", "release", sharded=sharded)
     scripts["inbox_unlist"] = _Script("inbox_unlist")
     scripts["inbox_forget_slot"] = _Script("inbox_forget_slot")
+    scripts["fair_acquire"] = _Script(
+        "fair_acquire", "_fair_open", "acquire", "fair_acquire", sharded=sharded
+    )
+    scripts["fair_leave"] = _Script("fair_leave", sharded=sharded)
     return scripts
 
 
@@ -256,10 +260,15 @@ class RedisState(ClosesOnExit):
             )
             self._pool = self._sentinel
             self._where = f"Redis Sentinel service {self._sentinel.service!r}"
-        else:
+        elif isinstance(client, Redis):  # (redis-py 5.x's stubs do not narrow the else branch)
             self._scripts = _scripts()
             size = getattr(client.connection_pool, "max_connections", None)
-            self._pool = LeanPool(lambda: _connection_for(client), _pool_size(size))
+            plain = client
+            self._pool = LeanPool(lambda: _connection_for(plain), _pool_size(size))
+        else:
+            raise TypeError(
+                f"client must be a redis.asyncio Redis or RedisCluster, got {type(client).__name__}"
+            )
 
     @classmethod
     def from_url(
@@ -324,7 +333,7 @@ class RedisState(ClosesOnExit):
                 timeout=op,
                 socket_connect_timeout=connect_timeout,
                 socket_timeout=None,
-                retry=Retry(NoBackoff(), 0),
+                retry=_no_retries(),
             )
         except ValueError as exc:
             raise ValueError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
@@ -352,7 +361,7 @@ class RedisState(ClosesOnExit):
         sentinel_kwargs: dict[str, object] = {
             "socket_connect_timeout": connect_timeout,
             "socket_timeout": connect_timeout,
-            "retry": Retry(NoBackoff(), 0),
+            "retry": _no_retries(),
         }
         for name in ("sentinel_username", "sentinel_password"):
             value = kwargs.pop(name, None)
@@ -402,7 +411,7 @@ class RedisState(ClosesOnExit):
                 max_connections=max_connections,
                 socket_connect_timeout=connect_timeout,
                 socket_timeout=None,
-                retry=Retry(NoBackoff(), 0),
+                retry=_no_retries(),
             )
         except (ValueError, redis_errors.RedisClusterException) as exc:
             raise ValueError(f"invalid Redis Cluster URL {redact(url)!r}: {exc}") from None
@@ -636,6 +645,34 @@ class RedisState(ClosesOnExit):
             ) from None
         raise StateUnavailableError(f"{error}; it was released again")
 
+    async def fair_acquire(
+        self, key: str, owner: str, ttl: float, *, turn: str, hold: float
+    ) -> Grant:
+        """See :meth:`asynclock.state.FairState.fair_acquire` (one EVALSHA of
+        ``fair_acquire.lua``, which runs ``acquire.lua`` in turn; the line is two sorted sets
+        beside the lock key, in its hash slot)."""
+        lock_key = self.lock_key(key)
+        keys = (lock_key, f"{lock_key}:abandoned:{owner}", *self._line_keys(lock_key))
+        args = (owner, ttl_ms(ttl), "", turn, ttl_ms(check_ttl(hold, "hold", key=key)))
+        if self._replicas:  # as in acquire: a grant the replicas did not confirm is undone
+            result, acks = await self._eval_waited("fair_acquire", keys, *args)
+        else:
+            result, acks = await self._eval("fair_acquire", keys, *args), None
+        value = _as_int(result)
+        if value > 0:
+            if acks is not None:
+                await self._undo_if_short(key, owner, acks)
+            return Grant(value)
+        return Grant(None, -value / 1000.0)
+
+    async def fair_leave(self, key: str, turn: str) -> None:
+        """See :meth:`asynclock.state.FairState.fair_leave` (one EVALSHA)."""
+        await self._eval("fair_leave", self._line_keys(self.lock_key(key)), turn)
+
+    @staticmethod
+    def _line_keys(lock_key: str) -> tuple[str, str]:
+        return f"{lock_key}:line", f"{lock_key}:line:until"
+
     async def acquire_claimed(
         self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
     ) -> Grant | None:
@@ -807,6 +844,13 @@ class RedisState(ClosesOnExit):
     async def dedupe_keep(self, key: str, ttl: float) -> None:
         """See :meth:`asynclock.state.State.dedupe_keep` (``dedupe_keep.lua``)."""
         await self._eval("dedupe_keep", (self._prefix + key,), ttl_ms(ttl), idempotent=True)
+
+    async def dedupe_remaining(self, key: str) -> float | None:
+        """See :meth:`asynclock.state.DedupeReading.dedupe_remaining` (``PTTL``)."""
+        name = self._prefix + key
+        pttl = _as_int(await self._command(name, "PTTL", name))
+        # -2: no record; -1: a record without expiry (never written by asynclock): long-lived
+        return None if pttl == -2 else (float("inf") if pttl < 0 else pttl / 1000)
 
     async def forget_claimed(self, claim: str, owner: str) -> bool:
         """See :meth:`asynclock.state.ClaimingState.forget_claimed` (``forget_claim.lua``)."""
@@ -1081,6 +1125,15 @@ def _subscriber_connection(client: Redis) -> AbstractConnection:
     return conn
 
 
+def _no_retries() -> Retry:
+    """redis-py's own retries off: RedisState bounds every operation with its own deadline."""
+    # redis-py 5.0 leaves Retry and NoBackoff unannotated; called through Callable types the
+    # calls are typed on every version of the declared range
+    make_retry = cast("Callable[[object, int], Retry]", Retry)
+    make_backoff = cast("Callable[[], object]", NoBackoff)
+    return make_retry(make_backoff(), 0)
+
+
 def _no_connection() -> AbstractConnection:
     raise RuntimeError("a clustered RedisState sends every command through its router")
 
@@ -1091,7 +1144,7 @@ def _pool_size(size: object) -> int:
 
 def _describe(client: Redis | RedisCluster) -> str:
     if isinstance(client, RedisCluster):
-        return ",".join(node.name for node in client.startup_nodes)
+        return ",".join(node.name for node in startup_nodes(client))
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from redis.asyncio import RedisCluster
+    from redis.asyncio.cluster import ClusterNode
 
 Address = tuple[str, int]
 
@@ -70,6 +71,19 @@ def slot_of(key: str | bytes) -> int:
     return key_slot(key.encode() if isinstance(key, str) else key)
 
 
+def startup_nodes(client: RedisCluster) -> list[ClusterNode]:
+    """The nodes ``client`` was built with (redis-py 5.0 to 8: kept by its nodes manager; the
+    ``RedisCluster.startup_nodes`` attribute of newer versions does not exist in 5.x)."""
+    return list(client.nodes_manager.startup_nodes.values())
+
+
+def _cluster_down(message: str) -> Exception:
+    # redis-py < 6 leaves ClusterDownError.__init__ unannotated; called through type[Exception]
+    # the call is typed on every version, and the class raised is still ClusterDownError
+    error: type[Exception] = redis_errors.ClusterDownError
+    return error(message)
+
+
 class ClusterRouter:
     """Sends each command to the master owning its slot, following redirections."""
 
@@ -84,7 +98,7 @@ class ClusterRouter:
         kwargs["socket_timeout"] = None
         self._kwargs = kwargs
         self._pool_size = pool_size
-        self._startup: list[Address] = [(n.host, int(n.port)) for n in client.startup_nodes]
+        self._startup: list[Address] = [(n.host, int(n.port)) for n in startup_nodes(client)]
         self._pools: dict[Address, LeanPool] = {}
         self._slots: list[Address | None] = [None] * SLOTS
         self._masters: list[Address] = []
@@ -134,7 +148,7 @@ class ClusterRouter:
             await self.refresh(force=True)
             address = self._slots[slot]
             if address is None:
-                raise redis_errors.ClusterDownError(f"CLUSTERDOWN hash slot {slot} is not served")
+                raise _cluster_down(f"CLUSTERDOWN hash slot {slot} is not served")
         return address
 
     async def refresh(self, *, force: bool = False) -> None:
@@ -158,7 +172,7 @@ class ClusterRouter:
                     continue
                 if self._apply(reply):
                     return
-                error = redis_errors.ClusterDownError("CLUSTERDOWN no slot is served")
+                error = _cluster_down("CLUSTERDOWN no slot is served")
             assert error is not None  # there is always at least one startup node
             raise error
 

@@ -1,0 +1,192 @@
+"""The SQL inbox's concurrency corners: what one transaction per key must hold under contention.
+
+Several states (each with its own connections, as several processes would have) race on one
+key of PostgreSQL or MySQL; ``test_inbox.py`` covers the semantics every backend shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING
+
+import pytest
+
+from asynclock import LockNotOwnedError, state_from_url
+from asynclock.state._sqlinbox import SQLInboxState
+from tests._matrix import SQL_INBOX_STATES, Backend, purge_namespace, require, run_sql
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+#: states racing (each opens its own connections)
+CLIENTS = 4
+
+
+class Clients:
+    """``CLIENTS`` states of one fresh namespace."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.namespace = uuid.uuid4().hex
+        self.states: list[SQLInboxState[object, object, object]] = []
+
+    def open(self, **options: object) -> SQLInboxState[object, object, object]:
+        state = state_from_url(self.backend.url, **self.backend.options(self.namespace), **options)
+        assert isinstance(state, SQLInboxState)
+        self.states.append(state)
+        return state
+
+
+@pytest.fixture(params=SQL_INBOX_STATES)
+async def clients(request: pytest.FixtureRequest) -> AsyncIterator[Clients]:
+    backend: Backend = request.param
+    require(backend)
+    made = Clients(backend)
+    for _ in range(CLIENTS):
+        made.open()
+    yield made
+    for state in made.states:
+        await state.aclose()
+    await purge_namespace(backend, made.namespace)
+
+
+async def test_concurrent_accepts_of_one_event_id_accept_it_once(clients: Clients) -> None:
+    states = clients.states
+    for round_ in range(5):
+        results = await asyncio.gather(
+            *(
+                states[n % CLIENTS].inbox_accept(
+                    "k", f"payload {n}", claim=f"claim-{round_}", claim_ttl=60.0, max_pending=100
+                )
+                for n in range(24)
+            )
+        )
+        statuses = sorted(r.status for r in results)
+        assert statuses == ["accepted"] + ["duplicate"] * 23, statuses
+    [info] = await states[0].inbox_keys()
+    assert (info.key, info.pending) == ("k", 5)
+
+
+async def test_concurrent_accepts_never_exceed_max_pending(clients: Clients) -> None:
+    states = clients.states
+    results = await asyncio.gather(
+        *(
+            states[n % CLIENTS].inbox_accept(
+                "k", f"payload {n}", claim=f"claim-{n}", claim_ttl=60.0, max_pending=7
+            )
+            for n in range(40)
+        )
+    )
+    assert sorted(r.status for r in results) == ["accepted"] * 7 + ["full"] * 33
+    assert max(r.pending for r in results) == 7
+    [info] = await states[0].inbox_keys()
+    assert info.pending == 7
+    # ids follow the order the server accepted them in, with no gap
+    assert (await states[0].acquire("k", "drainer", 5.0)).token is not None
+    ids = []
+    done = None
+    while (entry := await states[0].inbox_step("k", "drainer", done=done)) is not None:
+        ids.append(entry.id)
+        done = entry.id
+    assert ids == list(range(1, 8))
+    assert await states[0].inspect("k") is None
+
+
+async def test_a_stale_owner_step_is_refused_and_changes_nothing(clients: Clients) -> None:
+    first, second = clients.states[:2]
+    await first.inbox_accept("k", "p", claim=None, claim_ttl=60.0, max_pending=10)
+    assert (await first.acquire("k", "stale", 0.2)).token is not None
+    entry = await first.inbox_step("k", "stale")
+    assert entry is not None
+    assert entry.attempt == 1
+    await asyncio.sleep(0.3)  # the lock's TTL runs out on the server's clock
+    assert (await second.acquire("k", "taker", 5.0)).token is not None
+    for done, dead in ((entry.id, None), (entry.id, "boom"), (None, None)):
+        with pytest.raises(LockNotOwnedError):
+            await first.inbox_step("k", "stale", done=done, dead=dead)
+    again = await second.inbox_step("k", "taker")
+    assert again is not None
+    assert (again.id, again.attempt, again.pending) == (entry.id, 2, 1)
+    assert await second.inbox_dead_letters("k") == []
+    assert await second.inbox_step("k", "taker", done=again.id) is None
+    assert await second.inspect("k") is None
+
+
+async def test_an_accept_racing_the_last_step_is_never_stranded(clients: Clients) -> None:
+    # Either the step sees the new entry (and hands it out), or it released the lock first and
+    # the accept finds the key free and listed as ready: never "released, entry unseen, held".
+    drainer, producer = clients.states[:2]
+    await producer.inbox_accept("k", "first", claim=None, claim_ttl=60.0, max_pending=100)
+    for n in range(30):
+        owner = f"drainer-{n}"
+        assert (await drainer.acquire("k", owner, 5.0)).token is not None
+        head = await drainer.inbox_step("k", owner)
+        assert head is not None
+        step, accepted = await asyncio.gather(
+            drainer.inbox_step("k", owner, done=head.id),
+            producer.inbox_accept("k", f"m{n}", claim=None, claim_ttl=60.0, max_pending=100),
+        )
+        assert accepted.status == "accepted"
+        if step is None:
+            assert await producer.inspect("k") is None
+            assert await producer.inbox_ready() == ["k"]
+        else:
+            assert step.payload == f"m{n}"
+            assert (await drainer.release("k", owner)).owned
+    [info] = await producer.inbox_keys()
+    assert info.pending == 1
+
+
+async def test_the_purge_keeps_inbox_rows(clients: Clients) -> None:
+    state = clients.open(token_retention=0.001, purge_interval=None)
+    await state.inbox_accept("k", "p", claim="c", claim_ttl=0.001, max_pending=10)
+    assert (await state.acquire("other", "owner", 0.001)).token is not None
+    await asyncio.sleep(0.05)
+    assert await state.purge_expired() >= 2  # the expired claim and the free lock row
+    [info] = await state.inbox_keys()
+    assert (info.key, info.pending) == ("k", 1)
+
+
+async def test_the_schema_is_created_once_by_states_starting_together(clients: Clients) -> None:
+    table_prefix = f"t{uuid.uuid4().hex[:12]}_"
+    racing = [clients.open(table_prefix=table_prefix) for _ in range(CLIENTS)]
+    try:
+        results = await asyncio.gather(
+            *(
+                s.inbox_accept("k", f"p{n}", claim=None, claim_ttl=60.0, max_pending=10)
+                for n, s in enumerate(racing)
+            )
+        )
+        assert sorted(r.pending for r in results) == [1, 2, 3, 4]
+        again = clients.open(table_prefix=table_prefix)  # an existing schema is fine too
+        assert await again.inbox_ready() == ["k"]
+    finally:
+        await _drop_tables(clients.backend, table_prefix)
+
+
+async def _drop_tables(backend: Backend, table_prefix: str) -> None:
+    """Drop what ``schema.sql`` made under ``table_prefix`` (a name made by this test)."""
+    kind = "FUNCTION" if backend.name == "postgres" else "PROCEDURE"
+    routines = ("inbox_accept_v1", "inbox_step_v1", "inbox_requeue_v1")
+    tables = ("locks", "dedupe", "inboxes", "inbox_entries")
+    statements = [f"DROP {kind} IF EXISTS {table_prefix}{name}" for name in routines]
+    statements += [f"DROP TABLE IF EXISTS {table_prefix}{name}" for name in tables]
+    await run_sql(backend, statements)
+
+
+async def test_keys_payloads_and_errors_keep_every_character(clients: Clients) -> None:
+    state = clients.states[0]
+    key = "clé:👋:日本"
+    payload = '{"text":"naïve 👋"}'
+    accepted = await state.inbox_accept(key, payload, claim="c-é", claim_ttl=60.0, max_pending=5)
+    assert accepted.status == "accepted"
+    assert await state.inbox_ready() == [key]
+    assert (await state.acquire(key, "owner", 5.0)).token is not None
+    entry = await state.inbox_step(key, "owner")
+    assert entry is not None
+    assert entry.payload == payload
+    assert await state.inbox_step(key, "owner", done=entry.id, dead="ValueError: ça 👎") is None
+    [letter] = await state.inbox_dead_letters(key)
+    assert (letter.error, letter.payload) == ("ValueError: ça 👎", payload)
+    assert [info.key for info in await state.inbox_keys()] == [key]

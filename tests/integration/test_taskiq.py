@@ -1,0 +1,183 @@
+"""taskiq tasks with ``asynclock.integrations.taskiq.retry_on_lock_conflict``, in real workers.
+
+``taskiq worker`` and ``taskiq scheduler`` processes (the commands a user runs) over a Redis
+stream broker and a Redis schedule source, each test in its own namespace. taskiq's scheduler
+works in whole seconds, so the scenes run at the seed's own pace (1 s per second).
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from typing import TYPE_CHECKING
+
+import pytest
+from redis.asyncio import Redis
+from taskiq import Context, TaskiqDepends
+from taskiq.kicker import AsyncKicker
+
+from asynclock import AsyncLock, RedisState
+from asynclock.integrations.taskiq import check_tries, retry_on_lock_conflict
+from tests._matrix import REDIS, purge_namespace, require
+from tests._storm_workers import RedisConversations
+from tests.integration._fleet import (
+    CONTACTS,
+    MESSAGES,
+    Workers,
+    events,
+    fairness,
+    storm_outcome,
+    until,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from taskiq_redis import RedisStreamBroker
+
+pytestmark = [pytest.mark.redis, pytest.mark.processes, pytest.mark.slow]
+
+APP = "tests.integration._taskiq_jobs"
+WORKER = (sys.executable, "-m", "taskiq", "worker", f"{APP}:broker", "--workers", "1")
+SCHEDULER = (sys.executable, "-m", "taskiq", "scheduler", f"{APP}:scheduler")
+SCHEDULER_OPTIONS = ("--update-interval", "1", "--loop-interval", "1")
+
+
+@pytest.fixture
+async def namespace() -> AsyncIterator[str]:
+    require(REDIS)
+    made = uuid.uuid4().hex
+    yield made
+    await purge_namespace(REDIS, made)
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[Redis]:
+    client = Redis.from_url(REDIS.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def broker(namespace: str) -> AsyncIterator[RedisStreamBroker]:
+    """A client of the workers' broker (same stream, same consumer group), to kick tasks."""
+    from tests.integration._taskiq_jobs import make_broker
+
+    made = make_broker(namespace, REDIS.url)
+    await made.startup()
+    yield made
+    await made.shutdown()
+
+
+def _workers(namespace: str, *, unit: float, fair: bool = True, count: int = 1) -> Workers:
+    workers = Workers(namespace, unit=unit, fair=fair)
+    workers.start(*SCHEDULER, *SCHEDULER_OPTIONS)
+    for _ in range(count):
+        workers.start(*WORKER)
+    return workers
+
+
+async def _kick(broker: RedisStreamBroker, task: str, *args: int) -> None:
+    kicker: AsyncKicker[..., None] = AsyncKicker(task_name=task, broker=broker, labels={})
+    await kicker.kiq(*args)
+
+
+async def test_the_storm_as_taskiq_tasks(
+    namespace: str, redis: Redis, broker: RedisStreamBroker
+) -> None:
+    """20 contacts x 6 first messages at once, 3 workers, waits of 1 s and 2 s against a 3 s
+    lock: no duplicate conversation, no lost message, none processed twice."""
+    workers = _workers(namespace, unit=1.0, count=3)
+    try:
+        for message in range(CONTACTS * MESSAGES):
+            await _kick(broker, "first_message", message // MESSAGES, message)
+
+        async def all_done() -> bool:
+            return (await events(redis, namespace)).count("done") >= CONTACTS * MESSAGES
+
+        await until(all_done, within=60, what="every message processed", workers=workers)
+    finally:
+        workers.stop()
+    print("\n" + (await storm_outcome(redis, namespace)).check("taskiq"))
+
+
+async def test_a_worker_killed_while_tasks_wait_loses_none(
+    namespace: str, redis: Redis, broker: RedisStreamBroker
+) -> None:
+    """Six tasks meet a held lock and wait in the schedule source; every worker and the
+    scheduler are SIGKILLed; new ones, started after the lock is free, run all six."""
+    prefix = f"asynclock-test:{namespace}:"
+    state = RedisState.from_url(REDIS.url, prefix=prefix)
+    holder = AsyncLock(state, "ig:contact:7", ttl=60.0)
+    await holder.acquire()
+    workers = _workers(namespace, unit=1.0, count=1)
+    try:
+        for n in range(6):
+            await _kick(broker, "first_message", 7, n)
+
+        async def all_tried() -> bool:
+            return len((await events(redis, namespace)).jobs("try")) == 6
+
+        await until(all_tried, within=20, what="six tasks tried", workers=workers)
+        workers.kill()
+        await holder.release()
+        workers.start(*SCHEDULER, *SCHEDULER_OPTIONS)
+        workers.start(*WORKER)
+
+        async def all_done() -> bool:
+            return len((await events(redis, namespace)).jobs("done")) == 6
+
+        await until(all_done, within=40, what="every task run after the kill", workers=workers)
+    finally:
+        workers.stop()
+        await state.aclose()
+    db = await RedisConversations(redis, prefix).snapshot()
+    assert list(db) == [7]
+    assert [sorted(ms) for ms in db[7].values()] == [list(range(6))]
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "plain"])
+async def test_fairness_against_plain_taskiq_retries(
+    namespace: str, redis: Redis, broker: RedisStreamBroker, fair: bool
+) -> None:
+    """5 tasks meeting the slow holder 0.3 s apart, retrying every 1 s (+ up to 100%)."""
+    workers = _workers(namespace, unit=1.0, fair=fair, count=2)
+
+    async def kick() -> None:
+        await _kick(broker, "fair_job")
+
+    try:
+        inversions, pairs, unfair_exhaustions, log = await fairness(
+            redis, namespace, workers, kick, jobs=5, ready=2, apart=0.3, held_after=1.5, within=60
+        )
+    finally:
+        workers.stop()
+    name = "fair" if fair else "plain"
+    print(
+        f"\ntaskiq {name}: {inversions}/{pairs} inversions, {unfair_exhaustions} unfair exhaustions"
+    )
+    assert pairs == 10, log.entries
+    if fair:
+        assert inversions == 0, "\n".join(" ".join(e) for e in log.entries)
+        assert unfair_exhaustions == 0, log.entries
+
+
+class TestStartupCheck:
+    def test_too_few_tries_is_a_value_error_naming_both_numbers(self) -> None:
+        from taskiq import InMemoryBroker
+
+        broker = InMemoryBroker()
+
+        @broker.task(max_retries=2)
+        @retry_on_lock_conflict(wait=1.0, attempts=3)
+        async def task(context: Context = TaskiqDepends()) -> None: ...
+
+        with pytest.raises(ValueError, match=r"needs 3 tries .* max_retries=2"):
+            check_tries(broker)
+
+    async def test_without_its_context_the_task_says_what_it_needs(self) -> None:
+        @retry_on_lock_conflict(wait=1.0, attempts=2)
+        async def task() -> None: ...
+
+        with pytest.raises(TypeError, match="TaskiqDepends"):
+            await task()
