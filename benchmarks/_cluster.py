@@ -18,9 +18,7 @@ process over the time from the start to the last pair's end.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
-import queue
 import shutil
 import socket
 import subprocess
@@ -44,8 +42,9 @@ from benchmarks._env import (
     now_utc,
     require_asynclock,
 )
-from benchmarks._report import Column, Rounds, Section, record_data, table
-from benchmarks._stats import fmt, fmt_spread
+from benchmarks._report import Column, Headlines, Rounds, Section, record_data, table
+from benchmarks._spawn import Children
+from benchmarks._stats import fmt
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -254,40 +253,15 @@ class Workers:
     """``count`` spawned workers, each with its own command queue and one shared reply queue."""
 
     def __init__(self, cfg: Config, urls: dict[str, str], count: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.out: Any = ctx.Queue()
-        self.commands: list[Any] = [ctx.Queue() for _ in range(count)]
+        self.children = Children()
+        self.commands: list[Any] = [self.children.ctx.Queue() for _ in range(count)]
         key_root = cfg.key("cluster")
-        self.procs = [
-            ctx.Process(
-                target=child_main,
-                args=(ChildArgs(i, urls, cfg.prefix, key_root), self.commands[i], self.out),
-                daemon=True,
-            )
-            for i in range(count)
-        ]
-        for proc in self.procs:
-            proc.start()
+        args = [(ChildArgs(i, urls, cfg.prefix, key_root), self.commands[i]) for i in range(count)]
+        self.children.start(child_main, args)
 
     def collect(self, kind: str, count: int, timeout: float) -> list[tuple[Any, ...]]:
-        got: list[tuple[Any, ...]] = []
-        deadline = time.monotonic() + timeout
-        while len(got) < count:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError(f"timed out waiting for {count - len(got)} '{kind}' message(s)")
-            try:
-                msg = self.out.get(timeout=min(0.5, remaining))
-            except queue.Empty:
-                dead = [p.exitcode for p in self.procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"a worker died with exit code {dead[0]}") from None
-                continue
-            if msg[0] == "error":
-                raise RuntimeError(f"worker {msg[1]} failed:\n{msg[2]}")
-            if msg[0] == kind:
-                got.append(msg)
-        return got
+        """See ``_spawn.Children.collect``."""
+        return self.children.collect(kind, count, timeout)
 
     def run(self, target: str, processes: int, window: float) -> dict[str, float]:
         """One measurement: the first ``processes`` workers on ``target`` for ``window`` s."""
@@ -307,12 +281,7 @@ class Workers:
     def close(self) -> None:
         for commands in self.commands:
             commands.put(None)
-        for proc in self.procs:
-            proc.join(15)
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()  # only our own workers, by object
-                proc.join(5)
+        self.children.join()
 
 
 # --- servers: CPU, cleanup ----------------------------------------------------------------------
@@ -596,16 +565,12 @@ def _section(
             "is not measured here."
         ),
     ]
-    headlines: list[tuple[str, str]] = []
+    headlines = Headlines()
     for n in PROCESS_COUNTS:
-        ratio = rounds.spread(label(CLUSTER, n), "x_single")
         single = rounds.spread(label(SINGLE, n), "pairs_s")
         clustered = rounds.spread(label(CLUSTER, n), "pairs_s")
-        if ratio.count:
+        if rounds.spread(label(CLUSTER, n), "x_single").count:
             what = f"Redis Cluster ÷ single Redis, {label('', n).lstrip(', ')}, {KEYS:,} keys"
-            value = (
-                f"**{fmt_spread(ratio, 2)}** "
-                f"({fmt(clustered.median, 0)} vs {fmt(single.median, 0)} pairs/s)"
-            )
-            headlines.append((what, value))
-    return Section("cluster", "\n".join(body), headlines)
+            note = f" ({fmt(clustered.median, 0)} vs {fmt(single.median, 0)} pairs/s)"
+            headlines.metric(what, rounds, label(CLUSTER, n), "x_single", 2, note=note)
+    return Section("cluster", "\n".join(body), headlines.rows)

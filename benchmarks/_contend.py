@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from benchmarks._report import Column
 from benchmarks._stats import percentile
 
 if TYPE_CHECKING:
@@ -193,3 +194,33 @@ def analyze(
         "violations": float(counter_violations),
         "overlaps": float(overlaps),
     }
+
+
+#: the table column of each metric of ``analyze``: one header and precision for every scenario
+COLUMNS = {
+    column.metric: column
+    for column in (
+        Column("cycles/s", "cycles_s"),
+        Column("handoff p50 ms (all)", "h_p50", 3),
+        Column("handoff p99 ms (all)", "h_p99", 3),
+        Column("cross-worker handoff p50 ms", "xh_p50", 3),
+        Column("cross-worker handoff p99 ms", "xh_p99", 3),
+        Column("cross-worker handoffs / run", "xh_count"),
+        Column("cross-process handoff p50 ms", "xg_p50", 3),
+        Column("cross-process handoff p99 ms", "xg_p99", 3),
+        Column("cross-process handoffs / run", "xg_count"),
+        Column("acquire wait p50 ms", "w_p50", 3),
+        Column("acquire wait p99 ms", "w_p99", 1),
+        Column("acquire wait max ms", "w_max", 1),
+        Column("longest same-worker streak", "streak"),
+        Column("counter violations", "violations"),
+        Column("interval overlaps", "overlaps"),
+        Column("cycles / run", "cycles"),
+        Column("Redis commands per cycle", "cmds_cycle", 2),  # set by _rounds where counted
+    )
+}
+
+
+def columns(*picks: str | Column) -> list[Column]:
+    """Table columns in order: a metric name is its ``COLUMNS`` entry, a ``Column`` itself."""
+    return [COLUMNS[pick] if isinstance(pick, str) else pick for pick in picks]

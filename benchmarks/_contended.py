@@ -7,17 +7,17 @@ polling peers stay within a bounded time.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
 
-from benchmarks import _procs
-from benchmarks._contend import Contender, Outcome, analyze, contend, contend_threads
-from benchmarks._env import Asynclock, CommandCounter, Config, StateLike, log, now_utc, short
-from benchmarks._report import Column, Rounds, Section, table
+from benchmarks import _spawn
+from benchmarks._contend import Contender, columns, contend, contend_threads
+from benchmarks._contenders import AsyncioLockContender, AsynclockContender, RedisPyContender
+from benchmarks._env import Asynclock, CommandCounter, Config, log, now_utc, short
+from benchmarks._report import SKIPPED, Column, Headlines, Rounds, Section, table, violations
+from benchmarks._rounds import ContentionRow, ContentionRun, close_all, contention_rounds
 from benchmarks._stats import fmt, fmt_spread
 
 if TYPE_CHECKING:
@@ -48,43 +48,6 @@ def label(base: str, tasks: int) -> str:
     return f"{base}, {tasks} {'threads' if base == PRL else 'tasks'}"
 
 
-class AsyncioLockContender:
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-
-    async def acquire(self) -> Any:
-        await self.lock.acquire()
-
-    async def release(self, handle: Any) -> None:
-        self.lock.release()
-
-
-class AsynclockContender:
-    def __init__(self, api: Asynclock, state: StateLike, key: str) -> None:
-        self.lock_cls, self.state, self.key = api.lock_factory(), state, key
-
-    async def acquire(self) -> Any:
-        lock = self.lock_cls(self.state, self.key, ttl=30.0)
-        await lock.acquire()
-        return lock
-
-    async def release(self, handle: Any) -> None:
-        await handle.release()
-
-
-class RedisPyContender:
-    def __init__(self, client: redis.asyncio.Redis, key: str, sleep: float) -> None:
-        self.client, self.key, self.sleep = client, key, sleep
-
-    async def acquire(self) -> Any:
-        lock = self.client.lock(self.key, timeout=30, sleep=self.sleep)
-        await lock.acquire()
-        return lock
-
-    async def release(self, handle: Any) -> None:
-        await handle.release()
-
-
 async def run(cfg: Config, api: Asynclock | str) -> Section:
     rounds_n = cfg.rounds_or(5, 2)
     cycles = QUICK_CYCLES if cfg.quick else CYCLES
@@ -100,11 +63,10 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         multi.declare(name)
 
     closers: list[Callable[[], Awaitable[None]]] = [monitor.aclose]
-    runners: dict[str, Callable[[], Awaitable[tuple[Outcome | None, int | None, str | None]]]] = {}
-    target_of: dict[str, tuple[Rounds, int]] = {}
+    rows: dict[str, ContentionRow] = {}
 
-    def in_process(contender: Contender, n: int) -> Callable[[], Awaitable[Any]]:
-        async def go() -> tuple[Outcome | None, int | None, str | None]:
+    def in_process(contender: Contender, n: int) -> Callable[[], Awaitable[ContentionRun]]:
+        async def go() -> ContentionRun:
             await counter.start()
             outcome = await contend(contender, workers=n, cycles=cycles[n], timeout=timeout)
             return outcome, await counter.stop(), None
@@ -119,9 +81,8 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             return False
         return True
 
-    def add(name: str, n: int, go: Callable[[], Awaitable[Any]]) -> None:
-        runners[name] = go
-        target_of[name] = (sweep[n], n)
+    def add(name: str, n: int, go: Callable[[], Awaitable[ContentionRun]]) -> None:
+        rows[name] = ContentionRow(go, sweep[n], n)
 
     for n in TASK_COUNTS:
         add(label(IDEAL, n), n, in_process(AsyncioLockContender(), n))
@@ -147,7 +108,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             closers.append(state.aclose)
             for n in TASK_COUNTS:
                 key = cfg.key("contended", "asynclock", str(n))
-                contender_a = AsynclockContender(api, state, key)
+                contender_a = AsynclockContender(api.lock_factory(), state, key)
                 if await warm(label(ASYNCLOCK, n), n, contender_a):
                     add(label(ASYNCLOCK, n), n, in_process(contender_a, n))
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
@@ -168,13 +129,13 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
 
         closers.append(close_sync)
 
-        def prl_runner(n: int) -> Callable[[], Awaitable[Any]]:
+        def prl_runner(n: int) -> Callable[[], Awaitable[ContentionRun]]:
             prl_key = cfg.key("contended", "python-redis-lock", str(n))
 
             def make_prl() -> Any:
                 return redis_lock.Lock(sync_client, prl_key, expire=30)
 
-            async def run_prl() -> tuple[Outcome | None, int | None, str | None]:
+            async def run_prl() -> ContentionRun:
                 await counter.start()
                 outcome = contend_threads(make_prl, workers=n, cycles=cycles[n], timeout=timeout)
                 return outcome, await counter.stop(), None
@@ -185,12 +146,12 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         for n in TASK_COUNTS:
             add(label(PRL, n), n, prl_runner(n))
 
-    def multi_runner(variant: str, tag: str) -> Callable[[], Awaitable[Any]]:
-        async def go() -> tuple[Outcome | None, int | None, str | None]:
-            result = await _procs.run_processes(
+    def multi_runner(contender: str, tag: str) -> Callable[[], Awaitable[ContentionRun]]:
+        async def go() -> ContentionRun:
+            result = await _spawn.run_processes(
+                contender=contender,
                 url=cfg.url,
                 prefix=cfg.prefix,
-                variant=variant,
                 key=cfg.key("contended", tag),
                 processes=PROCESSES,
                 tasks=TASKS_PER_PROCESS,
@@ -202,54 +163,23 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
 
         return go
 
+    workers = PROCESSES * TASKS_PER_PROCESS
     if not isinstance(api, str):
-        runners[P_ASYNCLOCK] = multi_runner(_procs.ASYNCLOCK, "procs-asynclock")
-        target_of[P_ASYNCLOCK] = (multi, PROCESSES * TASKS_PER_PROCESS)
-    runners[P_REDISPY] = multi_runner(_procs.REDISPY, "procs-redis-py")
-    target_of[P_REDISPY] = (multi, PROCESSES * TASKS_PER_PROCESS)
+        rows[P_ASYNCLOCK] = ContentionRow(multi_runner("redis", "procs-asynclock"), multi, workers)
+    rows[P_REDISPY] = ContentionRow(multi_runner(_spawn.REDISPY, "procs-redis-py"), multi, workers)
 
     started = now_utc()
-    names = list(runners)
     try:
-        for r in range(rounds_n):
-            per_round: dict[str, dict[str, float]] = {}
-            if not names:
-                break
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
-                target, workers = target_of[name]
-                gc.collect()
-                try:
-                    outcome, commands, error = await runners[name]()
-                except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-                    outcome, commands, error = None, None, f"{type(exc).__name__}: {exc}"
-                if outcome is None or outcome.timed_out:
-                    reason = error or f"timed out after {timeout:.0f} s"
-                    target.skip(name, reason.splitlines()[0] if reason else "failed")
-                    log(f"contended: {name} round {r + 1} failed, dropped: {reason}")
-                    names.remove(name)  # a variant that failed once is not run again
-                    continue
-                metrics = analyze(
-                    outcome.events,
-                    workers=workers,
-                    started=outcome.started,
-                    counter_violations=outcome.counter_violations,
-                )
-                metrics["cmds_cycle"] = (commands or 0) / max(1.0, metrics.get("cycles", 1.0))
-                per_round[name] = metrics
-                target.add(name, metrics)
-            _ratios(per_round)
-            summary = ", ".join(
-                f"{short(k.rsplit(', ', 1)[0])} x{target_of[k][1]}: {m['cycles_s']:,.0f}/s"
-                for k, m in per_round.items()
-            )
-            log(f"contended round {r + 1}/{rounds_n}: {summary}")
+        await contention_rounds(
+            rows,
+            rounds_n=rounds_n,
+            timeout=timeout,
+            scenario="contended",
+            tag=lambda k: f"{short(k.rsplit(', ', 1)[0])} x{rows[k].workers}",
+            ratios=_ratios,
+        )
     finally:
-        for close in closers:
-            try:
-                await close()
-            except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
-                log(f"contended: close failed: {exc!r}")
+        await close_all(closers, "contended")
     return _section(cfg, sweep, multi, rounds_n, started, cycles)
 
 
@@ -319,14 +249,7 @@ def _glance(sweep: dict[int, Rounds], cycles: dict[int, int]) -> str:
     row("redis-py sleep=0.1 worst acquire wait ms", metric(REDISPY, "w_max", 1))
     row("asynclock Redis commands per cycle", metric(ASYNCLOCK, "cmds_cycle", 2))
     row("redis-py sleep=0.1 Redis commands per cycle", metric(REDISPY, "cmds_cycle", 2))
-    bad = [
-        sum(
-            int(m.get("violations", 0) + m.get("overlaps", 0))
-            for v in sweep[n].variants
-            for m in sweep[n].data[v]
-        )
-        for n in TASK_COUNTS
-    ]
+    bad = [violations([sweep[n]]) for n in TASK_COUNTS]
     row("mutual-exclusion violations, every variant and round", [str(b) for b in bad])
     return "\n".join(lines)
 
@@ -339,42 +262,42 @@ def _section(
     started: str,
     cycles: dict[int, int],
 ) -> Section:
-    main_cols = [
-        Column("cycles/s", "cycles_s"),
+    main_cols = columns(
+        "cycles_s",
         Column("÷ asyncio.Lock", "x_ideal", 4),
         Column("÷ redis-py sleep=0.1", "x_redispy", 2),
-        Column("handoff p50 ms (all)", "h_p50", 3),
-        Column("handoff p99 ms (all)", "h_p99", 3),
-        Column("cross-worker handoff p50 ms", "xh_p50", 3),
-        Column("cross-worker handoff p99 ms", "xh_p99", 3),
-        Column("cross-worker handoffs / run", "xh_count"),
-    ]
-    wait_cols = [
-        Column("acquire wait p50 ms", "w_p50", 3),
-        Column("acquire wait p99 ms", "w_p99", 1),
-        Column("acquire wait max ms", "w_max", 1),
+        "h_p50",
+        "h_p99",
+        "xh_p50",
+        "xh_p99",
+        "xh_count",
+    )
+    wait_cols = columns(
+        "w_p50",
+        "w_p99",
+        "w_max",
         Column("min acquisitions per worker*", "fair_min"),
         Column("max acquisitions per worker*", "fair_max"),
-        Column("longest same-worker streak", "streak"),
-        Column("Redis commands per cycle", "cmds_cycle", 2),
-        Column("counter violations", "violations"),
-        Column("interval overlaps", "overlaps"),
-        Column("cycles / run", "cycles"),
-    ]
-    multi_cols = [
-        Column("cycles/s", "cycles_s"),
+        "streak",
+        "cmds_cycle",
+        "violations",
+        "overlaps",
+        "cycles",
+    )
+    multi_cols = columns(
+        "cycles_s",
         Column("÷ same-run redis-py (3 procs)", "x_p_redispy", 2),
-        Column("cross-process handoff p50 ms", "xg_p50", 3),
-        Column("cross-process handoff p99 ms", "xg_p99", 3),
-        Column("cross-process handoffs / run", "xg_count"),
-        Column("cross-worker handoff p50 ms", "xh_p50", 3),
-        Column("acquire wait p99 ms", "w_p99", 1),
-        Column("acquire wait max ms", "w_max", 1),
-        Column("longest same-worker streak", "streak"),
-        Column("Redis commands per cycle", "cmds_cycle", 2),
-        Column("counter violations", "violations"),
-        Column("interval overlaps", "overlaps"),
-    ]
+        "xg_p50",
+        "xg_p99",
+        "xg_count",
+        "xh_p50",
+        "w_p99",
+        "w_max",
+        "streak",
+        "cmds_cycle",
+        "violations",
+        "overlaps",
+    )
     shape = ", ".join(f"{n} x {cycles[n]}" for n in TASK_COUNTS)
     body = [
         f"## Contended: {', '.join(str(n) for n in TASK_COUNTS)} tasks on one key",
@@ -450,15 +373,8 @@ def _section(
             "with a sync client, one blocked BLPOP connection per waiting thread."
         ),
     ]
-    headlines: list[tuple[str, str]] = []
-
-    def add(label_: str, rounds: Rounds, variant: str, metric: str, digits: int) -> None:
-        spread = rounds.spread(variant, metric)
-        if spread.count == 0:
-            headlines.append((label_, "n/a (skipped: see the tables)"))
-        else:
-            headlines.append((label_, f"**{fmt_spread(spread, digits)}**"))
-
+    headlines = Headlines()
+    add = headlines.metric
     s16, me = sweep[WORKERS], label(ASYNCLOCK, WORKERS)
     add("asynclock contended cycles/s (16x100)", s16, me, "cycles_s", 0)
     add("asynclock ÷ redis-py Lock sleep=0.1, contended throughput (16 tasks)", s16, me,
@@ -486,30 +402,21 @@ def _section(
         streak = sw.spread(mine, "streak")
         theirs = sw.spread(label(REDISPY, n), "streak")
         if not slow.count:
-            headlines.append((f"asynclock at {n} tasks", "n/a (skipped: see the tables)"))
+            headlines.add(f"asynclock at {n} tasks", SKIPPED)
             continue
-        headlines.append(
-            (
-                f"asynclock at {n} tasks x {cycles[n]}: ÷ redis-py sleep=0.1 / sleep=0.001",
-                f"**{_s(slow, 2)}** / **{_s(fast, 2)}**",
-            )
+        headlines.add(
+            f"asynclock at {n} tasks x {cycles[n]}: ÷ redis-py sleep=0.1 / sleep=0.001",
+            f"**{_s(slow, 2)}** / **{_s(fast, 2)}**",
         )
-        headlines.append(
-            (
-                f"asynclock at {n} tasks: cross-worker handoff p50 / p99 ms; longest streak",
-                f"**{_s(p50, 3)}** / {_s(p99, 3)}; {_s(streak, 0)} (redis-py: {_s(theirs, 0)})",
-            )
+        headlines.add(
+            f"asynclock at {n} tasks: cross-worker handoff p50 / p99 ms; longest streak",
+            f"**{_s(p50, 3)}** / {_s(p99, 3)}; {_s(streak, 0)} (redis-py: {_s(theirs, 0)})",
         )
     add("asynclock 3 processes: cycles/s", multi, P_ASYNCLOCK, "cycles_s", 0)
     add("asynclock 3 processes ÷ redis-py 3 processes", multi, P_ASYNCLOCK, "x_p_redispy", 2)
     add("asynclock 3 processes: cross-process handoff p50 ms", multi, P_ASYNCLOCK, "xg_p50", 3)
-    violations = [
-        int(m.get("violations", 0) + m.get("overlaps", 0))
-        for r in (*sweep.values(), multi)
-        for v in r.variants
-        for m in r.data[v]
-    ]
-    headlines.append(
-        ("mutual-exclusion violations, all variants and rounds", fmt(float(sum(violations)), 0))
+    headlines.add(
+        "mutual-exclusion violations, all variants and rounds",
+        fmt(float(violations([*sweep.values(), multi])), 0),
     )
-    return Section("contended", "\n".join(body), headlines)
+    return Section("contended", "\n".join(body), headlines.rows)

@@ -10,8 +10,9 @@ import redis.asyncio
 
 from benchmarks import _progress
 from benchmarks._env import Asynclock, CommandCounter, Config, StateLike, log, now_utc, short
-from benchmarks._report import Column, Rounds, Section, table
-from benchmarks._stats import fmt, fmt_spread
+from benchmarks._report import Column, Headlines, Rounds, Section, table
+from benchmarks._rounds import rotated
+from benchmarks._stats import fmt
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -128,7 +129,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     with _progress.step("dedupe rounds", rounds_n) as bar:
         for r in range(rounds_n):
             per_round: dict[str, dict[str, float]] = {}
-            order = live[r % len(live) :] + live[: r % len(live)] if live else []
+            order = rotated(live, r)
             for v in order:
                 assert v.check is not None
                 ids = [f"r{r}-{i}" for i in range(v.n)]
@@ -225,19 +226,17 @@ def _section(
             "timed loop / checks (other clients' commands too on a shared server)."
         ),
     ]
-    headlines: list[tuple[str, str]] = []
+    headlines = Headlines()
     for phase in (NEW, DUP):
-        speed = rounds.spread(label(REDIS, phase), "checks_s")
-        ratio = rounds.spread(label(REDIS, phase), "x_floor")
+        name = label(REDIS, phase)
+        speed = rounds.spread(name, "checks_s")
         if speed.count:
-            headlines.append(
-                (
-                    f"Deduper on Redis ÷ SET NX PX floor, {phase}",
-                    f"**{fmt_spread(ratio, 2)}** ({fmt(speed.median, 0)} checks/s)",
-                )
-            )
+            what = f"Deduper on Redis ÷ SET NX PX floor, {phase}"
+            note = f" ({fmt(speed.median, 0)} checks/s)"
+            headlines.metric(what, rounds, name, "x_floor", 2, note=note)
     for phase in (NEW, DUP):
-        speed = rounds.spread(label(MEMORY, phase), "checks_s")
-        if speed.count:
-            headlines.append((f"Deduper on Memory checks/s, {phase}", fmt_spread(speed, 0)))
-    return Section("dedupe", "\n".join(body), headlines)
+        name = label(MEMORY, phase)
+        if rounds.spread(name, "checks_s").count:
+            what = f"Deduper on Memory checks/s, {phase}"
+            headlines.metric(what, rounds, name, "checks_s", 0, bold=False)
+    return Section("dedupe", "\n".join(body), headlines.rows)

@@ -38,7 +38,8 @@ from benchmarks._env import (
     log,
     now_utc,
 )
-from benchmarks._report import Column, Rounds, Section, table
+from benchmarks._report import Column, Headlines, Rounds, Section, table
+from benchmarks._rounds import rotated
 from benchmarks._stats import fmt, fmt_spread
 
 if TYPE_CHECKING:
@@ -469,7 +470,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     started = now_utc()
     for r in range(rounds_n):
         per_round: dict[str, dict[str, float]] = {}
-        order = live[r % len(live) :] + live[: r % len(live)] if live else []
+        order = rotated(live, r)
         for variant in order:
             per_key = _events(variant, f"r{r}v{variants.index(variant)}", n, keys)
             variant.reset()
@@ -769,12 +770,10 @@ def _reading(mem: Rounds, red: Rounds, trips: Rounds) -> list[str]:
 
 
 def _headlines(mem: Rounds, red: Rounds, trips: Rounds) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
+    out = Headlines()
 
     def add(label: str, rounds: Rounds, row: str, metric: str, digits: int) -> None:
-        spread = rounds.spread(row, metric)
-        text = f"**{fmt_spread(spread, digits)}**" if spread.count else "n/a (see the table)"
-        out.append((label, text))
+        out.metric(label, rounds, row, metric, digits, missing="n/a (see the table)")
 
     add("dispatcher on Redis, serial events/s", red, R_ASYNCLOCK, "events_s", 0)
     add("dispatcher on Redis ÷ raw floor (1 connection)", red, R_ASYNCLOCK, "x_floor1", 2)
@@ -794,4 +793,4 @@ def _headlines(mem: Rounds, red: Rounds, trips: Rounds) -> list[tuple[str, str]]
     )
     add("Redis round trips per event, burst (queue)", trips, R_ASYNCLOCK_B, "trips_event", 2)
     add("chat-sdk Redis round trips per event (drop)", trips, R_CHAT, "trips_event", 2)
-    return out
+    return out.rows

@@ -74,15 +74,18 @@ async def _floor(cfg: Config, n: int, tag: str) -> float:
     folder = resources.files("asynclock.state.redis")
     text = "\n".join(
         folder.joinpath(name).read_text(encoding="utf-8")
-        for name in ("_value.lua", "inbox_accept.lua")
+        for name in ("_value.lua", "_listed.lua", "inbox_accept.lua")
     )
     script = client.register_script(text)
     prefix = cfg.key("inbox-floor", tag)
+    ready, mark, wake = f"{prefix}:ready", f"{prefix}:listed", f"{prefix}:wake"
     t0 = time.perf_counter()
     for i in range(n):
         base = f"{prefix}:{{k{i % KEYS}}}:inbox"
-        keys = [base, f"{base}:seq", f"{prefix}:ready", f"{prefix}:wake", f"{base}:claim:{i}"]
-        await script(keys=keys, args=[f'{{"n":{i}}}', 10**6, 600_000, f"k{i % KEYS}", "1"])
+        keys = [base, f"{base}:seq", ready, f"{base}:claim:{i}", mark]
+        # listing '': one server has one set of keys with work, always listed (_listed.lua)
+        args: list[str | int] = [f'{{"n":{i}}}', 10**6, 600_000, f"k{i % KEYS}", "1", "", wake]
+        await script(keys=keys, args=args)
     elapsed = time.perf_counter() - t0
     await client.aclose()
     return n / elapsed

@@ -16,9 +16,12 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from benchmarks._contend import Contender, analyze, contend
+from benchmarks._contend import Contender, analyze, columns, contend
+from benchmarks._contenders import AsyncioLockContender, AsynclockContender
 from benchmarks._env import Asynclock, Config, StateLike, log, now_utc
-from benchmarks._report import Column, Rounds, Section, table
+from benchmarks._pairs import lock_pairs
+from benchmarks._report import Column, Headlines, Rounds, Section, table
+from benchmarks._rounds import rotated
 from benchmarks._stats import fmt_spread
 
 IDEAL = "asyncio.Lock (acquire + release)"
@@ -70,12 +73,7 @@ def _memory(api: Asynclock, state: StateLike, key: str) -> Any:
     lock_cls = api.lock_factory()
 
     async def loop(n: int) -> None:
-        misses = 0
-        for _ in range(n):
-            lock = lock_cls(state, key, ttl=30.0)
-            if not await lock.acquire():
-                misses += 1
-            await lock.release()
+        misses = await lock_pairs(lock_cls, state, key, n)
         if misses:
             raise RuntimeError(f"{misses} failed acquires")
 
@@ -163,30 +161,6 @@ async def _split_round(loop: Any, state_loop: Any, n: int) -> dict[str, dict[str
     return out
 
 
-class _IdealContender:
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-
-    async def acquire(self) -> Any:
-        await self.lock.acquire()
-
-    async def release(self, handle: Any) -> None:
-        self.lock.release()
-
-
-class _MemoryContender:
-    def __init__(self, api: Asynclock, state: StateLike, key: str) -> None:
-        self.lock_cls, self.state, self.key = api.lock_factory(), state, key
-
-    async def acquire(self) -> Any:
-        lock = self.lock_cls(self.state, self.key, ttl=30.0)
-        await lock.acquire()
-        return lock
-
-    async def release(self, handle: Any) -> None:
-        await handle.release()
-
-
 async def run(cfg: Config, api: Asynclock | str) -> Section:
     n = 20000 if cfg.quick else 50000
     rounds_n = cfg.rounds_or(5, 3)
@@ -202,7 +176,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         ANYIO_2: _anyio_two_checkpoints,
     }
     loops: dict[str, Any] = dict(anchors)
-    contenders: dict[str, Contender] = {C_IDEAL: _IdealContender()}
+    contenders: dict[str, Contender] = {C_IDEAL: AsyncioLockContender()}
     state: StateLike | None = None
     if isinstance(api, str):
         for name in (MEMORY, MEMORY_CM):
@@ -214,7 +188,9 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             key = cfg.key("memory")
             loops[MEMORY] = _memory(api, state, key)
             loops[MEMORY_CM] = _memory_cm(api, state, key)
-            contenders[C_MEMORY] = _MemoryContender(api, state, cfg.key("memory", "contended"))
+            contenders[C_MEMORY] = AsynclockContender(
+                api.lock_factory(), state, cfg.key("memory", "contended")
+            )
             for name in (MEMORY, MEMORY_CM):
                 await loops[name](100)
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
@@ -222,15 +198,14 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 solo.skip(name, f"{type(exc).__name__}: {exc}")
                 crowd.skip(name, f"{type(exc).__name__}: {exc}")
             loops = dict(anchors)
-            contenders = {C_IDEAL: _IdealContender()}
+            contenders = {C_IDEAL: AsyncioLockContender()}
             log(f"memory: asynclock skipped: {exc!r}")
 
     started = now_utc()
     names = list(loops)
     for r in range(rounds_n):
         per_round: dict[str, dict[str, float]] = {}
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in rotated(names, r):
             gc.collect()
             t0, c0 = time.perf_counter(), time.process_time()
             try:
@@ -300,17 +275,17 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         Column("cost x anyio.Lock", "t_anyio", 2),
         Column("cost x anyio.Lock + checkpoint", "t_anyio2", 2),
     ]
-    crowd_cols = [
-        Column("cycles/s", "cycles_s"),
+    crowd_cols = columns(
+        "cycles_s",
         Column("÷ asyncio.Lock", "x_ideal", 3),
-        Column("cross-worker handoff p50 ms", "xh_p50", 3),
-        Column("cross-worker handoff p99 ms", "xh_p99", 3),
+        "xh_p50",
+        "xh_p99",
         Column("acquire wait max ms", "w_max", 2),
-        Column("longest same-worker streak", "streak"),
+        "streak",
         Column("min acquisitions per worker", "fair_min"),
         Column("violations", "violations"),
         Column("overlaps", "overlaps"),
-    ]
+    )
     body = "\n".join(
         [
             "## Memory: MemoryState against asyncio.Lock and anyio.Lock",
@@ -350,36 +325,23 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             ),
         ]
     )
-    headlines: list[tuple[str, str]] = []
-    spread = solo.spread(MEMORY, "t_ideal")
-    if spread.count:
-        headlines.append(
-            ("MemoryState AsyncLock cost ÷ asyncio.Lock, uncontended pair", fmt_spread(spread, 1))
-        )
+    headlines = Headlines()
+    if solo.spread(MEMORY, "t_ideal").count:
+        what = "MemoryState AsyncLock cost ÷ {}, uncontended pair"
+        headlines.metric(what.format("asyncio.Lock"), solo, MEMORY, "t_ideal", 1, bold=False)
         for metric, anchor in (("t_anyio", "anyio.Lock"), ("t_anyio2", "anyio.Lock + checkpoint")):
-            headlines.append(
-                (
-                    f"MemoryState AsyncLock cost ÷ {anchor}, uncontended pair",
-                    fmt_spread(solo.spread(MEMORY, metric), 2),
-                )
-            )
-        us = solo.spread(MEMORY, "us_pair")
-        headlines.append(("MemoryState AsyncLock µs per acquire+release", fmt_spread(us, 2)))
+            headlines.metric(what.format(anchor), solo, MEMORY, metric, 2, bold=False)
+        what = "MemoryState AsyncLock µs per acquire+release"
+        headlines.metric(what, solo, MEMORY, "us_pair", 2, bold=False)
     else:
-        headlines.append(
-            ("MemoryState AsyncLock cost ÷ asyncio.Lock", "n/a (skipped: see the table)")
-        )
+        headlines.add("MemoryState AsyncLock cost ÷ asyncio.Lock", "n/a (skipped: see the table)")
     shipped, bare = split.spread(S_AS_SHIPPED, "us"), split.spread(S_NO_YIELD, "us")
     if shipped.count and bare.count:
-        headlines.append(
-            (
-                "MemoryState pair µs: as shipped / without its yields / asyncio.Lock",
-                " / ".join(fmt_spread(s, 2) for s in (shipped, bare, split.spread(S_IDEAL, "us"))),
-            )
+        headlines.add(
+            "MemoryState pair µs: as shipped / without its yields / asyncio.Lock",
+            " / ".join(fmt_spread(s, 2) for s in (shipped, bare, split.spread(S_IDEAL, "us"))),
         )
-    spread = crowd.spread(C_MEMORY, "x_ideal")
-    if spread.count:
-        headlines.append(
-            ("MemoryState contended throughput ÷ asyncio.Lock (16x100)", fmt_spread(spread, 3))
-        )
-    return Section("memory", body, headlines)
+    if crowd.spread(C_MEMORY, "x_ideal").count:
+        what = "MemoryState contended throughput ÷ asyncio.Lock (16x100)"
+        headlines.metric(what, crowd, C_MEMORY, "x_ideal", 3, bold=False)
+    return Section("memory", body, headlines.rows)

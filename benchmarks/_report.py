@@ -94,6 +94,54 @@ def table(rounds: Rounds, columns: list[Column], *, label: str = "variant") -> s
     return "\n".join(lines)
 
 
+#: the headline value of a metric no round measured
+SKIPPED = "n/a (skipped: see the tables)"
+
+
+class Headlines:
+    """A scenario's headline rows ``(what, value)``, in the order they were added.
+
+    ``metric`` reads one variant's spread of one metric; a variant with no rounds gets
+    ``missing`` instead of a number, so a skipped peer never shows as a ratio.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str]] = []
+
+    def add(self, what: str, value: str) -> None:
+        self.rows.append((what, value))
+
+    def metric(
+        self,
+        what: str,
+        rounds: Rounds,
+        variant: str,
+        metric: str,
+        digits: int,
+        *,
+        bold: bool = True,
+        note: str = "",
+        missing: str = SKIPPED,
+    ) -> None:
+        """``median (min-max)`` of ``metric`` (bold unless told), then ``note``; or ``missing``."""
+        spread = rounds.spread(variant, metric)
+        if not spread.count:
+            self.add(what, missing)
+            return
+        text = fmt_spread(spread, digits)
+        self.add(what, (f"**{text}**" if bold else text) + note)
+
+
+def violations(rounds: list[Rounds]) -> int:
+    """Counter violations plus interval overlaps, over every variant and round of ``rounds``."""
+    return sum(
+        int(m.get("violations", 0) + m.get("overlaps", 0))
+        for r in rounds
+        for v in r.variants
+        for m in r.data[v]
+    )
+
+
 def kv_table(rows: list[tuple[str, str]], headers: tuple[str, str] = ("what", "value")) -> str:
     lines = [f"| {headers[0]} | {headers[1]} |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in rows]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from benchmarks._report import Section, kv_table
-from benchmarks._sql import LABEL, MYSQL_URL, PG_URL
+from benchmarks._sql_server import LABEL, MYSQL_URL, PG_URL
 from benchmarks._stats import fmt
 
 if TYPE_CHECKING:

@@ -19,11 +19,13 @@ from benchmarks._env import (
     now_utc,
     short,
 )
-from benchmarks._report import Column, Rounds, Section, table
-from benchmarks._stats import fmt, fmt_spread
+from benchmarks._pairs import lock_pairs, redis_floor_pairs
+from benchmarks._report import Column, Headlines, Rounds, Section, table
+from benchmarks._rounds import rotated
+from benchmarks._stats import fmt
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
 
 FLOOR = "floor: redis.asyncio SET NX PX + EVALSHA"
 SYNC_FLOOR = "floor: redis.Redis (sync) SET NX PX + EVALSHA"
@@ -55,15 +57,7 @@ class AsyncFloor:
         self.sha = await self.client.script_load(RELEASE_SCRIPT)
 
     async def loop(self, n: int) -> None:
-        set_ = cast("Callable[..., Awaitable[Any]]", self.client.set)
-        evalsha = cast("Callable[..., Awaitable[Any]]", self.client.evalsha)
-        key, sha, misses = self.key, self.sha, 0
-        for i in range(n):
-            token = f"t{i}"
-            if not await set_(key, token, nx=True, px=30000):
-                misses += 1
-            if not await evalsha(sha, 1, key, token):
-                misses += 1
+        misses = await redis_floor_pairs(self.client, self.sha, self.key, n)
         if misses:
             raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
 
@@ -135,12 +129,7 @@ class AsynclockRedis:
         pass
 
     async def loop(self, n: int) -> None:
-        lock_cls, state, key, misses = self.lock_cls, self.state, self.key, 0
-        for _ in range(n):
-            lock = lock_cls(state, key, ttl=30.0)
-            if not await lock.acquire():
-                misses += 1
-            await lock.release()
+        misses = await lock_pairs(self.lock_cls, self.state, self.key, n)
         if misses:
             raise RuntimeError(f"{self.name}: {misses} failed acquires")
 
@@ -258,7 +247,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     started = now_utc()
     for r in range(rounds_n):
         per_round: dict[str, dict[str, float]] = {}
-        order = live[r % len(live) :] + live[: r % len(live)] if live else []
+        order = rotated(live, r)
         for variant in order:
             gc.collect()
             await counter.start()
@@ -367,27 +356,21 @@ def _section(cfg: Config, rounds: Rounds, n: int, rounds_n: int, started: str) -
             "on a shared server."
         ),
     ]
-    headlines: list[tuple[str, str]] = []
-    pairs = rounds.spread(ASYNCLOCK, "pairs_s")
+    headlines = Headlines()
+    mine = f" (asynclock {fmt(rounds.spread(ASYNCLOCK, 'pairs_s').median, 0)} pairs/s)"
     for label, metric in (
         ("asynclock ÷ redis-py Lock, uncontended throughput", "x_redispy"),
         ("asynclock ÷ redis.asyncio raw floor, uncontended throughput", "x_floor"),
         ("asynclock ÷ python-redis-lock (sync), uncontended throughput", "x_prl"),
         ("asynclock ÷ pottery Redlock (sync, 1 master), uncontended throughput", "x_pottery"),
     ):
-        spread = rounds.spread(ASYNCLOCK, metric)
-        if spread.count == 0:
-            headlines.append((label, "n/a (skipped: see the table)"))
-        else:
-            text = f"**{fmt_spread(spread, 2)}** (asynclock {fmt(pairs.median, 0)} pairs/s)"
-            headlines.append((label, text))
+        missing = "n/a (skipped: see the table)"
+        headlines.metric(label, rounds, ASYNCLOCK, metric, 2, note=mine, missing=missing)
+    theirs = f" (pottery {fmt(rounds.spread(POTTERY, 'pairs_s').median, 0)} pairs/s)"
     for label, metric in (
         ("pottery Redlock ÷ redis-py Lock, uncontended throughput", "x_redispy"),
         ("pottery Redlock ÷ sync floor (redis.Redis), uncontended throughput", "x_sync_floor"),
     ):
-        spread = rounds.spread(POTTERY, metric)
-        theirs = rounds.spread(POTTERY, "pairs_s")
-        if spread.count:
-            text = f"{fmt_spread(spread, 2)} (pottery {fmt(theirs.median, 0)} pairs/s)"
-            headlines.append((label, text))
-    return Section("uncontended", "\n".join(body), headlines)
+        if rounds.spread(POTTERY, metric).count:
+            headlines.metric(label, rounds, POTTERY, metric, 2, bold=False, note=theirs)
+    return Section("uncontended", "\n".join(body), headlines.rows)

@@ -682,31 +682,6 @@ class TestLatestAndDebounce:
         bot = bot_with(state, lambda e: None, on_lock_conflict="debounce", debounce=5.0)
         assert await soon(bot.dispatch(ev("m1")), 2.0) is Outcome.HANDLED
 
-    async def test_a_failing_newest_fails_the_whole_batch_and_forgets_it(
-        self, state: State
-    ) -> None:
-        gate = Gate()
-        conflicts = Conflicts("latest")
-        bot = EventDispatcher(state, on_lock_conflict=conflicts, raise_errors=False)
-        bot.add_handler("*", gate)
-
-        @bot.on("*")
-        async def explode(event: Event) -> None:
-            if event.message_id == "e3":
-                raise RuntimeError("boom")
-
-        holder = await hold_key(bot, gate, ev("h"))
-        tasks = []
-        for n in (1, 2, 3):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
-            await conflicts.reach(n)
-        gate.open()
-        await soon(holder)
-        assert await soon(asyncio.gather(*tasks)) == [Outcome.FAILED] * 3
-        await key_freed(state)  # the backlog releases after its dispatches return
-        for n in (1, 2):  # none was handled: each redelivery is
-            assert await bot.dispatch(ev(f"e{n}")) is Outcome.HANDLED
-
 
 class TestBatchesReachTheirHandlers:
     """A batch of latest/debounce never folds an event away from the handlers it belongs to."""
@@ -874,30 +849,52 @@ class TestFailed:
         assert await state.inspect(KEY) is None
         assert await bot.dispatch(ev("m1")) is Outcome.FAILED  # redelivered: handled (fails again)
 
-    async def test_a_failing_queued_event_frees_the_key_for_the_next(self, state: State) -> None:
+    @pytest.mark.parametrize(
+        ("policy", "waiters", "failing", "outcomes", "redelivered"),
+        [
+            # a line serves one event at a time: the failing one fails, the key goes on to the
+            # next; the failed one's redelivery is handled (fails again), the next's a duplicate
+            (
+                "queue",
+                2,
+                "e1",
+                [Outcome.FAILED, Outcome.QUEUED],
+                [Outcome.FAILED, Outcome.DUPLICATE],
+            ),
+            # a backlog is one batch: a failing newest fails the whole batch and forgets it, so
+            # none was handled and each redelivery is
+            ("latest", 3, "e3", [Outcome.FAILED] * 3, [Outcome.HANDLED, Outcome.HANDLED]),
+        ],
+    )
+    async def test_a_failing_waiter_frees_the_key(
+        self,
+        state: State,
+        policy: PolicyName,
+        waiters: int,
+        failing: str,
+        outcomes: list[Outcome],
+        redelivered: list[Outcome],
+    ) -> None:
         gate = Gate()
-        conflicts = Conflicts("queue")
+        conflicts = Conflicts(policy)
         bot = EventDispatcher(state, on_lock_conflict=conflicts, raise_errors=False)
         bot.add_handler("*", gate)
 
         @bot.on("*")
         async def explode(event: Event) -> None:
-            if event.message_id == "w1":
+            if event.message_id == failing:
                 raise RuntimeError("boom")
 
         holder = await hold_key(bot, gate, ev("h"))
         tasks = []
-        for n in (1, 2):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(f"w{n}"))))
+        for n in range(1, waiters + 1):
+            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
             await conflicts.reach(n)
         gate.open()
-        assert await soon(asyncio.gather(holder, *tasks)) == [
-            Outcome.HANDLED,
-            Outcome.FAILED,
-            Outcome.QUEUED,
-        ]
-        assert await bot.dispatch(ev("w1")) is Outcome.FAILED  # redelivered, handled again
-        assert await bot.dispatch(ev("w2")) is Outcome.DUPLICATE
+        assert await soon(asyncio.gather(holder, *tasks)) == [Outcome.HANDLED, *outcomes]
+        await key_freed(state)  # a backlog releases after its dispatches return
+        for n, expected in enumerate(redelivered, 1):
+            assert await bot.dispatch(ev(f"e{n}")) is expected
 
 
 # -- serialization, scopes -----------------------------------------------------------------------
@@ -1372,9 +1369,16 @@ class TestCancellation:
         gate.open()
         assert await bot.dispatch(ev("m1")) is Outcome.HANDLED  # record forgotten
 
-    async def test_cancelled_while_queued(self, state: State) -> None:
+    @pytest.mark.parametrize(
+        ("policy", "freed_on_return"),
+        # a backlog (latest) releases after its dispatches return, a line (queue) before
+        [("queue", True), ("latest", False)],
+    )
+    async def test_a_cancelled_waiter_is_left_out_and_the_next_is_served(
+        self, state: State, policy: PolicyName, freed_on_return: bool
+    ) -> None:
         gate = Gate()
-        conflicts = Conflicts("queue")
+        conflicts = Conflicts(policy)
         bot = bot_with(state, gate, on_lock_conflict=conflicts)
         holder = await hold_key(bot, gate, ev("h"))
         waiters = []
@@ -1386,24 +1390,10 @@ class TestCancellation:
         gate.open()
         assert await soon(asyncio.gather(holder, waiters[1])) == [Outcome.HANDLED, Outcome.QUEUED]
         assert gate.ids == ["h", "w2"]
-        assert await state.inspect(KEY) is None
-        assert await bot.dispatch(ev("w1")) is Outcome.HANDLED
-
-    async def test_cancelled_in_a_latest_backlog(self, state: State) -> None:
-        gate = Gate()
-        conflicts = Conflicts("latest")
-        bot = bot_with(state, gate, on_lock_conflict=conflicts)
-        holder = await hold_key(bot, gate, ev("h"))
-        tasks = []
-        for n in (1, 2):
-            tasks.append(asyncio.create_task(bot.dispatch(ev(f"e{n}"))))
-            await conflicts.reach(n)
-        tasks[0].cancel()
-        assert isinstance(await soon(finish(tasks[0])), asyncio.CancelledError)
-        gate.open()
-        assert await soon(asyncio.gather(holder, tasks[1])) == [Outcome.HANDLED, Outcome.QUEUED]
         assert gate.contexts[1].skipped == ()
-        assert await bot.dispatch(ev("e1")) is Outcome.HANDLED
+        if freed_on_return:
+            assert await state.inspect(KEY) is None
+        assert await bot.dispatch(ev("w1")) is Outcome.HANDLED
 
     async def test_every_waiter_of_a_backlog_cancelled_leaves_nothing_behind(
         self, state: State

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,8 +24,9 @@ from asynclock import (
     StateUnavailableError,
 )
 from tests._helpers import reply as answer
+from tests.faults._load import Load
 from tests.faults._proxy import FaultProxy
-from tests.faults._timing import Call, bounded, report, timed, unexpected_failures, until
+from tests.faults._timing import bounded, report, unexpected_failures, until
 from tests.faults.conftest import OP_TIMEOUT
 
 if TYPE_CHECKING:
@@ -99,35 +99,8 @@ class TestRestart:
         waiting = asyncio.create_task(serve(waiter))
         await until(subscribed(admin, b, key), "the waiter's SUBSCRIBE", within=2.0)
 
-        calls: list[Call] = []
-        stop = asyncio.Event()
-
-        async def load(n: int) -> None:
-            dedupe = Deduper(a, ttl=60.0, namespace=f"load{n}")
-            round_ = 0
-            while not stop.is_set():
-                round_ += 1
-                lock = AsyncLock(a, f"load-{n}", ttl=2.0)
-                if await timed(calls, "acquire", partial(lock.acquire, blocking=False)):
-                    await timed(calls, "release", lock.release)
-                await timed(calls, "first_seen", partial(dedupe.first_seen, f"evt-{round_}"))
-                await asyncio.sleep(0.002)  # pacing only
-
-        loaders = [asyncio.create_task(load(n)) for n in range(self.LOAD_TASKS)]
-
-        def failed_since(moment: float) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                return any(c.error is not None and c.start >= moment for c in calls)
-
-            return check
-
-        def succeeded_since(moment: float, count: int) -> Callable[[], Awaitable[bool]]:
-            async def check() -> bool:
-                return sum(c.error is None and c.start >= moment for c in calls) >= count
-
-            return check
-
-        await until(succeeded_since(0.0, 50), "the load to run", within=5.0)
+        load = Load(a, self.LOAD_TASKS)
+        await until(load.succeeded_since(0.0, 50), "the load to run", within=5.0)
 
         # -- the outage ---------------------------------------------------------------------
         down_at = time.monotonic()
@@ -142,7 +115,7 @@ class TestRestart:
                 "acquire during the outage",
             ),
         ]
-        await until(failed_since(down_at), "the load to see the outage", within=2.0)
+        await until(load.failed_since(down_at), "the load to see the outage", within=2.0)
         assert not waiting.done(), f"the blocked waiter gave up during the outage: {waiting!r}"
         await asyncio.to_thread(redis_server.start)
         up_at = time.monotonic()
@@ -163,23 +136,22 @@ class TestRestart:
         with pytest.raises(LockNotOwnedError):  # the holder learns its lock is gone
             await bounded(holder.release(), "the old holder's release", 2.0)
 
-        await until(succeeded_since(up_at, 100), "the load to recover", within=5.0)
-        stop.set()
-        await bounded(asyncio.gather(*loaders), "the load tasks", 5.0)
+        await until(load.succeeded_since(up_at, 100), "the load to recover", within=5.0)
+        await load.stop()
 
-        during = [c for c in calls if c.error is not None]
+        during = load.failed
         assert during, "the load never saw the outage"
         unexpected = unexpected_failures(during)
         assert not unexpected, unexpected[:5]
         late = [c for c in during if c.start >= up_at]
         assert not late, f"calls failed after the server was back: {late[:5]}"
-        longest = max(c.end - c.start for c in calls)
+        longest = max(c.end - c.start for c in load.calls)
         assert longest <= OP_TIMEOUT + MARGIN, f"a call took {longest:.3f} s"
         report(
             "restart",
             outage=up_at - down_at,
             surfaced_max=max(surfaced),
-            load_calls=len(calls),
+            load_calls=len(load.calls),
             load_failed=len(during),
             failed_call_max=max(c.end - c.start for c in during),
             longest_call=longest,

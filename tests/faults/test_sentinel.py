@@ -24,8 +24,9 @@ from asynclock import AsyncLock, Deduper, LockNotOwnedError, RedisState, StateUn
 from asynclock.state import state_from_url
 from tests._helpers import reply
 from tests._matrix import IN_CI
+from tests.faults._load import Load
 from tests.faults._server import START_BOUND, _ping, free_port, redis_server_binary
-from tests.faults._timing import Call, bounded, report, timed, unexpected_failures, until
+from tests.faults._timing import bounded, report, unexpected_failures, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -224,26 +225,8 @@ async def test_failover_mid_load(
     holder = AsyncLock(a, "held", ttl=3.0)
     assert await bounded(holder.acquire(), "the holder", 5.0)
     waiting = asyncio.create_task(serve(AsyncLock(b, "held", ttl=3.0, timeout=30.0)))
-    calls: list[Call] = []
-    stop = asyncio.Event()
-
-    async def load(n: int) -> None:
-        dedupe = Deduper(a, ttl=60.0, namespace=f"load{n}")
-        round_ = 0
-        while not stop.is_set():
-            round_ += 1
-            lock = AsyncLock(a, f"load-{n}", ttl=2.0)
-            if await timed(calls, "acquire", partial(lock.acquire, blocking=False)):
-                await timed(calls, "release", lock.release)
-            await timed(calls, "first_seen", partial(dedupe.first_seen, f"evt-{round_}"))
-            await asyncio.sleep(0.002)  # pacing only
-
-    loaders = [asyncio.create_task(load(n)) for n in range(8)]
-
-    async def succeeded_since(moment: float, count: int) -> bool:
-        return sum(c.error is None and c.start >= moment for c in calls) >= count
-
-    await until(partial(succeeded_since, 0.0, 50), "the load to run", within=5.0)
+    load = Load(a)
+    await until(load.succeeded_since(0.0, 50), "the load to run", within=5.0)
 
     down_at = time.monotonic()
     if how == "kill":
@@ -258,13 +241,14 @@ async def test_failover_mid_load(
             await sentinel.aclose()
 
     async def switched() -> bool:
-        return a.master == ("127.0.0.1", topology.replica.port) and await succeeded_since(
-            time.monotonic() - 0.05, 1
+        return (
+            a.master == ("127.0.0.1", topology.replica.port)
+            and await load.succeeded_since(time.monotonic() - 0.05, 1)()
         )
 
     await until(switched, "the state to follow the failover", within=30.0)
     switched_at = time.monotonic()
-    await until(partial(succeeded_since, switched_at, 200), "the load to recover", within=10.0)
+    await until(load.succeeded_since(switched_at, 200), "the load to recover", within=10.0)
 
     # the waiter blocked before the failover is served on the new master (the holder's lock
     # may or may not have been replicated: at the latest when its TTL runs out)
@@ -276,10 +260,9 @@ async def test_failover_mid_load(
     await bounded(after.release(), "release after", 2.0)
     with contextlib.suppress(LockNotOwnedError):  # lost if the failover dropped it
         await bounded(holder.release(), "the old holder's release", 2.0)
-    stop.set()
-    await bounded(asyncio.gather(*loaders), "the load tasks", 5.0)
+    await load.stop()
 
-    failed = [c for c in calls if c.error is not None]
+    failed = load.failed
     unexpected = unexpected_failures(failed)
     assert not unexpected, unexpected[:5]
     late = [c for c in failed if c.start >= switched_at]
@@ -291,7 +274,7 @@ async def test_failover_mid_load(
         last_failure=window,
         waiter_served=acquired_at - down_at,
         failed=str(len(failed)),
-        calls=str(len(calls)),
+        calls=str(len(load.calls)),
     )
 
 
