@@ -37,8 +37,8 @@ from benchmarks._dispatcher import (
 )
 from benchmarks._env import Asynclock, Config, _dist_version, _git, log, now_utc
 from benchmarks._report import Column, Rounds, Section, table
-from benchmarks._sql import MYSQL_URL, PG_URL, pg_connect
-from benchmarks._sql import _cleanup as sql_cleanup
+from benchmarks._sql_server import MYSQL_URL, PG_URL, pg_connect
+from benchmarks._sql_server import cleanup as sql_cleanup
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
