@@ -4,6 +4,10 @@ The embedded default: no server, no dependency. Safe across the tasks of one eve
 across event loops running in different threads of one process (one ``threading.Lock`` guards
 every table, and wake-ups cross threads with ``call_soon_threadsafe``). Not shared between
 processes: use a server state for that.
+
+Size: one class, over 500 lines on purpose. It implements every capability a server state
+has (locks, claims, the inbox with its batches, the admin listing) under the one mutex that
+makes it atomic; split over several modules, each table would be guarded from afar.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ that key. An inbox accept (or requeue) notifies
 heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections
 never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
 mode (the listener needs a direct or session-mode connection).
+
+Size: over 500 lines on purpose: the driver's part of a SQL state (answers, errors, pools)
+and the LISTEN connection that serves wake-ups; the options parsing for poolers lives in
+``_pooler.py``.
 """
 
 from __future__ import annotations
