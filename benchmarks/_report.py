@@ -160,7 +160,17 @@ class Section:
 _ORDER: tuple[str, ...] = ("uncontended", "contended", "memory", "dispatcher", "sql")
 # the targets table and the plots (built by _cli from benchmarks/results/) come first, then
 # the scenarios of the growth/dedupe work; kept apart from the line above on purpose
-_ORDER = ("targets", "plots", *_ORDER, "memory-growth", "dedupe", "cluster", "inbox")
+_ORDER = (
+    "targets",
+    "plots",
+    *_ORDER,
+    "sql-dispatcher",
+    "memory-growth",
+    "dedupe",
+    "cluster",
+    "inbox",
+    "inbox-sql",
+)
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
 )
