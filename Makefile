@@ -18,9 +18,12 @@ services:
 	bash .ci/services.sh
 
 ## The whole test suite against the real servers (started here if they are down), then the
-## Redis conformance subset on the other ends of the declared redis-py range.
+## Redis conformance subset on the other ends of the declared redis-py range. The suite runs
+## in TEST_WORKERS processes (pytest-xdist): most of its time is spent waiting on servers,
+## subprocesses and timeouts, not on the CPU, and every test has its own key namespace.
+TEST_WORKERS ?= 4
 test: install services
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 	$(MAKE) redis-range
 
 ## The main venv has the redis-py that arq pulls (5.3.x: arq needs redis < 6). The lowest one

@@ -7,6 +7,7 @@ scanning the task's callbacks: with 10,000 locks held by one task, a pair cost ~
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 from asynclock import AsyncLock, MemoryState
@@ -49,26 +50,39 @@ async def test_a_task_that_ends_holding_many_locks_has_them_all_released() -> No
 
 
 async def _pair_cost(state: MemoryState, pairs: int) -> float:
-    """The lowest of five timings of ``pairs`` acquire+release pairs (seconds per pair)."""
+    """The lowest of five timings of ``pairs`` acquire+release pairs (seconds per pair).
+
+    The garbage collector is paused while timing: with 10,000 locks alive, a full collection
+    that happens to fall inside one side's timing would be measured as bookkeeping.
+    """
     best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for n in range(pairs):
-            lock = AsyncLock(state, f"pair-{n % 16}", ttl=60.0)
-            await lock.acquire()
-            await lock.release()
-        best = min(best, (time.perf_counter() - t0) / pairs)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for n in range(pairs):
+                lock = AsyncLock(state, f"pair-{n % 16}", ttl=60.0)
+                await lock.acquire()
+                await lock.release()
+            best = min(best, (time.perf_counter() - t0) / pairs)
+    finally:
+        gc.enable()
     return best
 
 
 async def test_a_pair_costs_the_same_with_10000_locks_held_by_the_task() -> None:
     state = MemoryState()
-    alone = await _pair_cost(state, 500)
     held = [AsyncLock(state, f"held-{n}", ttl=60.0) for n in range(HELD)]
-    for lock in held:
-        await lock.acquire()
-    loaded = await _pair_cost(state, 500)
-    for lock in held:
-        await lock.release()
+    # alternated, three times, best of each: a load spike from other processes on a shared
+    # machine hits one round of one side, not every round of it
+    alone = loaded = float("inf")
+    for _ in range(3):
+        alone = min(alone, await _pair_cost(state, 300))
+        for lock in held:
+            await lock.acquire()
+        loaded = min(loaded, await _pair_cost(state, 300))
+        for lock in held:
+            await lock.release()
     # generous for a shared 2-core machine; the per-lock callback design was ~10x
     assert loaded <= 2.0 * alone, f"{loaded * 1e6:.1f} µs per pair vs {alone * 1e6:.1f} µs"
