@@ -490,8 +490,11 @@ async def mysql_sql() -> AsyncIterator[SQLTarget]:
         await target.aclose()
 
 
-async def handoff(holder: AnySQLState, waiter: AnySQLState, key: str, *, hold: float) -> float:
-    """Seconds from the holder's release (after ``hold`` s) to the waiting state's acquire."""
+async def handoff(sql: SQLTarget, holder: AnySQLState, waiter: AnySQLState, key: str) -> float:
+    """Seconds from the holder's release to the waiting state's acquire.
+
+    The holder releases once the waiter's blocking acquire has flagged the key (not after a
+    fixed pause, which a loaded machine can outlast), so the release always finds the flag."""
     holding, go = asyncio.Event(), asyncio.Event()
 
     async def keep() -> float:
@@ -503,7 +506,11 @@ async def handoff(holder: AnySQLState, waiter: AnySQLState, key: str, *, hold: f
     held = asyncio.create_task(keep())
     await bounded(holding.wait(), "the holder's acquire", CALL_BOUND)
     served = asyncio.create_task(serve(AsyncLock(waiter, key, ttl=TestWakeKill.HOLD_TTL)))
-    await asyncio.sleep(hold)
+
+    async def waiter_flagged() -> bool:
+        return await sql.flagged(waiter, key)
+
+    await until(waiter_flagged, "the waiter's flag on the key", within=CALL_BOUND)
     go.set()
     released_at = await bounded(held, "the holder's release", CALL_BOUND)
     return await bounded(served, "the waiter", TestWakeKill.HOLD_TTL + MARGIN) - released_at
@@ -530,7 +537,7 @@ class TestWakeKill:
         name = wake_name(a.table_prefix, key_id(a.prefix + key).hex())
         # a learns that another state waits for the key (its release finds b's flag): from now
         # on its bell holds the key's wake name while it holds the key
-        await handoff(a, b, key, hold=0.05)
+        await handoff(sql, a, b, key)
         holding, go = asyncio.Event(), asyncio.Event()
 
         async def keep() -> float:
@@ -566,7 +573,7 @@ class TestWakeKill:
         fast: list[float] = []
 
         async def pushed_again() -> bool:
-            fast.append(await handoff(a, b, key, hold=0.2))
+            fast.append(await handoff(sql, a, b, key))
             return fast[-1] < 0.05
 
         # the dropped connection is reopened (at most once a second) and rings again
