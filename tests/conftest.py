@@ -21,7 +21,7 @@ from asynclock import state_from_url
 from tests._matrix import SERVER_STATES, STATES, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Generator
 
     from asynclock import State
 
@@ -125,3 +125,21 @@ async def server_state(server_target: Target) -> AsyncIterator[State]:
 @pytest.fixture
 def key() -> str:
     return f"key-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Captured output with lone surrogates, made transportable.
+
+    Hypothesis feeds the bad-input tests keys with lone surrogates, which the dispatcher logs
+    (and then refuses); pytest-xdist sends each report's captured sections to the controller as
+    UTF-8, which cannot carry them. The text keeps them visible as ``\\udXXX`` escapes.
+    """
+    report = yield
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
+    return report
