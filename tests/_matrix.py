@@ -255,12 +255,14 @@ async def _purge_sql(backend: Backend, key_prefix: str) -> None:
     await run_sql(backend, statements, f"{key_prefix}%")
 
 
-async def run_sql(backend: Backend, statements: list[str], *args: object) -> None:
+async def run_sql(backend: Backend, statements: list[str], *args: object) -> list[object]:
     """Run each statement on the backend's SQL server in autocommit mode, with ``args``.
 
     ``{}`` in a statement stands for the one parameter placeholder (``$1`` or ``%s``); a
-    statement about a table that does not exist (yet) is skipped.
+    statement about a table that does not exist (yet) is skipped (its answer: ``None``).
+    Returns the first column of the first row each statement answered (``None`` if none).
     """
+    answers: list[object] = []
     if backend.name.startswith("postgres"):
         import asyncpg  # type: ignore[import-untyped]
 
@@ -271,11 +273,13 @@ async def run_sql(backend: Backend, statements: list[str], *args: object) -> Non
         conn = await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
         try:
             for statement in statements:
+                answer = None
                 with contextlib.suppress(asyncpg.UndefinedTableError):
-                    await conn.execute(statement.format("$1"), *args)
+                    answer = await conn.fetchval(statement.format("$1"), *args)
+                answers.append(answer)
         finally:
             await conn.close()
-        return
+        return answers
     import aiomysql  # type: ignore[import-untyped]
     import pymysql  # type: ignore[import-untyped]
 
@@ -294,8 +298,21 @@ async def run_sql(backend: Backend, statements: list[str], *args: object) -> Non
             for statement in statements:
                 try:
                     await cursor.execute(statement.format("%s"), args or None)
-                except pymysql.err.ProgrammingError as exc:  # noqa: PERF203 - a few statements
+                except pymysql.err.ProgrammingError as exc:
                     if exc.args[0] != 1146:  # ER_NO_SUCH_TABLE
                         raise
+                    answers.append(None)
+                    continue
+                row = await cursor.fetchone()
+                answers.append(row[0] if row else None)
     finally:
         mysql.close()
+    return answers
+
+
+async def rows_of(backend: Backend, table: str, key_prefix: str) -> int:
+    """How many rows of ``table`` (default table prefix) hold keys starting with ``key_prefix``."""
+    [count] = await run_sql(
+        backend, [f"SELECT count(*) FROM {table} WHERE name LIKE {{}}"], f"{key_prefix}%"
+    )
+    return int(str(count or 0))
