@@ -279,7 +279,9 @@ async def test_failover_mid_load(
 
 
 async def test_replicas_wait(topology: SentinelSet, open_state: Callable[..., RedisState]) -> None:
-    state = open_state(replicas=1, replica_timeout=0.2)
+    # 2 s: replication on a loopback link takes well under a millisecond, but the suite shares
+    # the CI machine with its other workers; the no-replica cases below wait it out twice
+    state = open_state(replicas=1, replica_timeout=2.0, op_timeout=5.0)
     replica = topology.client(topology.replica.port)
     try:
         for n in range(20):
