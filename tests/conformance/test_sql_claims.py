@@ -125,15 +125,18 @@ async def test_acquire_claimed_locks_the_claim_before_the_lock(rows: Rows) -> No
     state = rows.state
     await state.acquire("k", "before", 30.0)  # the lock row exists, free again after
     assert (await state.release("k", "before")).owned
-    await state.dedupe_keep("c", 30.0)
-    await rows.session.execute(  # a claim whose lease lapsed: taken over below
-        "UPDATE asynclock_dedupe SET expires_at = now() - interval '1 s' WHERE id = $1",
-        rows.ident("c"),
-    )
-    assert await state.dedupe_remaining("c") is None
-    acquire = state.acquire_claimed("k", "a", 30.0, claim="c", claim_ttl=30.0)
-    grant = await _while_claim_held(rows, "c", "k", acquire)
-    assert grant is not None
+    await state.dedupe_keep("c", 0.3)
+    async with rows.holding_claim("c"):
+        # the claim's lease lapses while its row is locked here, so no other state's purge (they
+        # delete every expired row of the table) can take the row before the acquire below
+        await asyncio.sleep(0.4)
+        task = asyncio.ensure_future(
+            state.acquire_claimed("k", "a", 30.0, claim="c", claim_ttl=30.0)
+        )
+        await rows.waiting_for_a_row(task)
+        assert await rows.lock_row_is_free("k"), "the lock row was locked before the claim's"
+    grant = await asyncio.wait_for(task, 10.0)
+    assert grant is not None  # None would be "a live claim: duplicate"
     assert grant.token is not None
     assert await state.forget_claimed("c", "a")  # recorded as a's claim
 
