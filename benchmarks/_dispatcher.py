@@ -321,6 +321,27 @@ class Floor(Variant):
 # --- driving --------------------------------------------------------------------------------
 
 
+async def time_variant(variant: Variant, tag: str, n: int, keys: int) -> dict[str, float]:
+    """One timed run of ``variant`` over ``n`` fresh events on ``keys`` keys (``tag`` keeps
+    their ids fresh): throughput, wall and CPU time per event, handler calls. Raises when the
+    run's outcome is wrong (``Variant.check``)."""
+    per_key = _events(variant, tag, n, keys)
+    variant.reset()
+    gc.collect()
+    t0, c0 = time.perf_counter(), time.process_time()
+    await _drive(variant, per_key)
+    wrong = variant.check(n)
+    if wrong:
+        raise RuntimeError(wrong)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "events_s": n / wall,
+        "us_event": wall / n * 1e6,
+        "cpu_us_event": cpu / n * 1e6,
+        "handled": variant.handled,
+    }
+
+
 def _events(variant: Variant, tag: str, n: int, keys: int) -> list[list[Any]]:
     """Per thread key, its events in order; event i belongs to key ``i % keys``."""
     per_key: list[list[Any]] = [[] for _ in range(keys)]
@@ -472,29 +493,15 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         per_round: dict[str, dict[str, float]] = {}
         order = rotated(live, r)
         for variant in order:
-            per_key = _events(variant, f"r{r}v{variants.index(variant)}", n, keys)
-            variant.reset()
-            gc.collect()
-            t0, c0 = time.perf_counter(), time.process_time()
             try:
-                await _drive(variant, per_key)
-                wrong = variant.check(n)
-                if wrong:
-                    raise RuntimeError(wrong)
+                metrics = await time_variant(variant, f"r{r}v{variants.index(variant)}", n, keys)
             except Exception as exc:  # noqa: BLE001 (reported, never fatal)
                 rows(variant).skip(variant.name, f"{type(exc).__name__}: {exc}")
                 log(f"dispatcher: {_plain(variant.name)} failed, dropped: {exc!r}")
                 live.remove(variant)  # a variant that failed once is not run again
                 continue
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            per_round[variant.name] = {
-                "events_s": n / wall,
-                "us_event": wall / n * 1e6,
-                "cpu_us_event": cpu / n * 1e6,
-                "handled": variant.handled,
-                "covered": variant.covered,
-                "dropped": variant.dropped,
-            }
+            metrics["covered"], metrics["dropped"] = variant.covered, variant.dropped
+            per_round[variant.name] = metrics
         for name, metrics in per_round.items():
             for tag, ref in REFS.get(name, {}).items():
                 if ref in per_round:

@@ -20,9 +20,7 @@ Rows are written under a key prefix of this run and deleted at the end.
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
-import time
 from typing import TYPE_CHECKING, Any
 
 from benchmarks._dispatcher import (
@@ -34,6 +32,7 @@ from benchmarks._dispatcher import (
     _events,
     _plain,
     _teardown,
+    time_variant,
 )
 from benchmarks._env import Asynclock, Config, _dist_version, _git, log, now_utc
 from benchmarks._report import Column, Rounds, Section, table
@@ -167,27 +166,14 @@ async def _timed_rounds(
         per_round: dict[str, dict[str, float]] = {}
         order = live[r % len(live) :] + live[: r % len(live)] if live else []
         for variant in order:
-            per_key = _events(variant, f"r{r}v{variants.index(variant)}", n, keys)
-            variant.reset()
-            gc.collect()
-            t0, c0 = time.perf_counter(), time.process_time()
             try:
-                await _drive(variant, per_key)
-                wrong = variant.check(n)
-                if wrong:
-                    raise RuntimeError(wrong)
+                metrics = await time_variant(variant, f"r{r}v{variants.index(variant)}", n, keys)
             except Exception as exc:  # noqa: BLE001 (reported, never fatal)
                 rounds.skip(variant.name, f"{type(exc).__name__}: {exc}")
                 log(f"sql-dispatcher: {_plain(variant.name)} failed, dropped: {exc!r}")
                 live.remove(variant)
                 continue
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            per_round[variant.name] = {
-                "events_s": n / wall,
-                "us_event": wall / n * 1e6,
-                "cpu_us_event": cpu / n * 1e6,
-                "handled": variant.handled,
-            }
+            per_round[variant.name] = metrics
         mine, peer = per_round.get(P_ASYNCLOCK), per_round.get(P_CHAT)
         if mine is not None and peer is not None:
             mine["x_chat"] = mine["events_s"] / peer["events_s"]
