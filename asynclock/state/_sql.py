@@ -19,7 +19,6 @@ function, a MySQL procedure) is kept whole, whatever ``;`` it holds (see :func:`
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 from dataclasses import dataclass
@@ -29,8 +28,6 @@ from asynclock.state._pool import ConnectionPool
 
 __all__ = [
     "ConnectionPool",
-    "Deadline",
-    "Deadlines",
     "Query",
     "check_table_prefix",
     "key_id",
@@ -171,80 +168,3 @@ def mark_of(owner: str) -> str:
     Owner ids never contain a newline, so a mark matches whole entries only.
     """
     return f"\n{owner}\n"
-
-
-class Deadline:
-    """One operation's entry in :class:`Deadlines`: its task, when it is due, whether it expired."""
-
-    __slots__ = ("cancelling", "due", "expired", "task")
-
-    def __init__(self, task: asyncio.Task[object] | None, due: float) -> None:
-        self.task = task
-        self.due = due
-        self.expired = False
-        # cancellations already pending when the operation started (Python 3.11+), which are
-        # not ours to take back
-        cancelling = getattr(task, "cancelling", None)
-        self.cancelling: int = cancelling() if cancelling is not None else 0
-
-    def timed_out(self) -> bool:
-        """After a ``CancelledError``: whether it came from this deadline alone.
-
-        Takes our cancellation back (``Task.uncancel``, Python 3.11+), so a cancellation from
-        anyone else still propagates as one (as ``asyncio.timeout`` does).
-        """
-        if not self.expired:
-            return False
-        uncancel = getattr(self.task, "uncancel", None)
-        return uncancel is None or uncancel() <= self.cancelling
-
-
-class Deadlines:
-    """The operation deadlines of one state, served by one timer instead of one per operation.
-
-    Every operation gets the same budget, so deadlines fall due in the order operations start:
-    the operations in flight wait in an insertion-ordered dict, and a single timer handle, armed
-    for the oldest one, cancels the tasks whose deadline passed and re-arms itself for the next.
-    Starting and finishing an operation is a dict insert and delete, where ``asyncio.timeout``
-    schedules and cancels a timer handle (and allocates its context manager) every time: about
-    a tenth of a lock's client-side cost at a few thousand operations per second.
-
-    The operation catches the ``CancelledError`` and asks :meth:`Deadline.timed_out` whether
-    to turn it into ``TimeoutError`` (like ``asyncio.timeout``).
-    """
-
-    __slots__ = ("_budget", "_handle", "_loop", "_pending")
-
-    def __init__(self, budget: float) -> None:
-        self._budget = budget
-        self._pending: dict[Deadline, None] = {}
-        self._handle: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def start(self) -> Deadline:
-        """The calling task's deadline, ``budget`` seconds from now."""
-        loop = self._loop = asyncio.get_running_loop()
-        deadline = Deadline(asyncio.current_task(loop), loop.time() + self._budget)
-        self._pending[deadline] = None
-        if self._handle is None:
-            self._handle = loop.call_at(deadline.due, self._expire)
-        return deadline
-
-    def finish(self, deadline: Deadline) -> None:
-        """The operation is over (the timer stays armed; it re-arms for what is left)."""
-        self._pending.pop(deadline, None)
-
-    def _expire(self) -> None:
-        self._handle = None
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
-        while self._pending:
-            deadline = next(iter(self._pending))
-            if deadline.due > now:
-                self._handle = loop.call_at(deadline.due, self._expire)
-                return
-            del self._pending[deadline]
-            if deadline.task is not None and not deadline.task.done():
-                deadline.expired = True
-                deadline.task.cancel()

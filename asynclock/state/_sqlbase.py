@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypedDict, TypeVa
 from asynclock._owner import new_process_id
 from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
-from asynclock.state._errors import unavailable_error
+from asynclock.state._guard import OperationGuard
 from asynclock.state._protocol import LockInfo, Watch
 from asynclock.state._sql import (
-    Deadlines,
     check_table_prefix,
     key_id,
     load_queries,
@@ -40,7 +39,6 @@ from asynclock.state._sql import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
-    from asynclock._errors import StateUnavailableError
     from asynclock.state._protocol import Grant, Release
     from asynclock.state._sql import Query
 
@@ -192,19 +190,13 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         self._schema_ready = not create_schema
         self._schema_lock = asyncio.Lock()
         self._source = source
-        self._deadlines = Deadlines(op)
-        self._where = where
+        self._guard = OperationGuard(where, op, self._UNAVAILABLE)
         self._process = new_process_id()
         self._channel = f"{self._table_prefix}released"
         self._statements: dict[str, S] = {
             name: self._prepare(query)
             for name, query in load_queries(self._PACKAGE, self._table_prefix).items()
         }
-        self._unavailable_or_timeout: tuple[type[BaseException], ...] = (
-            *self._UNAVAILABLE,
-            TimeoutError,
-            asyncio.TimeoutError,
-        )
         #: the watches of each key (by the key's id in hex)
         self._watches: dict[str, set[WakeableWatch]] = {}
         #: the inbox watches (``inbox_watch``: woken by any accept of this prefix)
@@ -330,8 +322,10 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _unavailable(self, exc: BaseException) -> StateUnavailableError:
-        return unavailable_error(exc, self._where, self._op_timeout)
+    @property
+    def _where(self) -> str:
+        """The server's name in errors and ``repr`` (a redacted URL)."""
+        return self._guard.where
 
     def _ids(self, key: str) -> tuple[bytes, str]:
         """The key's id (SHA-256 of the prefixed key) and the prefixed key."""
@@ -359,8 +353,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         (the driver then sends nothing more on it) and the cancellation goes on.
         """
         source = self._source
-        deadline = self._deadlines.start()
-        try:
+        async with self._guard():
             stale_retry = True  # one retry on a new connection, if this one was stale
             rolled_back = 0
             while True:
@@ -393,15 +386,6 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
                     raise
                 source.checkin(conn, broken=False)
                 return answer
-        except asyncio.CancelledError:
-            if deadline.timed_out():
-                timeout = TimeoutError()
-                raise self._unavailable(timeout) from timeout
-            raise
-        except self._unavailable_or_timeout as exc:
-            raise self._unavailable(exc) from exc
-        finally:
-            self._deadlines.finish(deadline)
 
     def _maybe_purge(self) -> None:
         """Start a small background purge when ``purge_interval`` has passed since the last."""

@@ -240,7 +240,7 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         # the listener keeps asyncpg's statement cache: LISTEN is its only statement
         state._connect_listener = connector(pooler.listen_dsn)
         state._release_listener = _close
-        state._where = f"PostgreSQL at {redact(pooler.dsn)}"
+        state._guard.where = f"PostgreSQL at {redact(pooler.dsn)}"
         return state
 
     # -- the driver's part ------------------------------------------------------------------
@@ -404,11 +404,8 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         """
         if self._listener is None:
             self._listener = _Listener(self)
-        try:
-            async with deadline_after(self._op_timeout):
-                await self._listener.ensure()
-        except self._unavailable_or_timeout as exc:
-            raise self._unavailable(exc) from exc
+        async with self._guard():
+            await self._listener.ensure()
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
