@@ -142,3 +142,30 @@ async def _hang_in_handler(
         await asyncio.Event().wait()
 
     await bot.dispatch(event_of(spec))
+
+
+async def kill_mid_dispatch(
+    url: str, options: dict[str, object], spec: Spec, lock_ttl: float, spawn_bound: float
+) -> float:
+    """Spawn :func:`dispatch_until_killed` for ``spec``, SIGKILL it once its handler runs.
+
+    Returns when the process is gone, with the ``time.monotonic()`` of the kill: its lock and
+    the event's claim lease stay behind until ``lock_ttl`` lapses.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    inside = ctx.Event()
+    proc = ctx.Process(
+        target=dispatch_until_killed, args=(url, options, spec, lock_ttl, inside), daemon=True
+    )
+    proc.start()
+    try:
+        assert await asyncio.to_thread(inside.wait, spawn_bound), "never got inside"
+        proc.kill()
+        await asyncio.to_thread(proc.join, 10.0)
+        return time.monotonic()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit
 
 import pytest
@@ -281,7 +282,6 @@ async def run_sql(backend: Backend, statements: list[str], *args: object) -> lis
             await conn.close()
         return answers
     import aiomysql  # type: ignore[import-untyped]
-    import pymysql  # type: ignore[import-untyped]
 
     parts = urlsplit(backend.url)
     mysql = await aiomysql.connect(
@@ -296,12 +296,8 @@ async def run_sql(backend: Backend, statements: list[str], *args: object) -> lis
     try:
         async with mysql.cursor() as cursor:
             for statement in statements:
-                try:
-                    await cursor.execute(statement.format("%s"), args or None)
-                except pymysql.err.ProgrammingError as exc:
-                    if exc.args[0] != 1146:  # ER_NO_SUCH_TABLE
-                        raise
-                    answers.append(None)
+                if not await _execute_mysql(cursor, statement.format("%s"), args):
+                    answers.append(None)  # no such table (yet)
                     continue
                 row = await cursor.fetchone()
                 answers.append(row[0] if row else None)
@@ -316,3 +312,32 @@ async def rows_of(backend: Backend, table: str, key_prefix: str) -> int:
         backend, [f"SELECT count(*) FROM {table} WHERE name LIKE {{}}"], f"{key_prefix}%"
     )
     return int(str(count or 0))
+
+
+#: attempts of one test statement that InnoDB chose as a deadlock victim
+_DEADLOCK_ATTEMPTS = 5
+
+
+async def _execute_mysql(cursor: Any, statement: str, args: tuple[object, ...]) -> bool:
+    """Run one autocommit statement; ``False`` if its table does not exist.
+
+    ER_LOCK_DEADLOCK is retried: a range ``DELETE`` of a purge can meet the states' own
+    transactions of tests running in other processes, and InnoDB then rolls back one of
+    them; in autocommit the statement alone is lost, so running it again is what the server
+    asks for.
+    """
+    import pymysql  # type: ignore[import-untyped]
+
+    for attempt in range(1, _DEADLOCK_ATTEMPTS + 1):
+        try:
+            await cursor.execute(statement, args or None)
+        except pymysql.err.OperationalError as exc:  # noqa: PERF203 - retried on purpose
+            if exc.args[0] != 1213 or attempt == _DEADLOCK_ATTEMPTS:  # ER_LOCK_DEADLOCK
+                raise
+        except pymysql.err.ProgrammingError as exc:
+            if exc.args[0] != 1146:  # ER_NO_SUCH_TABLE
+                raise
+            return False
+        else:
+            return True
+    raise AssertionError("unreachable")

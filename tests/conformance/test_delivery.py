@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing
 import time
 from typing import TYPE_CHECKING
 
@@ -212,22 +211,9 @@ class TestDeadWorker:
         self, server_target: Target, server_state: State
     ) -> None:
         spec = ("K", "K-m1")
-        ctx = multiprocessing.get_context("spawn")
-        inside = ctx.Event()
-        proc = ctx.Process(
-            target=_dispatch_workers.dispatch_until_killed,
-            args=(server_target.url, server_target.options, spec, self.LOCK_TTL, inside),
-            daemon=True,
+        await _dispatch_workers.kill_mid_dispatch(
+            server_target.url, server_target.options, spec, self.LOCK_TTL, self.SPAWN_BOUND
         )
-        proc.start()
-        try:
-            assert await asyncio.to_thread(inside.wait, self.SPAWN_BOUND), "never got inside"
-            proc.kill()
-            await asyncio.to_thread(proc.join, 10.0)
-        finally:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
         handled: list[str | None] = []
         bot = EventDispatcher(server_state, lock_ttl=self.LOCK_TTL, dedupe_ttl=600.0)
         bot.add_handler("*", lambda event: handled.append(event.message_id))

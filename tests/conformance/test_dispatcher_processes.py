@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import multiprocessing
 import time
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
@@ -150,23 +149,9 @@ class TestDispatcherKilledMidEvent:
         # renewed by the dead process only), not "done" for dedupe_ttl=600 s: the platform's
         # redelivery is handled within about one lease instead of being a duplicate for 10 min.
         spec = ("K", "K-m1")
-        ctx = multiprocessing.get_context("spawn")
-        inside = ctx.Event()
-        proc = ctx.Process(
-            target=_dispatch_workers.dispatch_until_killed,
-            args=(server_target.url, server_target.options, spec, self.LOCK_TTL, inside),
-            daemon=True,
+        killed = await _dispatch_workers.kill_mid_dispatch(
+            server_target.url, server_target.options, spec, self.LOCK_TTL, self.SPAWN_BOUND
         )
-        proc.start()
-        try:
-            assert await asyncio.to_thread(inside.wait, self.SPAWN_BOUND), "never got inside"
-            proc.kill()
-            await asyncio.to_thread(proc.join, 10.0)
-            killed = time.monotonic()
-        finally:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
         handled: list[str | None] = []
         bot = EventDispatcher(server_state, lock_ttl=self.LOCK_TTL, dedupe_ttl=600.0)
         bot.add_handler("*", lambda event: handled.append(event.message_id))

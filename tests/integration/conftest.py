@@ -6,6 +6,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+from redis.asyncio import Redis
 
 from tests._matrix import REDIS, purge_namespace, require
 
@@ -26,3 +27,11 @@ async def namespace() -> AsyncIterator[str]:
 def prefix(namespace: str) -> str:
     """The ``prefix=`` of ``state_from_url`` that puts a state in the test's namespace."""
     return str(REDIS.options(namespace)["prefix"])
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[Redis]:
+    """A plain client of the test Redis server (to read what the workers wrote)."""
+    client = Redis.from_url(REDIS.url)
+    yield client
+    await client.aclose()

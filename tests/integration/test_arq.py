@@ -9,19 +9,17 @@ retry, and the fairness measurement against arq's plain retry.
 from __future__ import annotations
 
 import sys
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from arq import create_pool
 from arq.connections import RedisSettings
 from arq.worker import func
-from redis.asyncio import Redis
 
 from asynclock import AsyncLock, RedisState
 from asynclock.integrations.arq import check_tries, retry_on_lock_conflict
 from tests._helpers import reply
-from tests._matrix import REDIS, purge_namespace, require
+from tests._matrix import REDIS
 from tests._storm_workers import RedisConversations
 from tests.integration._fleet import (
     CONTACTS,
@@ -39,25 +37,11 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from arq.connections import ArqRedis
+    from redis.asyncio import Redis
 
 pytestmark = [pytest.mark.redis, pytest.mark.processes, pytest.mark.slow]
 
 WORKER = (sys.executable, "-m", "arq", "tests.integration._arq_jobs.WorkerSettings")
-
-
-@pytest.fixture
-async def namespace() -> AsyncIterator[str]:
-    require(REDIS)
-    made = uuid.uuid4().hex
-    yield made
-    await purge_namespace(REDIS, made)
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis.from_url(REDIS.url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

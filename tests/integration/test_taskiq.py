@@ -8,17 +8,15 @@ works in whole seconds, so the scenes run at the seed's own pace (1 s per second
 from __future__ import annotations
 
 import sys
-import uuid
 from typing import TYPE_CHECKING
 
 import pytest
-from redis.asyncio import Redis
 from taskiq import Context, TaskiqDepends
 from taskiq.kicker import AsyncKicker
 
 from asynclock import AsyncLock, RedisState
 from asynclock.integrations.taskiq import check_tries, retry_on_lock_conflict
-from tests._matrix import REDIS, purge_namespace, require
+from tests._matrix import REDIS
 from tests._storm_workers import RedisConversations
 from tests.integration._fleet import (
     CONTACTS,
@@ -33,6 +31,7 @@ from tests.integration._fleet import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from redis.asyncio import Redis
     from taskiq_redis import RedisStreamBroker
 
 pytestmark = [pytest.mark.redis, pytest.mark.processes, pytest.mark.slow]
@@ -41,21 +40,6 @@ APP = "tests.integration._taskiq_jobs"
 WORKER = (sys.executable, "-m", "taskiq", "worker", f"{APP}:broker", "--workers", "1")
 SCHEDULER = (sys.executable, "-m", "taskiq", "scheduler", f"{APP}:scheduler")
 SCHEDULER_OPTIONS = ("--update-interval", "1", "--loop-interval", "1")
-
-
-@pytest.fixture
-async def namespace() -> AsyncIterator[str]:
-    require(REDIS)
-    made = uuid.uuid4().hex
-    yield made
-    await purge_namespace(REDIS, made)
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[Redis]:
-    client = Redis.from_url(REDIS.url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture
