@@ -25,7 +25,7 @@ from asynclock.cli._demo import format_result, run_demo
 from asynclock.cli._worker import inbox_command, run_worker
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from asynclock.state._protocol import LockInfo
 
@@ -155,19 +155,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     if command in ("locks", "unlock"):
-        return _admin_command(args)
+        return _exit_code(command, lambda: _admin_command(args))
     if command in ("worker", "inbox"):
-        return _inbox_command(parser, args)
+        return _exit_code(command, lambda: _inbox_command(parser, args))
+    return _exit_code(command, lambda: _demo_command(args))
+
+
+def _exit_code(command: str, run: Callable[[], int]) -> int:
+    """Run one command; map what it raises to the exit code and one line on stderr.
+
+    2: a usage error (a bad URL, option or value, a missing driver); 1: the state is
+    unavailable, or a question got no answer.
+    """
     try:
-        result = asyncio.run(
-            run_demo(args.state, tasks=args.tasks, contacts=args.contacts, gap=args.gap)
-        )
-    except (ValueError, ImportError, NotImplementedError) as exc:
-        print(f"asynclock demo: {exc}", file=sys.stderr)
+        return run()
+    except (ValueError, ImportError, NotImplementedError, TypeError) as exc:
+        print(f"asynclock {command}: {exc}", file=sys.stderr)
         return 2
     except StateUnavailableError as exc:
-        print(f"asynclock demo: the state server is unavailable: {exc}", file=sys.stderr)
+        print(f"asynclock {command}: the state is unavailable: {exc}", file=sys.stderr)
         return 1
+    except EOFError:
+        print("no answer: left as it is", file=sys.stderr)
+        return 1
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    """``demo``: the seed's scenario on the chosen state, with its summary."""
+    result = asyncio.run(
+        run_demo(args.state, tasks=args.tasks, contacts=args.contacts, gap=args.gap)
+    )
     print(format_result(result), end="")
     return 0
 
@@ -216,47 +233,29 @@ def _admin_command(args: argparse.Namespace) -> int:
             print(f"released {args.key!r} (was {released.owner}, token {released.token})")
         return 0
 
-    try:
-        if args.command == "locks":
-            return asyncio.run(listing())
-        if not args.yes:
-            held = asyncio.run(holder())
-            if held is None:
-                print(f"{args.key!r} is not held")
-                return 0
-            answer = input(
-                f"force-release {args.key!r} held by {held.owner} "
-                f"({held.remaining:.1f} s left)? [y/N] "
-            )
-            if answer.strip().lower() not in ("y", "yes"):
-                print("left as it is")
-                return 1
-        return asyncio.run(release())
-    except (ValueError, ImportError, NotImplementedError) as exc:
-        print(f"asynclock {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except StateUnavailableError as exc:
-        print(f"asynclock {args.command}: the state is unavailable: {exc}", file=sys.stderr)
-        return 1
-    except EOFError:
-        print("no answer: left as it is", file=sys.stderr)
-        return 1
+    if args.command == "locks":
+        return asyncio.run(listing())
+    if not args.yes:
+        held = asyncio.run(holder())
+        if held is None:
+            print(f"{args.key!r} is not held")
+            return 0
+        answer = input(
+            f"force-release {args.key!r} held by {held.owner} ({held.remaining:.1f} s left)? [y/N] "
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            print("left as it is")
+            return 1
+    return asyncio.run(release())
 
 
 def _inbox_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``worker`` and ``inbox``."""
-    try:
-        if args.command == "worker":
-            return asyncio.run(run_worker(args.target))
-        action: list[str] = args.action
-        if action and (action[0] != "requeue" or len(action) != 2):
-            parser.error(f"inbox takes no argument or `requeue KEY`, got {' '.join(action)!r}")
-        requeue = action[1] if action else None
-        print(asyncio.run(inbox_command(args.state, args.prefix, requeue)), end="")
-    except (ValueError, ImportError, NotImplementedError, TypeError) as exc:
-        print(f"asynclock {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except StateUnavailableError as exc:
-        print(f"asynclock {args.command}: the state is unavailable: {exc}", file=sys.stderr)
-        return 1
+    if args.command == "worker":
+        return asyncio.run(run_worker(args.target))
+    action: list[str] = args.action
+    if action and (action[0] != "requeue" or len(action) != 2):
+        parser.error(f"inbox takes no argument or `requeue KEY`, got {' '.join(action)!r}")
+    requeue = action[1] if action else None
+    print(asyncio.run(inbox_command(args.state, args.prefix, requeue)), end="")
     return 0
