@@ -1,5 +1,9 @@
 """RedisState: locks and dedupe records in Redis, through redis-py's ``redis.asyncio``.
 
+Size: over 500 lines on purpose: every operation of State, ClaimingState, FairState, LockAdmin
+and InboxState, each a few lines around one script of this folder, written once for every
+topology (what differs by topology is in the transports, see below).
+
 Every lock operation is one EVALSHA of a script in this folder (``acquire.lua``,
 ``release.lua``, ``extend.lua``, ``inspect.lua``, each prefixed with ``_value.lua``), so it is
 atomic against every client of the server and uses the server's clock. Dedupe is one
