@@ -307,9 +307,13 @@ class RedisState(ClosesOnExit):
         return self._keys.lock_key(key)
 
     @property
-    def _pool(self) -> LeanPool | SentinelMaster | None:
-        """The connection pool of one server (or Sentinel's master); ``None`` on a cluster."""
-        return self._transport.pool
+    def _pool(self) -> LeanPool | SentinelMaster:
+        """The connection pool of one server (Sentinel: the master's); a cluster has one per
+        master, in its router, and no such attribute."""
+        pool = self._transport.pool
+        if pool is None:
+            raise AttributeError("a clustered RedisState has one pool per master")
+        return pool
 
     # -- plumbing ---------------------------------------------------------------------------
 
