@@ -1,8 +1,8 @@
 """RedisState: locks and dedupe records in Redis, through redis-py's ``redis.asyncio``.
 
-Size: over 500 lines on purpose: every operation of State, ClaimingState, FairState, LockAdmin
-and InboxState, each a few lines around one script of this folder, written once for every
-topology (what differs by topology is in the transports, see below).
+Size: a little over 500 lines: every operation of State, ClaimingState, FairState and
+LockAdmin, each a few lines around one script, written once for every topology (what differs
+by topology is in the transports, see below; the inbox's operations are in ``_inbox.py``).
 
 Every lock operation is one EVALSHA of a script in this folder (``acquire.lua``,
 ``release.lua``, ``extend.lua``, ``inspect.lua``, each prefixed with ``_value.lua``), so it is
@@ -37,33 +37,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
-from importlib import resources
 from typing import TYPE_CHECKING
 
-from asynclock._errors import LockNotOwnedError, StateUnavailableError
+from asynclock._errors import StateUnavailableError
 from asynclock._owner import new_process_id
-from asynclock._validate import check_key, check_limit, check_seconds, check_ttl, ttl_ms
+from asynclock._validate import check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._guard import OperationGuard
-from asynclock.state._protocol import (
-    DeadLetter,
-    Grant,
-    InboxAccepted,
-    InboxBatch,
-    InboxEntry,
-    InboxKey,
-    LockInfo,
-    Release,
-)
+from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL
 from asynclock.state._watch import EventWatch
 from asynclock.state.redis._clients import client_from_url, transport_for
-from asynclock.state.redis._transport import UNAVAILABLE, glob_escape
+from asynclock.state.redis._inbox import RedisInbox
+from asynclock.state.redis._scripts import as_int as _as_int
+from asynclock.state.redis._scripts import load_scripts as _scripts
+from asynclock.state.redis._scripts import text as _text
+from asynclock.state.redis._transport import UNAVAILABLE
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Collection
+    from collections.abc import AsyncIterator
 
     from redis.asyncio import Redis, RedisCluster
 
@@ -76,55 +68,7 @@ if TYPE_CHECKING:
 __all__ = ["RedisState"]
 
 
-class _Script:
-    """Lua files of this folder joined into one script (the prelude first), run by EVALSHA."""
-
-    __slots__ = ("name", "sha", "text")
-
-    def __init__(self, name: str, *parts: str, sharded: bool = False) -> None:
-        folder = resources.files(__package__)
-        self.name = name
-        self.text = "\n".join(
-            folder.joinpath(f"{part}.lua").read_text(encoding="utf-8")
-            for part in ("_value", *(parts or (name,)))
-        )
-        if sharded:
-            # Redis Cluster: a plain PUBLISH is broadcast to every node of the cluster; a sharded
-            # one stays on the node owning the channel's slot, where its waiters SSUBSCRIBE.
-            self.text = self.text.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
-        self.sha = hashlib.sha1(self.text.encode(), usedforsecurity=False).hexdigest()
-
-
-def _scripts(*, sharded: bool = False) -> dict[str, _Script]:
-    names = (
-        "acquire",
-        "release",
-        "extend",
-        "inspect",
-        "abandon",
-        "force_release",
-        "dedupe_keep",
-        "forget_claim",
-    )
-    scripts = {name: _Script(name, sharded=sharded) for name in names}
-    scripts["claim_acquire"] = _Script("claim_acquire", "_claim", "acquire", sharded=sharded)
-    scripts["release_claimed"] = _Script("release_claimed", "_settle", "release", sharded=sharded)
-    # the inbox wake-up stays a PUBLISH on a cluster too (see _cluster_inbox.py): the prelude
-    # that says whether the key may be added to its set of keys with work goes first
-    scripts["inbox_accept"] = _Script("inbox_accept", "_listed", "inbox_accept")
-    scripts["inbox_requeue"] = _Script("inbox_requeue", "_listed", "inbox_requeue")
-    scripts["inbox_step"] = _Script("inbox_step", "_inbox_step", "release", sharded=sharded)
-    scripts["inbox_take"] = _Script("inbox_take", "_inbox_take", "release", sharded=sharded)
-    scripts["inbox_unlist"] = _Script("inbox_unlist")
-    scripts["inbox_forget_slot"] = _Script("inbox_forget_slot")
-    scripts["fair_acquire"] = _Script(
-        "fair_acquire", "_fair_open", "acquire", "fair_acquire", sharded=sharded
-    )
-    scripts["fair_leave"] = _Script("fair_leave", sharded=sharded)
-    return scripts
-
-
-class RedisState(ClosesOnExit):
+class RedisState(RedisInbox, ClosesOnExit):
     """Locks and dedupe records in Redis, shared by every process that uses the same server.
 
     Invariants:
@@ -617,235 +561,6 @@ class RedisState(ClosesOnExit):
         finally:
             subscriber.discard(channel, watch)
 
-    # -- the inbox (InboxState) -------------------------------------------------------------
-
-    def _inbox_keys(self, key: str) -> tuple[str, str, str, str]:
-        """The inbox's list, head attempt count, dead letters and entry counter (one slot)."""
-        base = f"{self.lock_key(key)}:inbox"
-        return base, f"{base}:attempts", f"{base}:dead", f"{base}:seq"
-
-    async def inbox_accept(
-        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
-    ) -> InboxAccepted:
-        """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept.lua``, one EVALSHA;
-        with ``replicas=``, WAIT in the same write; on a cluster, two more the first time a slot
-        gets work: see ``_cluster_inbox.py``)."""
-        check_key(key)
-        entries, _, _, seq = self._inbox_keys(key)
-        lock_key = self.lock_key(key)
-        claim_key = self._prefix + claim if claim is not None else seq
-        if not self._ready.atomic_with(lock_key, claim_key):
-            return await self._accept_claimed_apart(key, payload, claim_key, claim_ttl, max_pending)
-        ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
-        reply = await self._eval_listing(
-            "inbox_accept",
-            lock_key,
-            (entries, seq, ready, claim_key, mark),
-            (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
-            lambda reply: isinstance(reply, list) and _text(reply[0]) == "unlisted",
-            f"an event for {key!r} was accepted",
-        )
-        assert isinstance(reply, list)
-        return InboxAccepted(_text(reply[0]), _as_int(reply[1]))
-
-    async def _accept_claimed_apart(
-        self, key: str, payload: str, claim_key: str, claim_ttl: float, max_pending: int
-    ) -> InboxAccepted:
-        """A claim that no script can reach with the inbox (a cluster key starting with a brace,
-        see :meth:`lock_key`): record it first, then accept without it, and forget it again if
-        the entry was not appended. Two round trips; a crash between them loses the event's
-        redelivery as a duplicate, as :meth:`acquire_claimed` does for such keys."""
-        if not await self._set_if_absent(claim_key, "accepted", claim_ttl):
-            entries = self._inbox_keys(key)[0]
-            return InboxAccepted(
-                "duplicate", _as_int(await self._command(entries, "LLEN", entries))
-            )
-        accepted = await self.inbox_accept(
-            key, payload, claim=None, claim_ttl=claim_ttl, max_pending=max_pending
-        )
-        if accepted.status != "accepted":
-            await self._command(claim_key, "DEL", claim_key)
-        return accepted
-
-    async def _eval_listing(
-        self,
-        name: str,
-        lock_key: str,
-        keys: tuple[str, ...],
-        args: tuple[str | int, ...],
-        unlisted: Callable[[object], bool],
-        what: str,
-    ) -> object:
-        """Run a script that may add ``lock_key``'s key to its set of keys with work
-        (``_listed.lua``); if that set was ``unlisted``, list it and run the script again.
-
-        The script gets ``args``, then the listing, then the wake-up channel. With
-        ``replicas=N``, each run is confirmed by WAIT (a shortfall raises, naming ``what``).
-        """
-        channel = self._ready.channel
-        reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, channel), what)
-        if unlisted(reply):  # a run with a generation is never unlisted (_listed.lua)
-            generation = await self._ready.list_for(lock_key)
-            reply = await self._eval_confirmed(name, keys, (*args, generation, channel), what)
-        return reply
-
-    async def _eval_confirmed(
-        self, name: str, keys: tuple[str, ...], args: tuple[str | int, ...], what: str
-    ) -> object:
-        """:meth:`_eval`; with ``replicas=N``, :meth:`_eval_waited`, a shortfall raising."""
-        if not self._replicas:
-            return await self._eval(name, keys, *args)
-        reply, acks = await self._eval_waited(name, keys, *args)
-        error = self._short(acks, what)
-        if error is not None:
-            raise error
-        return reply
-
-    async def inbox_step(
-        self,
-        key: str,
-        owner: str,
-        *,
-        done: int | None = None,
-        dead: str | None = None,
-        take: bool = True,
-    ) -> InboxEntry | None:
-        """See :meth:`asynclock.state.InboxState.inbox_step` (``_inbox_step.lua`` before
-        ``release.lua``: one EVALSHA)."""
-        args = (
-            *self._step_args(owner),
-            "" if done is None else str(done),
-            "1" if dead is not None else "0",
-            dead or "",
-            "1" if take else "0",
-            key,
-        )
-        reply = await self._eval("inbox_step", self._step_keys(key), *args)
-        if isinstance(reply, list):
-            head, count, now_ms, pending = reply
-            entry_id, accepted_ms, payload = _entry(head)
-            age = max(_as_int(now_ms) - accepted_ms, 0) / 1000.0
-            return InboxEntry(entry_id, _as_int(count), payload, age, _as_int(pending))
-        if _as_int(reply) < 0:
-            raise LockNotOwnedError(key, owner)
-        return None
-
-    async def inbox_take(
-        self,
-        key: str,
-        owner: str,
-        *,
-        done: Collection[int] = (),
-        dead: str | None = None,
-        limit: int,
-    ) -> InboxBatch | None:
-        """See :meth:`asynclock.state.InboxState.inbox_take` (``_inbox_take.lua`` before
-        ``release.lua``: one EVALSHA)."""
-        check_limit(limit)
-        ids = tuple(str(int(entry)) for entry in done)
-        args = (*self._step_args(owner), limit, "1" if dead is not None else "0", dead or "", key)
-        keys = (*self._step_keys(key), f"{self._inbox_keys(key)[0]}:tries")
-        reply = await self._eval("inbox_take", keys, *args, *ids)
-        if not isinstance(reply, list):
-            if _as_int(reply) < 0:
-                raise LockNotOwnedError(key, owner)
-            return None
-        now_ms, pending, newest, *handed = reply
-        now, count = _as_int(now_ms), _as_int(pending)
-        entries = []
-        for raw, attempts in zip(handed[::2], handed[1::2], strict=True):
-            entry_id, accepted_ms, payload = _entry(raw)
-            age = max(now - accepted_ms, 0) / 1000.0
-            entries.append(InboxEntry(entry_id, _as_int(attempts), payload, age, count))
-        quiet = max(now - _entry(newest)[1], 0) / 1000.0
-        return InboxBatch(tuple(entries), count, quiet)
-
-    def _step_keys(self, key: str) -> tuple[str, ...]:
-        """KEYS[1..8] of ``inbox_step`` and ``inbox_take`` (release.lua's, then the inbox's)."""
-        entries, attempts, dead_letters, seq = self._inbox_keys(key)
-        lock_key = self.lock_key(key)
-        return (
-            lock_key,
-            f"{lock_key}:released",
-            f"{lock_key}:abandoned:",
-            entries,
-            attempts,
-            dead_letters,
-            self._ready.ready_key(lock_key),
-            seq,
-        )
-
-    def _step_args(self, owner: str) -> tuple[str | int, ...]:
-        """ARGV[1..5] of ``inbox_step`` and ``inbox_take``: release.lua's, without a successor."""
-        return (owner, "", 0, self._retention_ms, self._reservation_ms)
-
-    async def inbox_ready(self) -> list[str]:
-        """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE; on a cluster, the
-        directory and the sets it lists, see ``_cluster_inbox.py``)."""
-        return await self._ready.keys()
-
-    @contextlib.asynccontextmanager
-    async def inbox_watch(self) -> AsyncIterator[EventWatch]:
-        """See :meth:`asynclock.state.InboxState.inbox_watch` (SUBSCRIBE to the wake-up channel)."""
-        channel = self._ready.channel.encode()
-        async with self._watch_channel(channel, self._ready.wake_subscriber()) as watch:
-            yield watch
-
-    async def inbox_keys(self) -> list[InboxKey]:
-        """See :meth:`asynclock.state.InboxState.inbox_keys` (the set of keys with work, and a
-        SCAN for dead letters)."""
-        keys = set(await self.inbox_ready())
-        pattern = f"{glob_escape(self._prefix)}{{*}}:inbox:dead"
-        async for name in self._scan(pattern):
-            keys.add(self._keys.key_of(name[: -len(":inbox:dead")]))
-        found = []
-        now = await self._command(self._ready.channel, "TIME")  # the server's clock, once
-        assert isinstance(now, list)
-        now_ms = _as_int(now[0]) * 1000 + _as_int(now[1]) // 1000
-        for key in sorted(keys):
-            entries, _, dead_letters, _ = self._inbox_keys(key)
-            pending = _as_int(await self._command(entries, "LLEN", entries))
-            head = await self._command(entries, "LINDEX", entries, 0)
-            age = 0.0 if head is None else max(now_ms - _entry(head)[1], 0) / 1000.0
-            dead = _as_int(await self._command(dead_letters, "LLEN", dead_letters))
-            found.append(InboxKey(key, pending, age, dead))
-        return found
-
-    async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
-        """See :meth:`asynclock.state.InboxState.inbox_dead_letters` (one LRANGE)."""
-        _, _, dead_letters, _ = self._inbox_keys(key)
-        reply = await self._command(dead_letters, "LRANGE", dead_letters, 0, -1)
-        assert isinstance(reply, list)
-        letters = []
-        for raw in reply:
-            entry, attempts, error = json.loads(_text(raw))
-            entry_id, _, payload = _entry(entry)
-            letters.append(DeadLetter(key, entry_id, int(attempts), error, payload))
-        return letters
-
-    async def inbox_requeue(self, key: str) -> int:
-        """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue.lua``)."""
-        entries, attempts, dead_letters, _ = self._inbox_keys(key)
-        lock_key = self.lock_key(key)
-        ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
-        reply = await self._eval_listing(
-            "inbox_requeue",
-            lock_key,
-            (entries, attempts, dead_letters, ready, mark),
-            (key,),
-            lambda reply: _as_int(reply) < 0,
-            f"dead letters of {key!r} were requeued",
-        )
-        return _as_int(reply)
-
-
-def _as_int(value: object) -> int:
-    if isinstance(value, int):
-        return value
-    if isinstance(value, (bytes, str)):
-        return int(value)
-    raise TypeError(f"unexpected reply from Redis: {value!r}")
-
 
 def _lock_info(key: str, reply: object, *, held: bool = True) -> LockInfo | None:
     """Lock ``key``'s :class:`LockInfo` from a script's reply: ``inspect.lua``'s
@@ -856,13 +571,3 @@ def _lock_info(key: str, reply: object, *, held: bool = True) -> LockInfo | None
     owner, token = reply[0], reply[-1]
     left = max(_as_int(reply[1]), 0) / 1000.0 if held else 0.0
     return LockInfo(key, _text(owner), left, _as_int(token))
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _entry(raw: object) -> tuple[int, int, str]:
-    """An inbox entry ``"<id> <accepted ms> <payload>"`` (``inbox_accept.lua``) as its parts."""
-    entry_id, accepted_ms, payload = _text(raw).split(" ", 2)
-    return int(entry_id), int(accepted_ms), payload
