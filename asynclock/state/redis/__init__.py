@@ -50,7 +50,7 @@ from asynclock.state._watch import EventWatch
 from asynclock.state.redis._clients import client_from_url, transport_for
 from asynclock.state.redis._inbox import RedisInbox
 from asynclock.state.redis._scripts import as_int as _as_int
-from asynclock.state.redis._scripts import load_scripts as _scripts
+from asynclock.state.redis._scripts import load_scripts
 from asynclock.state.redis._scripts import text as _text
 from asynclock.state.redis._transport import UNAVAILABLE
 
@@ -66,6 +66,9 @@ if TYPE_CHECKING:
     from asynclock.state.redis._transport import Transport
 
 __all__ = ["RedisState"]
+
+#: every script of the state, by name (kept under its old name: tests load them through it)
+_scripts = load_scripts
 
 
 class RedisState(RedisInbox, ClosesOnExit):
