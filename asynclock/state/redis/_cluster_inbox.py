@@ -130,10 +130,6 @@ class SlotReadySets:
         """See :meth:`ReadyIndex.listed_key`."""
         return self._mark_of(slot_of(lock_key))
 
-    def atomic_with(self, lock_key: str, name: str) -> bool:
-        """See :meth:`ReadyIndex.atomic_with`: keys of one slot."""
-        return slot_of(name) == slot_of(lock_key)
-
     async def list_for(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.list_for`: a fresh generation for the slot, in the directory."""
         slot = slot_of(lock_key)

@@ -89,7 +89,7 @@ class RedisInbox:
         entries, _, _, seq = self._inbox_keys(key)
         lock_key = self.lock_key(key)
         claim_key = self._prefix + claim if claim is not None else seq
-        if not self._ready.atomic_with(lock_key, claim_key):
+        if not self._keys.atomic_with(lock_key, claim_key):
             return await self._accept_claimed_apart(key, payload, claim_key, claim_ttl, max_pending)
         ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
         reply = await self._eval_listing(
