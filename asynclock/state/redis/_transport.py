@@ -2,7 +2,7 @@
 
 RedisState is written once, against this interface; each topology implements it in its own
 module: one server (``_plain.py``: :class:`~asynclock.state.redis._plain.PlainTransport`), a
-Sentinel-named master (``_sentinel.py``) and a cluster (``_cluster.py``), each over
+Sentinel-named master (``_sentinel.py``) and a cluster (``_cluster_transport.py``), each over
 :class:`~asynclock.state.redis._pool.LeanPool`. ``_clients.py`` picks one by the client's type.
 
 A transport does the I/O and nothing else: it neither bounds an operation nor maps its errors.
@@ -57,9 +57,10 @@ class Script(Protocol):
 class Transport(Protocol):
     """Commands and scripts on one Redis topology (see the module).
 
-    Invariant: every method is one exchange with the server (or, for :meth:`scan`, one per
-    page), safe to bound by a deadline from outside: a call cut short leaves no connection
-    that could be reused out of sync.
+    Invariant: every I/O method is one operation (for :meth:`scan`, each page is one), even
+    when it takes several exchanges (a ``NOSCRIPT`` answered by loading the script, a cluster
+    redirection followed), and is safe to bound by a deadline from outside: a call cut short
+    leaves no connection that could be reused out of sync.
     """
 
     @property
