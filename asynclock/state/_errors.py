@@ -3,30 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from asynclock._errors import StateUnavailableError
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-
-@contextmanager
-def map_driver_errors(
-    unavailable: tuple[type[BaseException], ...], where: str, op_timeout: float | None
-) -> Iterator[None]:
-    """Translate ``unavailable`` driver errors (and our own deadline) into StateUnavailableError.
-
-    ``where`` names the backend without secrets (a redacted URL); the driver's exception stays
-    reachable as ``__cause__``.
-    """
-    try:
-        yield
-    except (TimeoutError, asyncio.TimeoutError) as exc:
-        raise unavailable_error(exc, where, op_timeout) from exc
-    except unavailable as exc:
-        raise unavailable_error(exc, where, op_timeout) from exc
 
 
 def unavailable_error(
@@ -34,8 +12,8 @@ def unavailable_error(
 ) -> StateUnavailableError:
     """The StateUnavailableError for driver error ``exc`` (chain it with ``from exc``).
 
-    For hot paths that catch the driver errors themselves instead of entering
-    :func:`map_driver_errors`.
+    :class:`~asynclock.state._guard.OperationGuard` raises it for every server state's
+    operation.
     """
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return StateUnavailableError(f"{where} did not answer within op_timeout={op_timeout} s")

@@ -34,7 +34,7 @@ import binascii
 import time
 import uuid
 from functools import cache
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from asynclock.state.redis._cluster import SLOTS, slot_of
 from asynclock.state.redis._subscriber import Subscriber
@@ -46,19 +46,13 @@ if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state.redis._cluster import Address, ClusterRouter
+    from asynclock.state.redis._transport import Script
 
 #: hashes the directory of slots with work is sharded over
 DIRECTORY_SHARDS = 16
 #: seconds between two prunings of the directory by one process; a slot is taken off only if its
 #: set was empty at two prunings in a row (so a slot in use is not re-listed over and over)
 PRUNE_EVERY = 30.0
-
-
-class _Script(Protocol):
-    @property
-    def sha(self) -> str: ...
-    @property
-    def text(self) -> str: ...
 
 
 @cache
@@ -96,8 +90,8 @@ class SlotReadySets:
         prefix: str,
         guard: Callable[[], AbstractAsyncContextManager[None]],
         *,
-        unlist: _Script,
-        forget: _Script,
+        unlist: Script,
+        forget: Script,
         op_timeout: float,
     ) -> None:
         """``guard()``: one operation's deadline and error mapping (the state's)."""
@@ -135,10 +129,6 @@ class SlotReadySets:
     def listed_key(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.listed_key`."""
         return self._mark_of(slot_of(lock_key))
-
-    def atomic_with(self, lock_key: str, name: str) -> bool:
-        """See :meth:`ReadyIndex.atomic_with`: keys of one slot."""
-        return slot_of(name) == slot_of(lock_key)
 
     async def list_for(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.list_for`: a fresh generation for the slot, in the directory."""

@@ -36,10 +36,6 @@ class ReadyIndex(Protocol):
         """The listing mark of :meth:`ready_key` (``_listed.lua``)."""
         ...
 
-    def atomic_with(self, lock_key: str, name: str) -> bool:
-        """Whether one script may touch ``name`` along with ``lock_key``'s inbox."""
-        ...
-
     async def list_for(self, lock_key: str) -> str:
         """List ``lock_key``'s set in the directory; the generation to come back with."""
         ...
@@ -77,10 +73,6 @@ class ReadySet:
     def listed_key(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.listed_key` (never read: the listing is ``''``)."""
         return self._key
-
-    def atomic_with(self, lock_key: str, name: str) -> bool:
-        """One server: any two keys."""
-        return True
 
     async def list_for(self, lock_key: str) -> str:
         """Never called: the one set is always listed."""

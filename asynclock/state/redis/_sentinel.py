@@ -1,5 +1,9 @@
 """Redis Sentinel: the master a service's sentinels name, served through one :class:`LeanPool`.
 
+:class:`SentinelTransport` is RedisState's transport under Sentinel: the one-server transport
+(``_plain.py``) with its pool replaced by a :class:`SentinelMaster`, and a subscriber that
+asks the sentinels before every (re)connection.
+
 redis-py's ``Sentinel`` does the discovery only (``SENTINEL MASTERS`` on each sentinel in
 turn, a master that is down or not confirmed by enough sentinels is skipped). Commands keep
 RedisState's lean path: plain connections to the discovered address, from a pool that is
@@ -31,7 +35,9 @@ from redis import exceptions as redis_errors
 from redis.asyncio.connection import Connection, SSLConnection
 
 from asynclock._compat import deadline_after
+from asynclock.state.redis._plain import PlainTransport
 from asynclock.state.redis._pool import LeanPool
+from asynclock.state.redis._subscriber import Subscriber
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -209,3 +215,34 @@ class SentinelMaster:
         await self._pool.aclose()
         for client in self._sentinel.sentinels if sentinels else ():
             await client.aclose()
+
+
+class SentinelTransport(PlainTransport):
+    """See :class:`~asynclock.state.redis._transport.Transport`: a :class:`SentinelMaster`
+    in place of the one server's pool."""
+
+    def __init__(self, client_pool: SentinelConnectionPool, size: int, op_timeout: float) -> None:
+        """``client_pool``: the pool of a client from ``Sentinel.master_for``."""
+        self._sentinel_master = SentinelMaster(client_pool, size, op_timeout)
+        self.pool = self._sentinel_master
+        self.where = f"Redis Sentinel service {self._sentinel_master.service!r}"
+
+    @property
+    def master(self) -> tuple[str, int] | None:
+        """See :meth:`Transport.master`: the address the sentinels named last."""
+        return self._sentinel_master.address
+
+    def describe(self, where: str) -> str:
+        """See :meth:`Transport.describe` (the service, and its sentinels' URL if known)."""
+        return where
+
+    def subscriber(self, op_timeout: float) -> Subscriber:
+        """See :meth:`Transport.subscriber`: on the master, located before each connection."""
+        master = self._sentinel_master
+        return Subscriber(
+            lambda: master.new_connection(protocol=2), op_timeout, locate=master.locate
+        )
+
+    async def aclose(self, *, owned: bool) -> None:
+        """See :meth:`Transport.aclose` (``owned``: the connections to the sentinels too)."""
+        await self._sentinel_master.aclose(sentinels=owned)

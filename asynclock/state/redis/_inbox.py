@@ -1,0 +1,298 @@
+"""The durable inbox of RedisState (:class:`~asynclock.state.InboxState`), as a mixin.
+
+:class:`RedisInbox` holds the inbox operations; :class:`~asynclock.state.redis.RedisState`
+inherits them and supplies what they run on (declared at the top of the class: the scripts
+through the state's guard, its key layout and its ready index), as ``_sqlinbox.py`` does for the
+SQL states. Each operation is one script of this folder (``inbox_*.lua``, ``_inbox_*.lua``
+before ``release.lua``), atomic with the key's lock; the set of keys with work is the ready
+index's (``_ready.py``; per slot with a directory on a cluster, ``_cluster_inbox.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import TYPE_CHECKING
+
+from asynclock._errors import LockNotOwnedError
+from asynclock._validate import check_key, check_limit, ttl_ms
+from asynclock.state._protocol import (
+    DeadLetter,
+    InboxAccepted,
+    InboxBatch,
+    InboxEntry,
+    InboxKey,
+)
+from asynclock.state.redis._scripts import as_int, text
+from asynclock.state.redis._transport import glob_escape
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Collection
+    from contextlib import AbstractAsyncContextManager
+
+    from asynclock._errors import StateUnavailableError
+    from asynclock.state._watch import EventWatch
+    from asynclock.state.redis._ready import ReadyIndex
+    from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
+    from asynclock.state.redis._transport import LockKeys
+
+__all__ = ["RedisInbox"]
+
+
+class RedisInbox:
+    """The :class:`~asynclock.state.InboxState` operations of RedisState (see the module)."""
+
+    # what RedisState supplies
+    _prefix: str
+    _keys: LockKeys
+    _ready: ReadyIndex
+    _replicas: int
+    _retention_ms: int
+    _reservation_ms: int
+
+    if TYPE_CHECKING:
+
+        def lock_key(self, key: str) -> str: ...
+
+        async def _eval(
+            self, name: str, keys: tuple[str, ...], *args: str | int, idempotent: bool = False
+        ) -> object: ...
+
+        async def _eval_waited(
+            self, name: str, keys: tuple[str, ...], *args: str | int
+        ) -> tuple[object, int | None]: ...
+
+        def _short(self, acks: int | None, what: str) -> StateUnavailableError | None: ...
+
+        async def _command(self, key: str, *args: str | int | bytes) -> object: ...
+
+        async def _set_if_absent(self, name: str, value: str, ttl: float) -> bool: ...
+
+        def _scan(self, pattern: str) -> AsyncIterator[str]: ...
+
+        def _watch_channel(
+            self, channel: bytes, subscriber: Subscriber | ShardedSubscriber | None = None
+        ) -> AbstractAsyncContextManager[EventWatch]: ...
+
+    def _inbox_keys(self, key: str) -> tuple[str, str, str, str]:
+        """The inbox's list, head attempt count, dead letters and entry counter (one slot)."""
+        base = f"{self.lock_key(key)}:inbox"
+        return base, f"{base}:attempts", f"{base}:dead", f"{base}:seq"
+
+    async def inbox_accept(
+        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+    ) -> InboxAccepted:
+        """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept.lua``, one EVALSHA;
+        with ``replicas=``, WAIT in the same write; on a cluster, two more the first time a slot
+        gets work: see ``_cluster_inbox.py``)."""
+        check_key(key)
+        entries, _, _, seq = self._inbox_keys(key)
+        lock_key = self.lock_key(key)
+        claim_key = self._prefix + claim if claim is not None else seq
+        if not self._keys.atomic_with(lock_key, claim_key):
+            return await self._accept_claimed_apart(key, payload, claim_key, claim_ttl, max_pending)
+        ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
+        reply = await self._eval_listing(
+            "inbox_accept",
+            lock_key,
+            (entries, seq, ready, claim_key, mark),
+            (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
+            lambda reply: isinstance(reply, list) and text(reply[0]) == "unlisted",
+            f"an event for {key!r} was accepted",
+        )
+        assert isinstance(reply, list)
+        return InboxAccepted(text(reply[0]), as_int(reply[1]))
+
+    async def _accept_claimed_apart(
+        self, key: str, payload: str, claim_key: str, claim_ttl: float, max_pending: int
+    ) -> InboxAccepted:
+        """A claim that no script can reach with the inbox (a cluster key starting with a brace,
+        see :meth:`lock_key`): record it first, then accept without it, and forget it again if
+        the entry was not appended. Two round trips; a crash between them loses the event's
+        redelivery as a duplicate, as :meth:`acquire_claimed` does for such keys."""
+        if not await self._set_if_absent(claim_key, "accepted", claim_ttl):
+            entries = self._inbox_keys(key)[0]
+            return InboxAccepted("duplicate", as_int(await self._command(entries, "LLEN", entries)))
+        accepted = await self.inbox_accept(
+            key, payload, claim=None, claim_ttl=claim_ttl, max_pending=max_pending
+        )
+        if accepted.status != "accepted":
+            await self._command(claim_key, "DEL", claim_key)
+        return accepted
+
+    async def _eval_listing(
+        self,
+        name: str,
+        lock_key: str,
+        keys: tuple[str, ...],
+        args: tuple[str | int, ...],
+        unlisted: Callable[[object], bool],
+        what: str,
+    ) -> object:
+        """Run a script that may add ``lock_key``'s key to its set of keys with work
+        (``_listed.lua``); if that set was ``unlisted``, list it and run the script again.
+
+        The script gets ``args``, then the listing, then the wake-up channel. With
+        ``replicas=N``, each run is confirmed by WAIT (a shortfall raises, naming ``what``).
+        """
+        channel = self._ready.channel
+        reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, channel), what)
+        if unlisted(reply):  # a run with a generation is never unlisted (_listed.lua)
+            generation = await self._ready.list_for(lock_key)
+            reply = await self._eval_confirmed(name, keys, (*args, generation, channel), what)
+        return reply
+
+    async def _eval_confirmed(
+        self, name: str, keys: tuple[str, ...], args: tuple[str | int, ...], what: str
+    ) -> object:
+        """:meth:`_eval`; with ``replicas=N``, :meth:`_eval_waited`, a shortfall raising."""
+        if not self._replicas:
+            return await self._eval(name, keys, *args)
+        reply, acks = await self._eval_waited(name, keys, *args)
+        error = self._short(acks, what)
+        if error is not None:
+            raise error
+        return reply
+
+    async def inbox_step(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: int | None = None,
+        dead: str | None = None,
+        take: bool = True,
+    ) -> InboxEntry | None:
+        """See :meth:`asynclock.state.InboxState.inbox_step` (``_inbox_step.lua`` before
+        ``release.lua``: one EVALSHA)."""
+        args = (
+            *self._step_args(owner),
+            "" if done is None else str(done),
+            "1" if dead is not None else "0",
+            dead or "",
+            "1" if take else "0",
+            key,
+        )
+        reply = await self._eval("inbox_step", self._step_keys(key), *args)
+        if isinstance(reply, list):
+            head, count, now_ms, pending = reply
+            entry_id, accepted_ms, payload = _entry(head)
+            age = max(as_int(now_ms) - accepted_ms, 0) / 1000.0
+            return InboxEntry(entry_id, as_int(count), payload, age, as_int(pending))
+        if as_int(reply) < 0:
+            raise LockNotOwnedError(key, owner)
+        return None
+
+    async def inbox_take(
+        self,
+        key: str,
+        owner: str,
+        *,
+        done: Collection[int] = (),
+        dead: str | None = None,
+        limit: int,
+    ) -> InboxBatch | None:
+        """See :meth:`asynclock.state.InboxState.inbox_take` (``_inbox_take.lua`` before
+        ``release.lua``: one EVALSHA)."""
+        check_limit(limit)
+        ids = tuple(str(int(entry)) for entry in done)
+        args = (*self._step_args(owner), limit, "1" if dead is not None else "0", dead or "", key)
+        keys = (*self._step_keys(key), f"{self._inbox_keys(key)[0]}:tries")
+        reply = await self._eval("inbox_take", keys, *args, *ids)
+        if not isinstance(reply, list):
+            if as_int(reply) < 0:
+                raise LockNotOwnedError(key, owner)
+            return None
+        now_ms, pending, newest, *handed = reply
+        now, count = as_int(now_ms), as_int(pending)
+        entries = []
+        for raw, attempts in zip(handed[::2], handed[1::2], strict=True):
+            entry_id, accepted_ms, payload = _entry(raw)
+            age = max(now - accepted_ms, 0) / 1000.0
+            entries.append(InboxEntry(entry_id, as_int(attempts), payload, age, count))
+        quiet = max(now - _entry(newest)[1], 0) / 1000.0
+        return InboxBatch(tuple(entries), count, quiet)
+
+    def _step_keys(self, key: str) -> tuple[str, ...]:
+        """KEYS[1..8] of ``inbox_step`` and ``inbox_take`` (release.lua's, then the inbox's)."""
+        entries, attempts, dead_letters, seq = self._inbox_keys(key)
+        lock_key = self.lock_key(key)
+        return (
+            lock_key,
+            f"{lock_key}:released",
+            f"{lock_key}:abandoned:",
+            entries,
+            attempts,
+            dead_letters,
+            self._ready.ready_key(lock_key),
+            seq,
+        )
+
+    def _step_args(self, owner: str) -> tuple[str | int, ...]:
+        """ARGV[1..5] of ``inbox_step`` and ``inbox_take``: release.lua's, without a successor."""
+        return (owner, "", 0, self._retention_ms, self._reservation_ms)
+
+    async def inbox_ready(self) -> list[str]:
+        """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE; on a cluster, the
+        directory and the sets it lists, see ``_cluster_inbox.py``)."""
+        return await self._ready.keys()
+
+    @contextlib.asynccontextmanager
+    async def inbox_watch(self) -> AsyncIterator[EventWatch]:
+        """See :meth:`asynclock.state.InboxState.inbox_watch` (SUBSCRIBE to the wake-up channel)."""
+        channel = self._ready.channel.encode()
+        async with self._watch_channel(channel, self._ready.wake_subscriber()) as watch:
+            yield watch
+
+    async def inbox_keys(self) -> list[InboxKey]:
+        """See :meth:`asynclock.state.InboxState.inbox_keys` (the set of keys with work, and a
+        SCAN for dead letters)."""
+        keys = set(await self.inbox_ready())
+        pattern = f"{glob_escape(self._prefix)}{{*}}:inbox:dead"
+        async for name in self._scan(pattern):
+            keys.add(self._keys.key_of(name[: -len(":inbox:dead")]))
+        found = []
+        now = await self._command(self._ready.channel, "TIME")  # the server's clock, once
+        assert isinstance(now, list)
+        now_ms = as_int(now[0]) * 1000 + as_int(now[1]) // 1000
+        for key in sorted(keys):
+            entries, _, dead_letters, _ = self._inbox_keys(key)
+            pending = as_int(await self._command(entries, "LLEN", entries))
+            head = await self._command(entries, "LINDEX", entries, 0)
+            age = 0.0 if head is None else max(now_ms - _entry(head)[1], 0) / 1000.0
+            dead = as_int(await self._command(dead_letters, "LLEN", dead_letters))
+            found.append(InboxKey(key, pending, age, dead))
+        return found
+
+    async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
+        """See :meth:`asynclock.state.InboxState.inbox_dead_letters` (one LRANGE)."""
+        _, _, dead_letters, _ = self._inbox_keys(key)
+        reply = await self._command(dead_letters, "LRANGE", dead_letters, 0, -1)
+        assert isinstance(reply, list)
+        letters = []
+        for raw in reply:
+            entry, attempts, error = json.loads(text(raw))
+            entry_id, _, payload = _entry(entry)
+            letters.append(DeadLetter(key, entry_id, int(attempts), error, payload))
+        return letters
+
+    async def inbox_requeue(self, key: str) -> int:
+        """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue.lua``)."""
+        entries, attempts, dead_letters, _ = self._inbox_keys(key)
+        lock_key = self.lock_key(key)
+        ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
+        reply = await self._eval_listing(
+            "inbox_requeue",
+            lock_key,
+            (entries, attempts, dead_letters, ready, mark),
+            (key,),
+            lambda reply: as_int(reply) < 0,
+            f"dead letters of {key!r} were requeued",
+        )
+        return as_int(reply)
+
+
+def _entry(raw: object) -> tuple[int, int, str]:
+    """An inbox entry ``"<id> <accepted ms> <payload>"`` (``inbox_accept.lua``) as its parts."""
+    entry_id, accepted_ms, payload = text(raw).split(" ", 2)
+    return int(entry_id), int(accepted_ms), payload

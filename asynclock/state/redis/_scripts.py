@@ -1,0 +1,80 @@
+"""The Lua scripts of RedisState, and the reply decoding the scripts' callers share.
+
+Each script is ``_value.lua`` (the lock value's prelude) followed by one or more files of this
+folder; the cluster variant publishes on sharded channels. See the module docstring of
+:mod:`asynclock.state.redis` for the key layout the scripts work on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+
+__all__ = ["LuaScript", "as_int", "load_scripts", "text"]
+
+
+class LuaScript:
+    """Lua files of this folder joined into one script (the prelude first), run by EVALSHA.
+
+    ``sharded``: for Redis Cluster, where the release channels are sharded channels.
+    """
+
+    __slots__ = ("name", "sha", "text")
+
+    def __init__(self, name: str, *parts: str, sharded: bool = False) -> None:
+        folder = resources.files("asynclock.state.redis")
+        self.name = name
+        self.text = "\n".join(
+            folder.joinpath(f"{part}.lua").read_text(encoding="utf-8")
+            for part in ("_value", *(parts or (name,)))
+        )
+        if sharded:
+            # Redis Cluster: a plain PUBLISH is broadcast to every node of the cluster; a sharded
+            # one stays on the node owning the channel's slot, where its waiters SSUBSCRIBE.
+            self.text = self.text.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+        self.sha = hashlib.sha1(self.text.encode(), usedforsecurity=False).hexdigest()
+
+
+def load_scripts(*, sharded: bool = False) -> dict[str, LuaScript]:
+    """Every script RedisState runs, by name (``sharded``: for Redis Cluster, see
+    :class:`LuaScript`)."""
+    names = (
+        "acquire",
+        "release",
+        "extend",
+        "inspect",
+        "abandon",
+        "force_release",
+        "dedupe_keep",
+        "forget_claim",
+    )
+    scripts = {name: LuaScript(name, sharded=sharded) for name in names}
+    scripts["claim_acquire"] = LuaScript("claim_acquire", "_claim", "acquire", sharded=sharded)
+    scripts["release_claimed"] = LuaScript("release_claimed", "_settle", "release", sharded=sharded)
+    # the inbox wake-up stays a PUBLISH on a cluster too (see _cluster_inbox.py): the prelude
+    # that says whether the key may be added to its set of keys with work goes first
+    scripts["inbox_accept"] = LuaScript("inbox_accept", "_listed", "inbox_accept")
+    scripts["inbox_requeue"] = LuaScript("inbox_requeue", "_listed", "inbox_requeue")
+    scripts["inbox_step"] = LuaScript("inbox_step", "_inbox_step", "release", sharded=sharded)
+    scripts["inbox_take"] = LuaScript("inbox_take", "_inbox_take", "release", sharded=sharded)
+    scripts["inbox_unlist"] = LuaScript("inbox_unlist")
+    scripts["inbox_forget_slot"] = LuaScript("inbox_forget_slot")
+    scripts["fair_acquire"] = LuaScript(
+        "fair_acquire", "_fair_open", "acquire", "fair_acquire", sharded=sharded
+    )
+    scripts["fair_leave"] = LuaScript("fair_leave", sharded=sharded)
+    return scripts
+
+
+def as_int(value: object) -> int:
+    """An integer reply (RESP2 or RESP3, or a bulk string holding one)."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (bytes, str)):
+        return int(value)
+    raise TypeError(f"unexpected reply from Redis: {value!r}")
+
+
+def text(value: object) -> str:
+    """A string reply, decoded."""
+    return value.decode() if isinstance(value, bytes) else str(value)
