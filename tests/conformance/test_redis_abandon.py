@@ -23,15 +23,24 @@ from tests._matrix import REDIS, REDIS_CLUSTER, purge_namespace, require
 from tests.conftest import Target, new_namespace
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
 pytestmark = pytest.mark.redis
 
+
+def _asynclock_ids() -> tuple[str, str]:
+    return new_owner(), new_owner()
+
+
+def _plain_ids() -> tuple[str, str]:
+    return "h", "s"
+
+
 #: owner ids as AsyncLock makes them ("<host>:<pid>:<task>:<random>", all of this process),
 #: and the plain ids a direct caller of the State may use
-OWNERS = {
-    "asynclock-ids": lambda: (new_owner(), new_owner()),
-    "plain-ids": lambda: ("h", "s"),
+OWNERS: dict[str, Callable[[], tuple[str, str]]] = {
+    "asynclock-ids": _asynclock_ids,
+    "plain-ids": _plain_ids,
 }
 
 
@@ -47,7 +56,8 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
 async def states(target: Target) -> AsyncIterator[tuple[RedisState, RedisState]]:
     """Two clients of one namespace: two processes as far as the lock's waiting flag goes."""
     first, second = target.open(), target.open()
-    assert isinstance(first, RedisState) and isinstance(second, RedisState)
+    assert isinstance(first, RedisState)
+    assert isinstance(second, RedisState)
     try:
         yield first, second
     finally:
@@ -102,9 +112,11 @@ async def test_a_mark_names_one_whole_owner(
     await state.abandon("k", successor + "0")  # its id starts with the successor's
     await state.abandon("k", "x" + successor)  # its id ends with it
     handed = await state.release("k", holder, successor=successor, ttl=10.0)
-    assert handed.owned and handed.handoff_token is not None
+    assert handed.owned
+    assert handed.handoff_token is not None
     info = await state.inspect("k")
-    assert info is not None and info.owner == successor
+    assert info is not None
+    assert info.owner == successor
     # the entries were the holder's and ended with its hold
     assert "\n" not in await raw_value(raw, state, "k")
 
