@@ -43,7 +43,7 @@ async def test_a_contended_cycle_costs_three_commands(
 
     async def worker() -> None:
         for _ in range(CYCLES):
-            async with AsyncLock(state, "k", ttl=10.0):
+            async with AsyncLock(state, "k", ttl=30.0):  # no renewal in a short body
                 await asyncio.sleep(0)  # the others queue behind the holder meanwhile
 
     await asyncio.gather(*(worker() for _ in range(TASKS)))
