@@ -431,11 +431,7 @@ class RedisState(RedisInbox, ClosesOnExit):
         settle: tuple[str, int] | None = None,
     ) -> Release:
         lock_key = self.lock_key(key)
-        keys: tuple[str, ...] = (
-            lock_key,
-            f"{lock_key}:released",
-            f"{lock_key}:abandoned:{successor or ''}",
-        )
+        keys: tuple[str, ...] = (lock_key, f"{lock_key}:released")
         args: tuple[str | int, ...] = (
             owner,
             successor or "",

@@ -214,13 +214,12 @@ class RedisInbox:
         return InboxBatch(tuple(entries), count, quiet)
 
     def _step_keys(self, key: str) -> tuple[str, ...]:
-        """KEYS[1..8] of ``inbox_step`` and ``inbox_take`` (release.lua's, then the inbox's)."""
+        """KEYS[1..7] of ``inbox_step`` and ``inbox_take`` (release.lua's, then the inbox's)."""
         entries, attempts, dead_letters, seq = self._inbox_keys(key)
         lock_key = self.lock_key(key)
         return (
             lock_key,
             f"{lock_key}:released",
-            f"{lock_key}:abandoned:",
             entries,
             attempts,
             dead_letters,

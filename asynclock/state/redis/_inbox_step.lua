@@ -1,7 +1,7 @@
 -- Prepended to release.lua to make inbox_step: finish the head of a key's inbox and hand out the
 -- next entry, or release the lock when there is none, in one atomic step fenced by the lock.
--- KEYS[4] the inbox, KEYS[5] the head's attempt count, KEYS[6] the dead letters, KEYS[7] the set of
--- keys with work, KEYS[8] the entry counter
+-- KEYS[3] the inbox, KEYS[4] the head's attempt count, KEYS[5] the dead letters, KEYS[6] the set of
+-- keys with work, KEYS[7] the entry counter
 -- ARGV[6] the id of the entry done ('' for none), ARGV[7] '1' to dead-letter it instead,
 -- ARGV[8] its error text, ARGV[9] '1' to hand out the next entry ('0': only look at it),
 -- ARGV[10] the key (as the caller names it)
@@ -19,35 +19,35 @@ if holder == '' or holder ~= ARGV[1] then
 end
 if ARGV[6] ~= '' then
   -- the entry done is the head, unless dead letters were requeued in front of it meanwhile
-  local window = redis.call('LRANGE', KEYS[4], 0, 99)
+  local window = redis.call('LRANGE', KEYS[3], 0, 99)
   for i, entry in ipairs(window) do
     if string.sub(entry, 1, string.find(entry, ' ', 1, true) - 1) == ARGV[6] then
-      redis.call('LREM', KEYS[4], 1, entry)
+      redis.call('LREM', KEYS[3], 1, entry)
       if ARGV[7] == '1' then
-        local attempts = tonumber(redis.call('GET', KEYS[5]) or '0')
-        redis.call('RPUSH', KEYS[6], cjson.encode({entry, attempts, ARGV[8]}))
+        local attempts = tonumber(redis.call('GET', KEYS[4]) or '0')
+        redis.call('RPUSH', KEYS[5], cjson.encode({entry, attempts, ARGV[8]}))
       end
       if i == 1 then
-        redis.call('DEL', KEYS[5])
+        redis.call('DEL', KEYS[4])
       end
       break
     end
   end
 end
-local head = redis.call('LINDEX', KEYS[4], 0)
+local head = redis.call('LINDEX', KEYS[3], 0)
 if head then
   local attempts
   if ARGV[9] == '1' then
-    attempts = redis.call('INCR', KEYS[5])
+    attempts = redis.call('INCR', KEYS[4])
   else
-    attempts = tonumber(redis.call('GET', KEYS[5]) or '0')
+    attempts = tonumber(redis.call('GET', KEYS[4]) or '0')
   end
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  return {head, attempts, now_ms, redis.call('LLEN', KEYS[4])}
+  return {head, attempts, now_ms, redis.call('LLEN', KEYS[3])}
 end
-redis.call('ZREM', KEYS[7], ARGV[10])
-redis.call('DEL', KEYS[5])
-if redis.call('LLEN', KEYS[6]) == 0 then
-  redis.call('DEL', KEYS[8])
+redis.call('ZREM', KEYS[6], ARGV[10])
+redis.call('DEL', KEYS[4])
+if redis.call('LLEN', KEYS[5]) == 0 then
+  redis.call('DEL', KEYS[7])
 end

@@ -1,8 +1,8 @@
 -- Prepended to release.lua to make inbox_take (the batch form of _inbox_step.lua): finish a set
 -- of entries of a key's inbox and hand out the oldest pending ones, or release the lock when none
 -- is pending, in one atomic step fenced by the lock.
--- KEYS[4] the inbox, KEYS[5] the head's attempt count (kept for _inbox_step.lua), KEYS[6] the
--- dead letters, KEYS[7] the set of keys with work, KEYS[8] the entry counter, KEYS[9] the attempt
+-- KEYS[3] the inbox, KEYS[4] the head's attempt count (kept for _inbox_step.lua), KEYS[5] the
+-- dead letters, KEYS[6] the set of keys with work, KEYS[7] the entry counter, KEYS[8] the attempt
 -- counts of entries handed out by this script (a hash: entry id -> deliveries)
 -- ARGV[6] how many entries to hand out (0: none), ARGV[7] '1' to dead-letter the entries done
 -- instead of removing them, ARGV[8] their error text, ARGV[9] the key (as the caller names it),
@@ -24,9 +24,9 @@ local function id_of(entry)
 end
 -- deliveries of entry `id` so far; the head's may have been counted by _inbox_step.lua
 local function attempts_of(id, is_head)
-  local count = tonumber(redis.call('HGET', KEYS[9], id) or '0')
+  local count = tonumber(redis.call('HGET', KEYS[8], id) or '0')
   if is_head then
-    count = math.max(count, tonumber(redis.call('GET', KEYS[5]) or '0'))
+    count = math.max(count, tonumber(redis.call('GET', KEYS[4]) or '0'))
   end
   return count
 end
@@ -37,17 +37,17 @@ if #ARGV >= 10 then
     left = left + 1
   end
   -- anywhere in the inbox: dead letters may have been requeued in front meanwhile
-  for i, entry in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  for i, entry in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
     local id = id_of(entry)
     if done[id] then
       if ARGV[7] == '1' then
-        redis.call('RPUSH', KEYS[6], cjson.encode({entry, attempts_of(id, i == 1), ARGV[8]}))
+        redis.call('RPUSH', KEYS[5], cjson.encode({entry, attempts_of(id, i == 1), ARGV[8]}))
       end
       if i == 1 then
-        redis.call('DEL', KEYS[5])
+        redis.call('DEL', KEYS[4])
       end
-      redis.call('LREM', KEYS[4], 1, entry)
-      redis.call('HDEL', KEYS[9], id)
+      redis.call('LREM', KEYS[3], 1, entry)
+      redis.call('HDEL', KEYS[8], id)
       left = left - 1
       if left == 0 then
         break
@@ -55,19 +55,19 @@ if #ARGV >= 10 then
     end
   end
 end
-local pending = redis.call('LLEN', KEYS[4])
+local pending = redis.call('LLEN', KEYS[3])
 if pending > 0 then
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local reply = {now_ms, pending, redis.call('LINDEX', KEYS[4], -1)}
+  local reply = {now_ms, pending, redis.call('LINDEX', KEYS[3], -1)}
   local limit = tonumber(ARGV[6])
   if limit > 0 then
-    for i, entry in ipairs(redis.call('LRANGE', KEYS[4], 0, limit - 1)) do
+    for i, entry in ipairs(redis.call('LRANGE', KEYS[3], 0, limit - 1)) do
       local id = id_of(entry)
       local attempts = attempts_of(id, i == 1) + 1
-      redis.call('HSET', KEYS[9], id, attempts)
+      redis.call('HSET', KEYS[8], id, attempts)
       if i == 1 then
-        redis.call('SET', KEYS[5], attempts)
+        redis.call('SET', KEYS[4], attempts)
       end
       reply[#reply + 1] = entry
       reply[#reply + 1] = attempts
@@ -75,8 +75,8 @@ if pending > 0 then
   end
   return reply
 end
-redis.call('ZREM', KEYS[7], ARGV[9])
-redis.call('DEL', KEYS[5], KEYS[9])
-if redis.call('LLEN', KEYS[6]) == 0 then
-  redis.call('DEL', KEYS[8])
+redis.call('ZREM', KEYS[6], ARGV[9])
+redis.call('DEL', KEYS[4], KEYS[8])
+if redis.call('LLEN', KEYS[5]) == 0 then
+  redis.call('DEL', KEYS[7])
 end

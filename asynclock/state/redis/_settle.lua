@@ -3,7 +3,7 @@
 -- round trip after a handler). Set whether or not the release finds the lock still owned: the
 -- caller decides what a lost lock means for the event. The claim keeps its value (its owner);
 -- one that is gone is created again, owned by the releasing owner.
--- KEYS[4] the claim key (it shares the lock key's hash tag) | ARGV[6] claim ttl_ms
-if redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[6])) == 0 then
-  redis.call('SET', KEYS[4], ARGV[1], 'PX', tonumber(ARGV[6]))
+-- KEYS[3] the claim key (it shares the lock key's hash tag) | ARGV[6] claim ttl_ms
+if redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[6])) == 0 then
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', tonumber(ARGV[6]))
 end

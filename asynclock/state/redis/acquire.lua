@@ -4,16 +4,20 @@
 -- The token is max(last token + 1, server TIME in microseconds): strictly increasing per key
 -- while the free key remembers its last token, and still increasing after that memory expired
 -- unless a key saw more than one acquisition per microsecond on average.
+-- The abandon mark is looked at only before this script changes something (a grant, a waiting
+-- flag): a refusal that changes nothing is the same whether or not the caller gave up, and it is
+-- the common answer under contention, so it costs no EXISTS.
 local owner = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local waiter = ARGV[3]
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return -ttl_ms  -- the caller gave this attempt up (abandon.lua ran first): never grant it
+local function given_up()
+  -- the caller gave this attempt up (abandon.lua ran first): never grant it, never flag for it
+  return redis.call('EXISTS', KEYS[2]) == 1
 end
 local value = redis.call('GET', KEYS[1])
 local last = 0
 if value then
-  local token, holder, flag = parse(value)
+  local token, holder, flag, marks = parse(value)
   last = token or 0
   if holder == owner then
     return last  -- a retried call that already won: idempotent
@@ -21,7 +25,10 @@ if value then
   local reserved_for_us = holder == '' and flag ~= '' and flag == waiter
   if holder ~= '' or (flag ~= '' and not reserved_for_us) then
     if waiter ~= '' and flag == '' then
-      redis.call('SET', KEYS[1], value .. '|' .. waiter, 'KEEPTTL')
+      if given_up() then
+        return -ttl_ms
+      end
+      redis.call('SET', KEYS[1], fmt(token) .. ' ' .. holder .. '|' .. waiter .. marks, 'KEEPTTL')
     end
     local pttl = redis.call('PTTL', KEYS[1])
     if pttl < 0 then
@@ -35,6 +42,9 @@ if value then
     end
     return -pttl
   end
+end
+if given_up() then
+  return -ttl_ms
 end
 local now = redis.call('TIME')
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])

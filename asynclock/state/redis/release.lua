@@ -1,4 +1,4 @@
--- KEYS[1] lock key, KEYS[2] release channel, KEYS[3] the successor's abandon mark
+-- KEYS[1] lock key, KEYS[2] release channel
 -- ARGV[1] owner, ARGV[2] successor owner ('' = none),
 -- ARGV[3] successor ttl_ms, ARGV[4] token retention ms, ARGV[5] reservation ms
 -- returns -1 when owner does not hold the key (nothing changed), 0 when released, or the
@@ -9,12 +9,13 @@ local value = redis.call('GET', KEYS[1])
 if not value then
   return -1
 end
-local token, holder, flag = parse(value)
+local token, holder, flag, marks = parse(value)
 if holder == '' or holder ~= ARGV[1] then
   return -1
 end
--- a successor that gave up already (abandon.lua ran) must not be handed the lock
-if ARGV[2] ~= '' and flag == '' and redis.call('EXISTS', KEYS[3]) == 0 then
+-- a successor that gave up already (abandon.lua ran during this hold, see there) must not be
+-- handed the lock; its mark is in the value read above, so checking it costs no command
+if ARGV[2] ~= '' and flag == '' and not marked(marks, ARGV[2]) then
   redis.call('SET', KEYS[1], fmt(token + 1) .. ' ' .. ARGV[2], 'PX', tonumber(ARGV[3]))
   return token + 1
 end
