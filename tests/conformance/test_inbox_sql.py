@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import LockNotOwnedError, state_from_url
-from asynclock.state._sqlinbox import SQLInboxState
+from asynclock.state.sql._inbox import SQLInboxState
 from tests._matrix import SQL_INBOX_STATES, Backend, purge_namespace, require, rows_of, run_sql
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import pytest
 
 from asynclock import state_from_url
 from asynclock.state import ClaimingState
-from asynclock.state._sql import key_id
+from asynclock.state.sql._queries import key_id
 from tests._matrix import POSTGRES, purge_namespace, require
 
 if TYPE_CHECKING:

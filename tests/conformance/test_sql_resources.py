@@ -6,7 +6,7 @@ from importlib import resources
 
 import pytest
 
-from asynclock.state._sql import load_queries, load_schema, split_statements
+from asynclock.state.sql._queries import load_queries, load_schema, split_statements
 
 PACKAGES = ("asynclock.state.postgres", "asynclock.state.mysql")
 QUERIES = {

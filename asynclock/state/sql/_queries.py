@@ -1,6 +1,8 @@
-"""Shared by the SQL states (``postgres/`` and ``mysql/``): named queries, key ids, a lean pool.
+"""The named statements of the SQL states (``postgres/`` and ``mysql/``) and the values they take.
 
-The states themselves share :class:`asynclock.state._sqlbase.SQLState`.
+The query and schema loaders, the table prefix check, and the values every statement is given:
+key ids (SHA-256 of the prefixed key) and abandon marks. The states themselves share
+:class:`asynclock.state.sql._state.SQLState`.
 
 Queries live in ``queries.sql`` beside each backend, in procrastinate's named format::
 
@@ -24,10 +26,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from asynclock.state._pool import ConnectionPool
-
 __all__ = [
-    "ConnectionPool",
     "Query",
     "check_table_prefix",
     "key_id",

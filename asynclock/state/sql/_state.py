@@ -12,7 +12,7 @@ This is an implementation detail shared by two backends, not part of the contrac
 third-party state needs only the :class:`asynclock.state.State` protocol.
 
 Size: over 500 lines on purpose: every State operation of both SQL backends, each a short
-method around one named statement; the inbox's operations live in ``_sqlinbox.py``.
+method around one named statement; the inbox's operations live in ``_inbox.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._guard import OperationGuard
 from asynclock.state._protocol import LockInfo, Watch
-from asynclock.state._sql import (
+from asynclock.state.sql._queries import (
     check_table_prefix,
     key_id,
     load_queries,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
     from asynclock.state._protocol import Grant, Release
-    from asynclock.state._sql import Query
+    from asynclock.state.sql._queries import Query
 
 __all__ = [
     "DEFAULT_OP_TIMEOUT",
