@@ -177,3 +177,35 @@ async def test_a_release_racing_its_expiry_and_a_redelivery_never_deadlock(
         assert await asyncio.wait_for(redelivery, 10.0) is None  # "c" is done: a duplicate
     finally:
         await second.aclose()
+
+
+async def test_an_accept_taking_over_a_lapsed_claim_keeps_it_from_the_old_owner(
+    rows: Rows,
+) -> None:
+    # A dispatch's claim lapses (its worker stalled) and an accept of a redelivery takes the
+    # claim over: the record is the accept's now, so the stalled dispatcher's late
+    # forget_claimed must not delete it, or the next redelivery would be accepted a second time
+    # (inbox_accept_v1 kept the old owner on the record it took over).
+    # no background purge of this state may delete the lapsed record before the accept
+    state: Any = state_from_url(POSTGRES.url, prefix=rows.prefix, purge_interval=None)
+    try:
+        await _accept_after_a_lapsed_claim(rows, state)
+    finally:
+        await state.aclose()
+
+
+async def _accept_after_a_lapsed_claim(rows: Rows, state: Any) -> None:
+    grant = await state.acquire_claimed("k", "a", 30.0, claim="c", claim_ttl=30.0)
+    assert grant is not None
+    assert grant.token is not None
+    await rows.session.execute(
+        "UPDATE asynclock_dedupe SET expires_at = now() - interval '1 s' WHERE id = $1",
+        rows.ident("c"),
+    )
+    first = await state.inbox_accept(
+        "in", "c, redelivered", claim="c", claim_ttl=60.0, max_pending=9
+    )
+    assert first.status == "accepted"
+    assert not await state.forget_claimed("c", "a")  # no longer a's claim
+    again = await state.inbox_accept("in", "c, once more", claim="c", claim_ttl=60.0, max_pending=9)
+    assert again.status == "duplicate"

@@ -35,7 +35,7 @@ from asyncpg import exceptions as pg_errors
 
 from asynclock._compat import deadline_after
 from asynclock._validate import check_key, check_ttl, ttl_ms
-from asynclock.state._pool import ConnectionPool
+from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
@@ -435,7 +435,7 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         return release
 
 
-class _UserPool:
+class _UserPool(ConnectionSource["_Connection"]):
     """A user's ``asyncpg.Pool`` as a source: connections go back to it; it is never closed."""
 
     def __init__(self, pool: object) -> None:
@@ -460,22 +460,20 @@ class _UserPool:
         with contextlib.suppress(Exception):
             await self._pool.release(conn)
 
-    def discard_idle(self) -> None:
-        pass  # the user's pool decides which of its connections to reuse
+    # discard_idle: none; the user's pool decides which of its connections to reuse
 
     async def aclose(self) -> None:
         if self._releases:
             await asyncio.wait(set(self._releases))
 
 
-class _NoSource:
+class _NoSource(ConnectionSource["_Connection"]):
+    """No pool given: every operation says how to build a usable state."""
+
     async def checkout(self) -> tuple[_Connection, bool]:
         raise RuntimeError("PostgresState needs an asyncpg pool, or use PostgresState.from_url()")
 
     def checkin(self, conn: _Connection | None, *, broken: bool) -> None:
-        pass
-
-    def discard_idle(self) -> None:
         pass
 
     async def aclose(self) -> None:

@@ -39,6 +39,7 @@ from asynclock.state.sql._queries import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
+    from asynclock.state._pool import ConnectionSource
     from asynclock.state._protocol import Grant, Release
     from asynclock.state.sql._queries import Query
 
@@ -46,7 +47,6 @@ __all__ = [
     "DEFAULT_OP_TIMEOUT",
     "SQLOptions",
     "SQLState",
-    "Source",
     "WakeableWatch",
     "check_connect_options",
     "check_max_connections",
@@ -76,23 +76,6 @@ class SQLOptions(TypedDict, total=False):
     token_retention: float
     reservation: float
     purge_interval: float | None
-
-
-class Source(Protocol[C]):
-    """Where operations get a connection: a state's own pool, or a pool the user owns."""
-
-    async def checkout(self) -> tuple[C, bool]:
-        """A connection, and whether it was used before (an idle one rather than a new one)."""
-        ...
-
-    def checkin(self, conn: C | None, *, broken: bool) -> None:
-        """Give ``conn`` back; a ``broken`` one is closed, never handed out again."""
-
-    def discard_idle(self) -> None:
-        """An idle connection was found dead: drop the other idle ones (if the source can)."""
-
-    async def aclose(self) -> None:
-        """Close what the source opened."""
 
 
 class WakeableWatch(Watch, Protocol):
@@ -164,7 +147,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
 
     def __init__(
         self,
-        source: Source[C],
+        source: ConnectionSource[C],
         *,
         where: str,
         prefix: str = "asynclock:",
@@ -352,40 +335,27 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         is cancelled (or the deadline passes) while it runs, the connection is discarded at once
         (the driver then sends nothing more on it) and the cancellation goes on.
         """
-        source = self._source
+        stale = self._stale if idempotent else self._never_sent
         async with self._guard():
-            stale_retry = True  # one retry on a new connection, if this one was stale
             rolled_back = 0
             while True:
-                conn, reused = await source.checkout()
                 try:
-                    answer = await self._execute(conn, statement, params)
-                except BaseException as exc:
-                    if self._is_statement_error(exc):
-                        source.checkin(conn, broken=False)  # an error reply: in sync
-                        if self._rolled_back_whole(exc) and rolled_back < _ROLLED_BACK_RETRIES:
-                            rolled_back += 1
-                            continue
-                        raise
-                    # cancelled, timed out or lost mid-statement: never reuse
-                    source.checkin(conn, broken=True)
+                    return await self._source.exchange(
+                        self._is_statement_error, stale, self._execute, statement, params
+                    )
+                except Exception as exc:  # noqa: PERF203 - Python 3.11: a try costs nothing
+                    # a deadlock victim: the server undid it whole, so it may simply run again
                     if (
-                        stale_retry
-                        and reused
-                        and (
-                            self._never_sent(exc)
-                            or (idempotent and isinstance(exc, self._UNAVAILABLE))
-                        )
+                        rolled_back == _ROLLED_BACK_RETRIES
+                        or not self._is_statement_error(exc)
+                        or not self._rolled_back_whole(exc)
                     ):
-                        # The server closed it while it sat idle, and most likely every other
-                        # idle one with it, some of which may not show it yet: run the retry on
-                        # a new connection, never on one of them.
-                        source.discard_idle()
-                        stale_retry = False
-                        continue
-                    raise
-                source.checkin(conn, broken=False)
-                return answer
+                        raise
+                    rolled_back += 1
+
+    def _stale(self, exc: BaseException) -> bool:
+        """On a reused connection: it was dead already, and the statement is safe to repeat."""
+        return self._never_sent(exc) or isinstance(exc, self._UNAVAILABLE)
 
     def _maybe_purge(self) -> None:
         """Start a small background purge when ``purge_interval`` has passed since the last."""
