@@ -36,7 +36,7 @@ from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
 from asynclock.state.sql._inbox import SQLInboxState
-from asynclock.state.sql._state import (
+from asynclock.state.sql._options import (
     DEFAULT_OP_TIMEOUT,
     check_connect_options,
     check_max_connections,
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
     from typing_extensions import Unpack
 
+    from asynclock.state.sql._options import SQLOptions
     from asynclock.state.sql._queries import Query
-    from asynclock.state.sql._state import SQLOptions
 
 __all__ = ["MySQLState", "PollingWatch"]
 

@@ -41,15 +41,15 @@ from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 from asynclock.state.postgres._pooler import pooler_options
 from asynclock.state.sql._inbox import SQLInboxState
-from asynclock.state.sql._state import check_connect_options
+from asynclock.state.sql._options import check_connect_options
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Mapping
 
     from typing_extensions import Unpack
 
+    from asynclock.state.sql._options import SQLOptions
     from asynclock.state.sql._queries import Query
-    from asynclock.state.sql._state import SQLOptions
 
 __all__ = ["PostgresState"]
 

@@ -35,7 +35,7 @@ from asynclock.state.sql._state import SQLState
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Collection, Sequence
 
-    from asynclock.state.sql._state import WakeableWatch
+    from asynclock.state.sql._driver import WakeableWatch
 
 __all__ = ["SQLInboxState"]
 

@@ -29,7 +29,9 @@ from importlib import resources
 __all__ = [
     "Query",
     "check_table_prefix",
+    "glob_to_like",
     "key_id",
+    "like_escape",
     "load_queries",
     "load_schema",
     "mark_of",
@@ -167,3 +169,17 @@ def mark_of(owner: str) -> str:
     Owner ids never contain a newline, so a mark matches whole entries only.
     """
     return f"\n{owner}\n"
+
+
+def like_escape(text: str) -> str:
+    """``text`` as a LIKE pattern that matches only itself (escape character ``!``)."""
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+
+
+def glob_to_like(match: str) -> str:
+    """A ``*``/``?`` glob as a LIKE pattern (escape character ``!``)."""
+    if not isinstance(match, str):
+        raise TypeError(f"match must be a str, got {type(match).__name__}")
+    if "[" in match:
+        raise ValueError(f"SQL states match keys with * and ? only, got {match!r}")
+    return like_escape(match).replace("*", "%").replace("?", "_")
