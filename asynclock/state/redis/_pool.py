@@ -24,7 +24,7 @@ from redis import exceptions as redis_errors
 from asynclock.state._pool import ConnectionPool
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Coroutine, Sequence
 
     from redis.asyncio.connection import AbstractConnection
 
@@ -49,13 +49,17 @@ class LeanPool(ConnectionPool["AbstractConnection"]):
 
         super().__init__(connect, _close_soon, close, size, alive=_alive)
 
-    async def call(self, *args: str | int | bytes, retry_stale: bool = False) -> object:
+    def call(
+        self, *args: str | int | bytes, retry_stale: bool = False
+    ) -> Coroutine[object, object, object]:
         """Send one command and return its reply (an error reply raises ``ResponseError``).
 
         ``retry_stale``: if a reused idle connection turns out dead (the server restarted or
         closed it), try once more on a fresh one. Only for idempotent commands.
         """
-        return await self.exchange(
+        # every command's path: the exchange's coroutine is handed back to be awaited, not
+        # awaited in a frame of its own (about 1% of a bare SET + GET round trip)
+        return self.exchange(
             _error_reply, _lost if retry_stale else None, _send_and_read, pack(args)
         )
 
