@@ -273,11 +273,11 @@ $$;
 -- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
 -- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
 -- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). v2: as
--- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers
--- one result set, read before the commit (so an accept landing after it cannot show up
--- uncounted): a first row (status, -, -, -, seconds since the newest pending entry was accepted,
--- pending) with status 'not_owner' (nothing changed), 'released' or 'pending', then one row
--- ('entry', id, attempts, payload, age in seconds, pending) per entry handed out, in id order.
+-- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers one result set, read before the
+-- commit (so an accept landing after it cannot show up uncounted): a first row (status, -, -,
+-- -, seconds since the newest pending entry was accepted, pending) with status 'not_owner'
+-- (nothing changed), 'released' or 'pending', then one row ('entry', id, attempts, payload, age
+-- in seconds, pending) per entry handed out, in id order.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_take_v2(
     IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done LONGTEXT,
     IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_limit INT, IN p_reservation_ms BIGINT

@@ -251,10 +251,10 @@ $$;
 -- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
 -- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
 -- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). v2: as
--- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers
--- status 'not_owner' (one row, nothing changed), 'released' (one row), or 'pending' (pending
--- entries, and as age the seconds since the newest one was accepted) followed by one 'entry' row
--- per entry handed out (id, attempts, payload, age in seconds, pending), in no set order.
+-- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers status 'not_owner' (one row,
+-- nothing changed), 'released' (one row), or 'pending' (pending entries, and as age the seconds
+-- since the newest one was accepted) followed by one 'entry' row per entry handed out (id,
+-- attempts, payload, age in seconds, pending), in no set order.
 CREATE OR REPLACE FUNCTION {prefix}inbox_take_v2(
     p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer,
     p_reservation_ms bigint, p_channel text, p_payload text
