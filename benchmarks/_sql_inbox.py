@@ -75,7 +75,7 @@ async def _accepts(api: Asynclock, url: str, prefix: str, n: int) -> tuple[float
 
 async def _floor(backend: str, url: str, prefix: str, n: int) -> float:
     """Accepts per second of the raw ``inbox_accept`` statement sent by the driver."""
-    from asynclock.state._sql import key_id, load_queries
+    from asynclock.state.sql._queries import key_id, load_queries
 
     query = load_queries(f"asynclock.state.{backend}", "asynclock_")["inbox_accept"]
     hexed = backend == "mysql"  # MySQL's statements UNHEX their ids

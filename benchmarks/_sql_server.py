@@ -45,7 +45,7 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 def load_statements(backend: str) -> dict[str, str]:
     """The named statements of ``asynclock/state/<backend>/queries.sql``, table prefix applied.
 
-    The same reading as ``asynclock.state._sql.load_queries`` (a ``-- name --`` line, comment
+    The same reading as ``asynclock.state.sql._queries.load_queries`` (a ``-- name --`` line, comment
     lines, then the statement), done here so the floor depends only on the SQL file.
     """
     text = resources.files(f"asynclock.state.{backend}").joinpath("queries.sql")

@@ -10,22 +10,95 @@ Invariants:
   ``broken`` and never reused: its reply could still arrive and be read by the next caller.
 * An idle connection the server closed meanwhile (``alive`` says so) is dropped at checkout,
   not handed out: a command on it would fail although the server is up.
+* :meth:`ConnectionSource.exchange` runs one exchange with that bookkeeping, and retries it
+  once, on a new connection, when a reused idle one turns out dead (the backend says which
+  errors mean that). Redis's lean pool and the SQL states both go through it.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from typing import Concatenate
+
+__all__ = ["ConnectionPool", "ConnectionSource"]
 
 C = TypeVar("C")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
-class ConnectionPool(Generic[C]):
+class ConnectionSource(abc.ABC, Generic[C]):
+    """Where operations get a connection, and the one way they run an exchange on it.
+
+    :class:`ConnectionPool` is the usual one; a state can also take connections from a pool
+    its user owns (PostgreSQL's ``asyncpg.Pool``), which keeps its own reuse rules.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    async def checkout(self) -> tuple[C, bool]:
+        """A connection, and whether it was reused (idle) rather than opened for this call."""
+
+    @abc.abstractmethod
+    def checkin(self, conn: C | None, *, broken: bool) -> None:
+        """Give ``conn`` back; a ``broken`` one is closed, never handed out again."""
+
+    def discard_idle(self) -> None:
+        """An idle connection turned out dead: close the other idle ones (if the source can)."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close what the source opened."""
+
+    async def exchange(
+        self,
+        in_sync: Callable[[BaseException], bool],
+        stale: Callable[[BaseException], bool] | None,
+        run: Callable[Concatenate[C, P], Awaitable[R]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
+        """``run(conn, *args, **kwargs)`` on a checked-out connection, and the connection back.
+
+        Args:
+            in_sync: whether an exception left the connection usable (the server's error
+                reply, read whole): it is checked in and the exception raised. Any other
+                exception (lost connection, cancellation, timeout) checks the connection in as
+                broken, since a reply could still arrive on it.
+            stale: whether an exception on a *reused* connection means it was dead before the
+                exchange could do anything (never sent, or safe to repeat); then the exchange
+                runs once more, on a new connection. ``None``: never retried.
+
+        The retry discards the other idle connections first: the server closed this one while
+        it sat idle (restart, failover, a kill of the application's sessions), most likely the
+        others with it, and they may not show it yet.
+        """
+        conn, reused = await self.checkout()
+        try:
+            answer = await run(conn, *args, **kwargs)
+        except BaseException as exc:
+            if in_sync(exc):
+                self.checkin(conn, broken=False)
+                raise
+            self.checkin(conn, broken=True)
+            if not (reused and stale is not None and stale(exc)):
+                raise
+        else:
+            self.checkin(conn, broken=False)
+            return answer
+        self.discard_idle()
+        return await self.exchange(in_sync, None, run, *args, **kwargs)
+
+
+class ConnectionPool(ConnectionSource[C]):
     """Idle connections handed out LIFO, with FIFO waiting when all ``size`` are busy.
 
     asyncpg's own pool runs a reset query on every release (one more round trip per operation)

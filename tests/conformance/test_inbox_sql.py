@@ -7,13 +7,15 @@ key of PostgreSQL or MySQL; ``test_inbox.py`` covers the semantics every backend
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from typing import TYPE_CHECKING
 
 import pytest
 
 from asynclock import LockNotOwnedError, state_from_url
-from asynclock.state._sqlinbox import SQLInboxState
+from asynclock.state.sql._inbox import SQLInboxState
+from asynclock.state.sql._queries import load_schema
 from tests._matrix import SQL_INBOX_STATES, Backend, purge_namespace, require, rows_of, run_sql
 
 if TYPE_CHECKING:
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
 
 #: states racing (each opens its own connections)
 CLIENTS = 4
+#: the name of a routine schema.sql creates (without its table prefix)
+_ROUTINE = re.compile(
+    r"^CREATE (?:OR REPLACE FUNCTION|PROCEDURE IF NOT EXISTS) (\w+)\(", re.MULTILINE
+)
 
 
 class Clients:
@@ -173,8 +179,10 @@ async def test_the_schema_is_created_once_by_states_starting_together(clients: C
 
 async def _drop_tables(backend: Backend, table_prefix: str) -> None:
     """Drop what ``schema.sql`` made under ``table_prefix`` (a name made by this test)."""
-    kind = "FUNCTION" if backend.name.startswith("postgres") else "PROCEDURE"
-    routines = ("inbox_accept_v1", "inbox_step_v1", "inbox_requeue_v1")
+    postgres = backend.name.startswith("postgres")
+    kind = "FUNCTION" if postgres else "PROCEDURE"
+    package = "asynclock.state.postgres" if postgres else "asynclock.state.mysql"
+    routines = _ROUTINE.findall("\n".join(load_schema(package, "")))
     tables = ("locks", "dedupe", "inboxes", "inbox_entries")
     statements = [f"DROP {kind} IF EXISTS {table_prefix}{name}" for name in routines]
     statements += [f"DROP TABLE IF EXISTS {table_prefix}{name}" for name in tables]

@@ -17,7 +17,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from asynclock import AsyncLock, state_from_url
-from asynclock.state._sql import key_id
+from asynclock.state.sql._queries import key_id
 from tests._helpers import SETTLE
 from tests._matrix import POSTGRES, purge_namespace, require
 

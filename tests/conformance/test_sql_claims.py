@@ -23,7 +23,7 @@ import pytest
 
 from asynclock import state_from_url
 from asynclock.state import ClaimingState
-from asynclock.state._sql import key_id
+from asynclock.state.sql._queries import key_id
 from tests._matrix import POSTGRES, purge_namespace, require
 
 if TYPE_CHECKING:
@@ -52,6 +52,13 @@ class Rows:
             )
             assert row == 1, f"no dedupe row for {claim!r}"
             yield
+
+    async def lapse(self, claim: str) -> None:
+        """Let ``claim``'s dedupe record lapse now (as if its lease ran out)."""
+        await self.session.execute(
+            "UPDATE asynclock_dedupe SET expires_at = now() - interval '1 s' WHERE id = $1",
+            self.ident(claim),
+        )
 
     async def lock_row_is_free(self, key: str) -> bool:
         """Whether nobody holds the row lock of ``key``'s lock row (asked without waiting)."""
@@ -155,10 +162,7 @@ async def test_a_release_racing_its_expiry_and_a_redelivery_never_deadlock(
         grant = await first.acquire_claimed("k", "a", 0.3, claim="c", claim_ttl=30.0)
         assert grant is not None
         assert grant.token is not None
-        await rows.session.execute(
-            "UPDATE asynclock_dedupe SET expires_at = now() - interval '1 s' WHERE id = $1",
-            rows.ident("c"),
-        )
+        await rows.lapse("c")
         async with rows.session.transaction():  # the stall: the lock row is held elsewhere
             await rows.session.execute(
                 "SELECT 1 FROM asynclock_locks WHERE id = $1 FOR UPDATE", rows.ident("k")
@@ -177,3 +181,26 @@ async def test_a_release_racing_its_expiry_and_a_redelivery_never_deadlock(
         assert await asyncio.wait_for(redelivery, 10.0) is None  # "c" is done: a duplicate
     finally:
         await second.aclose()
+
+
+async def test_an_accept_taking_over_a_lapsed_claim_keeps_it_from_the_old_owner(
+    rows: Rows,
+) -> None:
+    # A dispatch's claim lapses (its worker stalled) and an accept of a redelivery takes the
+    # claim over: the record is the accept's now, so the stalled dispatcher's late
+    # forget_claimed must not delete it, or the next redelivery would be accepted a second time
+    # (inbox_accept_v1 kept the old owner on the record it took over).
+    # no background purge of this state may delete the lapsed record before the accept
+    state: Any = state_from_url(POSTGRES.url, prefix=rows.prefix, purge_interval=None)
+    try:
+        grant = await state.acquire_claimed("k", "a", 30.0, claim="c", claim_ttl=30.0)
+        assert grant is not None
+        assert grant.token is not None
+        await rows.lapse("c")
+        first = await state.inbox_accept("in", "c, again", claim="c", claim_ttl=60.0, max_pending=9)
+        assert first.status == "accepted"
+        assert not await state.forget_claimed("c", "a")  # no longer a's claim
+        again = await state.inbox_accept("in", "c, again", claim="c", claim_ttl=60.0, max_pending=9)
+        assert again.status == "duplicate"
+    finally:
+        await state.aclose()

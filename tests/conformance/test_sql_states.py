@@ -238,7 +238,7 @@ class Blocker:
     @contextlib.asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
         """Hold "k"'s row lock in an open transaction on a connection of a separate state."""
-        from asynclock.state._sql import key_id
+        from asynclock.state.sql._queries import key_id
 
         ident = key_id(f"{self.options['prefix']}k")
         session: Any = await self.state()

@@ -27,7 +27,7 @@ from asynclock.state.postgres import PostgresState
 from tests._matrix import Backend, purge_namespace
 
 if TYPE_CHECKING:
-    from asynclock.state._sqlbase import SQLState
+    from asynclock.state.sql._state import SQLState
 
     AnySQLState = SQLState[Any, Any, Any]
 

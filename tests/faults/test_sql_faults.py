@@ -51,8 +51,8 @@ from asynclock import (
     LockNotOwnedError,
     StateUnavailableError,
 )
-from asynclock.state._sql import key_id
 from asynclock.state.mysql._wake import wake_name
+from asynclock.state.sql._queries import key_id
 from tests._matrix import MYSQL, POSTGRES, require
 from tests.faults._proxy import FaultProxy
 from tests.faults._sql import SQLTarget

@@ -5,7 +5,7 @@ so it is atomic against every client of the database and uses the server's clock
 (``UTC_TIMESTAMP(3)``, never the session-time-zone ``NOW()``). The tables come from
 ``schema.sql``; keys are stored as the SHA-256 of ``prefix + key`` (the primary key) next to the
 key itself, so keys of any length and characters fit. What does not depend on aiomysql lives in
-:class:`asynclock.state._sqlbase.SQLState`.
+:class:`asynclock.state.sql._state.SQLState`.
 
 Wake-ups: MySQL has no LISTEN/NOTIFY, so a release reaches other processes through the
 server's named locks (:mod:`asynclock.state.mysql._wake`): a state that holds a contended key
@@ -31,16 +31,16 @@ from pymysql.constants import CLIENT  # type: ignore[import-untyped]
 
 from asynclock._compat import deadline_after
 from asynclock._validate import check_seconds
+from asynclock.state._pool import ConnectionPool
 from asynclock.state._protocol import Grant, LockInfo, Release
-from asynclock.state._sql import ConnectionPool
-from asynclock.state._sqlbase import (
+from asynclock.state._url import StateURL, redact
+from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
+from asynclock.state.sql._inbox import SQLInboxState
+from asynclock.state.sql._options import (
     DEFAULT_OP_TIMEOUT,
     check_connect_options,
     check_max_connections,
 )
-from asynclock.state._sqlinbox import SQLInboxState
-from asynclock.state._url import StateURL, redact
-from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
 
 if TYPE_CHECKING:
     import asyncio
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
     from typing_extensions import Unpack
 
-    from asynclock.state._sql import Query
-    from asynclock.state._sqlbase import SQLOptions
+    from asynclock.state.sql._options import SQLOptions
+    from asynclock.state.sql._queries import Query
 
 __all__ = ["MySQLState", "PollingWatch"]
 
@@ -109,7 +109,7 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
       processes poll. Neither ever blocks a pooled connection: the bell and the ear are two
       connections of their own, opened on first use.
     * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
-      running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`).
+      running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`).
 
     One MySQLState serves one event loop (aiomysql connections belong to a loop). Build it with
     :meth:`from_url`.
@@ -119,7 +119,7 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
         where: how ``repr`` and error messages name the server (no password).
         max_connections: the most connections the state opens.
         options: the options of every SQL state (``prefix``, ``op_timeout``, ...; see
-            :class:`~asynclock.state._sqlbase.SQLState`).
+            :class:`~asynclock.state.sql._state.SQLState`).
     """
 
     _BACKEND = "MySQL"

@@ -189,9 +189,9 @@ CALL {prefix}inbox_accept_v1(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payloa
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
 -- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when
 -- nothing is pending (as release does). Answers one row (status, entry, attempts, payload, age,
--- pending); status 'not_owner' changed nothing. Atomic: one CALL of inbox_step_v1 (schema.sql),
+-- pending); status 'not_owner' changed nothing. Atomic: one CALL of inbox_step_v2 (schema.sql),
 -- which locks the lock row, then the inboxes row, in one transaction.
-CALL {prefix}inbox_step_v1(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(take)s,
+CALL {prefix}inbox_step_v2(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(take)s,
                            %(reservation_ms)s)
 
 -- inbox_requeue --
@@ -237,7 +237,7 @@ ORDER BY e.id
 -- (as inbox_step does). Answers a status row ('not_owner' changed nothing, 'released', or
 -- 'pending' with the seconds since the newest pending entry was accepted, and how many are
 -- pending), then one 'entry' row per entry handed out (entry, attempts, payload, age, pending).
--- Atomic: one call of inbox_take_v1 (schema.sql), which locks the lock row, then the inboxes row,
+-- Atomic: one call of inbox_take_v2 (schema.sql), which locks the lock row, then the inboxes row,
 -- in one transaction.
-CALL {prefix}inbox_take_v1(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(limit)s,
+CALL {prefix}inbox_take_v2(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(limit)s,
                            %(reservation_ms)s)

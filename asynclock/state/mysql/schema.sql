@@ -65,7 +65,57 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
 -- the key that committed before it. Text parameters are utf8mb4 whatever the database's default
 -- character set. SQL SECURITY INVOKER: a call runs with the caller's privileges, so dropping the
 -- user that created the schema (a migration user) breaks nothing. Names are versioned: CREATE
--- ... IF NOT EXISTS never replaces a body, so a later change adds _v2.
+-- ... IF NOT EXISTS never replaces a body, so a changed body gets the next version (_v2, ...).
+
+-- inbox_lock_rows: the start of inbox_step and inbox_take, inside their transaction. Locks the
+-- key's lock row if p_owner holds the lock, then (only then) its inboxes row: always in that
+-- order, so two steps never deadlock, and no accept can commit between a step's "empty"
+-- decision and its release (an accept after it finds the key free). Aggregates make each
+-- locking read answer one row, found or not (a SELECT INTO of no row would raise a warning).
+-- Sets o_held (0: nothing was locked, the rest 0 too), o_rows (whether the inboxes row exists)
+-- and the inbox's counters.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_lock_rows_v1(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), OUT o_held INT, OUT o_rows INT,
+    OUT o_pending INT, OUT o_dead INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    SELECT COUNT(*) INTO o_held FROM {prefix}locks
+    WHERE id = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3)
+    FOR UPDATE;
+    SET o_rows = 0, o_pending = 0, o_dead = 0;
+    IF o_held > 0 THEN
+        SELECT COUNT(*), COALESCE(MAX(pending), 0), COALESCE(MAX(dead), 0)
+        INTO o_rows, o_pending, o_dead
+        FROM {prefix}inboxes WHERE id = p_id
+        FOR UPDATE;
+    END IF;
+END
+$$;
+
+-- inbox_release: the end of inbox_step and inbox_take when nothing is pending, inside their
+-- transaction, under the rows inbox_lock_rows locked. The inboxes row (if p_rows) goes if no
+-- dead letters are left, else it is marked idle; the lock is released as the release statement
+-- does: reserved for p_reservation_ms when a waiter flagged it, else free.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_release_v1(
+    IN p_id BINARY(32), IN p_rows INT, IN p_dead INT, IN p_reservation_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    IF p_rows > 0 AND p_dead = 0 THEN
+        DELETE FROM {prefix}inboxes WHERE id = p_id;
+    ELSEIF p_rows > 0 THEN
+        UPDATE {prefix}inboxes SET ready_at = NULL WHERE id = p_id;
+    END IF;
+    UPDATE {prefix}locks
+    SET owner = NULL,
+        expires_at = IF(flag IS NULL, UTC_TIMESTAMP(3),
+                        UTC_TIMESTAMP(3) + INTERVAL p_reservation_ms * 1000 MICROSECOND)
+    WHERE id = p_id;
+END
+$$;
 
 -- inbox_accept: dedupe check, max_pending check, append, atomically. The claim is recorded by
 -- the upsert of dedupe_add, which only takes over an expired record, so two accepts of one
@@ -126,14 +176,11 @@ $$;
 
 -- inbox_step: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
 -- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
--- pending, release the lock as the release statement does (reserved for a flagged waiter, else
--- free) in the same transaction. Locks the key's lock row, then its inboxes row (always in that
--- order: no deadlock with another step), so no accept can commit between the "empty" decision
--- and the release: an accept after it finds the key free. Aggregates make each locking read
--- answer one row, found or not (a SELECT INTO of no row would raise a warning). Answers one row
--- (status, entry, attempts, payload, age in seconds, pending); status 'not_owner' changed
--- nothing, 'released' released the lock.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v1(
+-- pending, release the lock (inbox_release_v1) in the same transaction. Starts with
+-- inbox_lock_rows_v1 (the lock row, then the inboxes row). Answers one row (status, entry,
+-- attempts, payload, age in seconds, pending); status 'not_owner' changed nothing, 'released'
+-- released the lock. v2: v1's body, with its start and its end in those two shared procedures.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v2(
     IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT,
     IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_take BOOLEAN, IN p_reservation_ms BIGINT
 )
@@ -151,16 +198,10 @@ BEGIN
     DECLARE v_status VARCHAR(16) DEFAULT 'released';
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
-    SELECT COUNT(*) INTO v_held FROM {prefix}locks
-    WHERE id = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3)
-    FOR UPDATE;
+    CALL {prefix}inbox_lock_rows_v1(p_id, p_owner, v_held, v_rows, v_pending, v_dead);
     IF v_held = 0 THEN
         SET v_status = 'not_owner';
     ELSE
-        SELECT COUNT(*), COALESCE(MAX(pending), 0), COALESCE(MAX(dead), 0)
-        INTO v_rows, v_pending, v_dead
-        FROM {prefix}inboxes WHERE id = p_id
-        FOR UPDATE;
         IF v_rows > 0 AND p_done IS NOT NULL THEN
             -- the head, unless dead letters were requeued in front of it meanwhile
             IF p_dead IS NULL THEN
@@ -190,16 +231,7 @@ BEGIN
             END IF;
             SET v_status = 'entry';
         ELSE
-            IF v_rows > 0 AND v_dead = 0 THEN
-                DELETE FROM {prefix}inboxes WHERE id = p_id;
-            ELSEIF v_rows > 0 THEN
-                UPDATE {prefix}inboxes SET ready_at = NULL WHERE id = p_id;
-            END IF;
-            UPDATE {prefix}locks
-            SET owner = NULL,
-                expires_at = IF(flag IS NULL, UTC_TIMESTAMP(3),
-                                UTC_TIMESTAMP(3) + INTERVAL p_reservation_ms * 1000 MICROSECOND)
-            WHERE id = p_id;
+            CALL {prefix}inbox_release_v1(p_id, v_rows, v_dead, p_reservation_ms);
         END IF;
     END IF;
     COMMIT;
@@ -240,12 +272,13 @@ $$;
 -- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
 -- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
 -- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
--- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). Answers
--- one result set, read before the commit (so an accept landing after it cannot show up
--- uncounted): a first row (status, -, -, -, seconds since the newest pending entry was accepted,
--- pending) with status 'not_owner' (nothing changed), 'released' or 'pending', then one row
--- ('entry', id, attempts, payload, age in seconds, pending) per entry handed out, in id order.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_take_v1(
+-- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). v2: as
+-- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers one result set, read before the
+-- commit (so an accept landing after it cannot show up uncounted): a first row (status, -, -,
+-- -, seconds since the newest pending entry was accepted, pending) with status 'not_owner'
+-- (nothing changed), 'released' or 'pending', then one row ('entry', id, attempts, payload, age
+-- in seconds, pending) per entry handed out, in id order.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_take_v2(
     IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done LONGTEXT,
     IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_limit INT, IN p_reservation_ms BIGINT
 )
@@ -260,16 +293,10 @@ BEGIN
     DECLARE v_status VARCHAR(16) DEFAULT 'released';
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
-    SELECT COUNT(*) INTO v_held FROM {prefix}locks
-    WHERE id = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3)
-    FOR UPDATE;
+    CALL {prefix}inbox_lock_rows_v1(p_id, p_owner, v_held, v_rows, v_pending, v_dead);
     IF v_held = 0 THEN
         SET v_status = 'not_owner';
     ELSE
-        SELECT COUNT(*), COALESCE(MAX(pending), 0), COALESCE(MAX(dead), 0)
-        INTO v_rows, v_pending, v_dead
-        FROM {prefix}inboxes WHERE id = p_id
-        FOR UPDATE;
         IF v_rows > 0 AND p_done <> '' THEN
             IF p_dead IS NULL THEN
                 DELETE FROM {prefix}inbox_entries
@@ -291,16 +318,7 @@ BEGIN
             ORDER BY id LIMIT p_limit;
             SET v_status = 'pending';
         ELSE
-            IF v_rows > 0 AND v_dead = 0 THEN
-                DELETE FROM {prefix}inboxes WHERE id = p_id;
-            ELSEIF v_rows > 0 THEN
-                UPDATE {prefix}inboxes SET ready_at = NULL WHERE id = p_id;
-            END IF;
-            UPDATE {prefix}locks
-            SET owner = NULL,
-                expires_at = IF(flag IS NULL, UTC_TIMESTAMP(3),
-                                UTC_TIMESTAMP(3) + INTERVAL p_reservation_ms * 1000 MICROSECOND)
-            WHERE id = p_id;
+            CALL {prefix}inbox_release_v1(p_id, v_rows, v_dead, p_reservation_ms);
         END IF;
     END IF;
     SELECT v_status, NULL, NULL, NULL,

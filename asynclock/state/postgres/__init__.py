@@ -5,7 +5,7 @@ so it is atomic against every client of the database and uses the server's clock
 The tables come from ``schema.sql`` (``{table_prefix}locks`` and ``{table_prefix}dedupe``);
 keys are stored as the SHA-256 of ``prefix + key`` (the primary key) next to the key itself,
 so keys of any length and characters fit. What does not depend on asyncpg lives in
-:class:`asynclock.state._sqlbase.SQLState`.
+:class:`asynclock.state.sql._state.SQLState`.
 
 Wake-ups: a release of a key that a waiting state flagged runs ``pg_notify`` in its own
 transaction (an unflagged release wakes only this state's own watchers, in process: a NOTIFY
@@ -35,21 +35,21 @@ from asyncpg import exceptions as pg_errors
 
 from asynclock._compat import deadline_after
 from asynclock._validate import check_key, check_ttl, ttl_ms
+from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
-from asynclock.state._sql import ConnectionPool
-from asynclock.state._sqlbase import check_connect_options
-from asynclock.state._sqlinbox import SQLInboxState
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 from asynclock.state.postgres._pooler import pooler_options
+from asynclock.state.sql._inbox import SQLInboxState
+from asynclock.state.sql._options import check_connect_options
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Mapping
 
     from typing_extensions import Unpack
 
-    from asynclock.state._sql import Query
-    from asynclock.state._sqlbase import SQLOptions
+    from asynclock.state.sql._options import SQLOptions
+    from asynclock.state.sql._queries import Query
 
 __all__ = ["PostgresState"]
 
@@ -127,7 +127,7 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
       wait for each other in a cycle (see ``queries.sql``); a deadlock victim of any other cycle
       (its whole transaction rolled back, nothing left behind) is run again.
     * The durable inbox's accept, step and requeue are each one call of a PL/pgSQL function
-      running one transaction (see :class:`~asynclock.state._sqlinbox.SQLInboxState`); accepts
+      running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`); accepts
       wake the inbox watchers of every state by ``NOTIFY``.
 
     One PostgresState serves one event loop (asyncpg connections belong to a loop).
@@ -137,7 +137,7 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
             then pays the pool's reset query on release; :meth:`from_url` builds a leaner pool.
             The listener for wake-ups holds one connection of the pool while any key is watched.
         options: the options of every SQL state (``prefix``, ``op_timeout``, ...; see
-            :class:`~asynclock.state._sqlbase.SQLState`).
+            :class:`~asynclock.state.sql._state.SQLState`).
     """
 
     _BACKEND = "PostgreSQL"
@@ -435,7 +435,7 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
         return release
 
 
-class _UserPool:
+class _UserPool(ConnectionSource["_Connection"]):
     """A user's ``asyncpg.Pool`` as a source: connections go back to it; it is never closed."""
 
     def __init__(self, pool: object) -> None:
@@ -460,22 +460,20 @@ class _UserPool:
         with contextlib.suppress(Exception):
             await self._pool.release(conn)
 
-    def discard_idle(self) -> None:
-        pass  # the user's pool decides which of its connections to reuse
+    # discard_idle: none; the user's pool decides which of its connections to reuse
 
     async def aclose(self) -> None:
         if self._releases:
             await asyncio.wait(set(self._releases))
 
 
-class _NoSource:
+class _NoSource(ConnectionSource["_Connection"]):
+    """No pool given: every operation says how to build a usable state."""
+
     async def checkout(self) -> tuple[_Connection, bool]:
         raise RuntimeError("PostgresState needs an asyncpg pool, or use PostgresState.from_url()")
 
     def checkin(self, conn: _Connection | None, *, broken: bool) -> None:
-        pass
-
-    def discard_idle(self) -> None:
         pass
 
     async def aclose(self) -> None:

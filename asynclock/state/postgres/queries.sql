@@ -279,10 +279,10 @@ RETURNING 1
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
 -- entries are pending ("full"); record the claim for claim_ttl_ms, mark the key as having work
 -- and NOTIFY the inbox channel (payload: the prefix's id in hex). Answers (status, pending).
--- Atomic: one call of inbox_accept_v1 (schema.sql), one transaction that first locks the key's
+-- Atomic: one call of inbox_accept_v2 (schema.sql), one transaction that first locks the key's
 -- inboxes row, so concurrent accepts and drain steps of one key run one after the other.
 SELECT status, pending
-FROM {prefix}inbox_accept_v1(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
+FROM {prefix}inbox_accept_v2(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
                              %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s, %(channel)s,
                              %(wake)s)
 
@@ -291,9 +291,9 @@ FROM {prefix}inbox_accept_v1(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s
 -- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when
 -- nothing is pending (as release does; NOTIFY on the release channel). Answers (status, entry,
 -- attempts, payload, age, pending); status 'not_owner' changed nothing. Atomic: one call of
--- inbox_step_v1 (schema.sql), which locks the lock row, then the inboxes row, in one transaction.
+-- inbox_step_v2 (schema.sql), which locks the lock row, then the inboxes row, in one transaction.
 SELECT status, entry, attempts, payload, age, pending
-FROM {prefix}inbox_step_v1(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s,
+FROM {prefix}inbox_step_v2(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s,
                            %(reservation_ms)s, %(channel)s, %(payload)s)
 
 -- inbox_requeue --
@@ -338,8 +338,8 @@ ORDER BY e.id
 -- (as inbox_step does). Answers a status row ('not_owner' changed nothing, 'released', or
 -- 'pending' with the seconds since the newest pending entry was accepted, and how many are
 -- pending), then one 'entry' row per entry handed out (entry, attempts, payload, age, pending).
--- Atomic: one call of inbox_take_v1 (schema.sql), which locks the lock row, then the inboxes row,
+-- Atomic: one call of inbox_take_v2 (schema.sql), which locks the lock row, then the inboxes row,
 -- in one transaction.
 SELECT status, entry, attempts, payload, age, pending
-FROM {prefix}inbox_take_v1(%(id)s, %(owner)s, %(done)s, %(dead)s, %(limit)s,
+FROM {prefix}inbox_take_v2(%(id)s, %(owner)s, %(done)s, %(dead)s, %(limit)s,
                            %(reservation_ms)s, %(channel)s, %(payload)s)

@@ -67,13 +67,57 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
     PRIMARY KEY (inbox, id)
 );
 
+-- inbox_lock_rows: the start of inbox_step and inbox_take. Locks the key's lock row if p_owner
+-- holds the lock, then (only then) its inboxes row: always in that order, so two steps never
+-- deadlock, and no accept can commit between a step's "empty" decision and its release (an
+-- accept after it finds the key free). Answers o_held (false: nothing was locked) and the
+-- inbox's counters (NULL: the key has no inboxes row).
+CREATE OR REPLACE FUNCTION {prefix}inbox_lock_rows_v1(
+    p_id bytea, p_owner text, OUT o_held boolean, OUT o_pending integer, OUT o_dead integer
+) LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {prefix}locks AS l
+    WHERE l.id = p_id AND l.owner = p_owner AND l.expires_at > now()
+    FOR UPDATE;
+    o_held := FOUND;
+    IF o_held THEN
+        SELECT i.pending, i.dead INTO o_pending, o_dead
+        FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
+    END IF;
+END
+$$;
+
+-- inbox_release: the end of inbox_step and inbox_take when nothing is pending, under the rows
+-- inbox_lock_rows locked. The inboxes row goes if no dead letters are left (p_dead 0), else it
+-- is marked idle (p_dead NULL: there is none); the lock is released as the release statement
+-- does: reserved for p_reservation_ms when a waiter flagged it, else free; NOTIFY on p_channel.
+CREATE OR REPLACE FUNCTION {prefix}inbox_release_v1(
+    p_id bytea, p_dead integer, p_reservation_ms bigint, p_channel text, p_payload text
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_dead = 0 THEN
+        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
+    ELSIF p_dead IS NOT NULL THEN
+        UPDATE {prefix}inboxes AS i SET ready_at = NULL WHERE i.id = p_id;
+    END IF;
+    UPDATE {prefix}locks AS l
+    SET owner = NULL,
+        expires_at = CASE WHEN l.flag IS NULL THEN now()
+                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
+    WHERE l.id = p_id;
+    PERFORM pg_notify(p_channel, p_payload);
+END
+$$;
+
 -- inbox_accept: dedupe check, max_pending check, append and wake-up, atomically. The first
 -- statement locks the key's inboxes row (creating it); every later statement runs on a fresh
 -- snapshot (READ COMMITTED, a VOLATILE function), so it sees every accept and step of the key
 -- that committed before. The claim is recorded with an upsert that only takes over an expired
--- record, so two accepts of one event id never both succeed, even across keys. The NOTIFY
--- reaches the listeners when the transaction commits. Versioned name: a later change adds _v2.
-CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v1(
+-- record, so two accepts of one event id never both succeed, even across keys; a record taken
+-- over loses its owner, so the late forget_claimed of the dispatch whose claim lapsed cannot
+-- delete it (v1 kept the owner). The NOTIFY reaches the listeners when the transaction commits.
+-- Versioned name: a later change adds _v3.
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v2(
     p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
     p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text
 ) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
@@ -98,7 +142,7 @@ BEGIN
     IF p_claim IS NOT NULL THEN
         INSERT INTO {prefix}dedupe AS d (id, name, expires_at)
         VALUES (p_claim, p_claim_name, now() + p_claim_ttl_ms * interval '1 millisecond')
-        ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+        ON CONFLICT (id) DO UPDATE SET (expires_at, owner) = (EXCLUDED.expires_at, NULL)
             WHERE d.expires_at <= now();
         IF NOT FOUND THEN  -- recorded meanwhile by a dispatch, or an accept of another key
             RETURN QUERY SELECT 'duplicate'::text, v_pending;
@@ -118,34 +162,30 @@ $$;
 
 -- inbox_step: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
 -- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
--- pending, release the lock as the release statement does (reserved for a flagged waiter, else
--- free; NOTIFY on the release channel) in the same transaction. Locks the key's lock row, then
--- its inboxes row (always in that order: no deadlock with another step), so no accept can
--- commit between the "empty" decision and the release: an accept after it finds the key free.
--- Answers one row: status 'not_owner' (nothing changed), 'entry' (id, attempts, payload, age in
--- seconds, pending entries) or 'released'.
-CREATE OR REPLACE FUNCTION {prefix}inbox_step_v1(
+-- pending, release the lock (inbox_release_v1) in the same transaction. Starts with
+-- inbox_lock_rows_v1 (the lock row, then the inboxes row). Answers one row: status 'not_owner'
+-- (nothing changed), 'entry' (id, attempts, payload, age in seconds, pending entries) or
+-- 'released'. v2: v1's body, with its start and its end in those two shared functions.
+CREATE OR REPLACE FUNCTION {prefix}inbox_step_v2(
     p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean,
     p_reservation_ms bigint, p_channel text, p_payload text
 ) RETURNS TABLE (
     status text, entry bigint, attempts integer, payload text, age float8, pending integer
 ) LANGUAGE plpgsql AS $$
 DECLARE
+    v_held boolean;
     v_pending integer;
     v_dead integer;
     v_head {prefix}inbox_entries%ROWTYPE;
 BEGIN
-    PERFORM 1 FROM {prefix}locks AS l
-    WHERE l.id = p_id AND l.owner = p_owner AND l.expires_at > now()
-    FOR UPDATE;
-    IF NOT FOUND THEN
+    SELECT r.o_held, r.o_pending, r.o_dead INTO v_held, v_pending, v_dead
+    FROM {prefix}inbox_lock_rows_v1(p_id, p_owner) AS r;
+    IF NOT v_held THEN
         RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
                             NULL::float8, NULL::integer;
         RETURN;
     END IF;
-    SELECT i.pending, i.dead INTO v_pending, v_dead
-    FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
-    IF FOUND AND p_done IS NOT NULL THEN
+    IF v_pending IS NOT NULL AND p_done IS NOT NULL THEN
         -- the head, unless dead letters were requeued in front of it meanwhile
         IF p_dead IS NULL THEN
             DELETE FROM {prefix}inbox_entries AS e
@@ -174,17 +214,7 @@ BEGIN
                             v_pending;
         RETURN;
     END IF;
-    IF v_dead = 0 THEN
-        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
-    ELSIF v_dead IS NOT NULL THEN
-        UPDATE {prefix}inboxes AS i SET ready_at = NULL WHERE i.id = p_id;
-    END IF;
-    UPDATE {prefix}locks AS l
-    SET owner = NULL,
-        expires_at = CASE WHEN l.flag IS NULL THEN now()
-                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
-    WHERE l.id = p_id;
-    PERFORM pg_notify(p_channel, p_payload);
+    PERFORM {prefix}inbox_release_v1(p_id, v_dead, p_reservation_ms, p_channel, p_payload);
     RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
                         NULL::float8, NULL::integer;
 END
@@ -220,33 +250,32 @@ $$;
 -- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
 -- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
 -- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
--- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). Answers
--- status 'not_owner' (one row, nothing changed), 'released' (one row), or 'pending' (pending
--- entries, and as age the seconds since the newest one was accepted) followed by one 'entry' row
--- per entry handed out (id, attempts, payload, age in seconds, pending), in no set order.
-CREATE OR REPLACE FUNCTION {prefix}inbox_take_v1(
+-- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). v2: as
+-- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers status 'not_owner' (one row,
+-- nothing changed), 'released' (one row), or 'pending' (pending entries, and as age the seconds
+-- since the newest one was accepted) followed by one 'entry' row per entry handed out (id,
+-- attempts, payload, age in seconds, pending), in no set order.
+CREATE OR REPLACE FUNCTION {prefix}inbox_take_v2(
     p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer,
     p_reservation_ms bigint, p_channel text, p_payload text
 ) RETURNS TABLE (
     status text, entry bigint, attempts integer, payload text, age float8, pending integer
 ) LANGUAGE plpgsql AS $$
 DECLARE
+    v_held boolean;
     v_pending integer;
     v_dead integer;
     v_gone integer;
     v_done bigint[] := string_to_array(nullif(p_done, ''), ',')::bigint[];
 BEGIN
-    PERFORM 1 FROM {prefix}locks AS l
-    WHERE l.id = p_id AND l.owner = p_owner AND l.expires_at > now()
-    FOR UPDATE;
-    IF NOT FOUND THEN
+    SELECT r.o_held, r.o_pending, r.o_dead INTO v_held, v_pending, v_dead
+    FROM {prefix}inbox_lock_rows_v1(p_id, p_owner) AS r;
+    IF NOT v_held THEN
         RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
                             NULL::float8, NULL::integer;
         RETURN;
     END IF;
-    SELECT i.pending, i.dead INTO v_pending, v_dead
-    FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
-    IF FOUND AND coalesce(cardinality(v_done), 0) > 0 THEN
+    IF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0 THEN
         IF p_dead IS NULL THEN
             DELETE FROM {prefix}inbox_entries AS e
             WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
@@ -277,17 +306,7 @@ BEGIN
                   greatest(extract(epoch FROM now() - e.accepted_at), 0)::float8, v_pending;
         RETURN;
     END IF;
-    IF v_dead = 0 THEN
-        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
-    ELSIF v_dead IS NOT NULL THEN
-        UPDATE {prefix}inboxes AS i SET ready_at = NULL WHERE i.id = p_id;
-    END IF;
-    UPDATE {prefix}locks AS l
-    SET owner = NULL,
-        expires_at = CASE WHEN l.flag IS NULL THEN now()
-                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
-    WHERE l.id = p_id;
-    PERFORM pg_notify(p_channel, p_payload);
+    PERFORM {prefix}inbox_release_v1(p_id, v_dead, p_reservation_ms, p_channel, p_payload);
     RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
                         NULL::float8, NULL::integer;
 END

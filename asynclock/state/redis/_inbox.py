@@ -2,7 +2,7 @@
 
 :class:`RedisInbox` holds the inbox operations; :class:`~asynclock.state.redis.RedisState`
 inherits them and supplies what they run on (declared at the top of the class: the scripts
-through the state's guard, its key layout and its ready index), as ``_sqlinbox.py`` does for the
+through the state's guard, its key layout and its ready index), as ``sql/_inbox.py`` does for the
 SQL states. Each operation is one script of this folder (``inbox_*.lua``, ``_inbox_*.lua``
 before ``release.lua``), atomic with the key's lock; the set of keys with work is the ready
 index's (``_ready.py``; per slot with a directory on a cluster, ``_cluster_inbox.py``).

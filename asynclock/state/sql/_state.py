@@ -1,36 +1,37 @@
 """What PostgresState and MySQLState share: everything but the driver (an internal base class).
 
-The base class owns the options, the operations of the State protocol (parameters in, answers
-out), the operation deadline and the error mapping, connection reuse and discarding, the
-schema bootstrap, the purge loop, the watch registry and the lifecycle. A backend supplies the
-driver-specific parts as small hooks: how a named query is prepared and executed on one of its
-connections, which driver errors mean "unavailable" or "the statement failed", how its answers
-read (``RETURNING`` rows for PostgreSQL, ``rowcount``/``LAST_INSERT_ID`` for MySQL), and how a
-watch hears releases (a LISTEN connection, or bounded polling).
+The base class owns the operations of the State protocol (parameters in, answers out), the
+operation deadline and the error mapping, the retries, the schema bootstrap, the purge loop,
+the watch registry and the lifecycle; every statement runs through
+:meth:`asynclock.state._pool.ConnectionSource.exchange`. A backend supplies the driver-specific
+parts as the small hooks of :class:`asynclock.state.sql._driver.SQLDriver`; the options and
+their checks are in ``_options.py``.
 
 This is an implementation detail shared by two backends, not part of the contract: a
 third-party state needs only the :class:`asynclock.state.State` protocol.
 
-Size: over 500 lines on purpose: every State operation of both SQL backends, each a short
-method around one named statement; the inbox's operations live in ``_sqlinbox.py``.
+The inbox's operations live in ``_inbox.py``.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._owner import new_process_id
 from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._guard import OperationGuard
-from asynclock.state._protocol import LockInfo, Watch
-from asynclock.state._sql import (
+from asynclock.state._protocol import LockInfo
+from asynclock.state.sql._driver import SQLDriver
+from asynclock.state.sql._options import DEFAULT_OP_TIMEOUT
+from asynclock.state.sql._queries import (
     check_table_prefix,
+    glob_to_like,
     key_id,
+    like_escape,
     load_queries,
     load_schema,
     mark_of,
@@ -39,18 +40,11 @@ from asynclock.state._sql import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
+    from asynclock.state._pool import ConnectionSource
     from asynclock.state._protocol import Grant, Release
-    from asynclock.state._sql import Query
+    from asynclock.state.sql._driver import WakeableWatch
 
-__all__ = [
-    "DEFAULT_OP_TIMEOUT",
-    "SQLOptions",
-    "SQLState",
-    "Source",
-    "WakeableWatch",
-    "check_connect_options",
-    "check_max_connections",
-]
+__all__ = ["SQLState"]
 
 logger = logging.getLogger("asynclock")
 
@@ -58,66 +52,13 @@ C = TypeVar("C")
 S = TypeVar("S")
 R = TypeVar("R")
 
-#: seconds one operation may take unless ``op_timeout`` says otherwise
-DEFAULT_OP_TIMEOUT = 5.0
 #: rows one purge statement deletes at most
 PURGE_BATCH = 500
 #: how often a statement the server rolled back whole (deadlock victim, ...) runs again
 _ROLLED_BACK_RETRIES = 5
 
 
-class SQLOptions(TypedDict, total=False):
-    """The options every SQL state takes (see :class:`SQLState` for their meaning)."""
-
-    prefix: str
-    table_prefix: str
-    op_timeout: float
-    create_schema: bool
-    token_retention: float
-    reservation: float
-    purge_interval: float | None
-
-
-class Source(Protocol[C]):
-    """Where operations get a connection: a state's own pool, or a pool the user owns."""
-
-    async def checkout(self) -> tuple[C, bool]:
-        """A connection, and whether it was used before (an idle one rather than a new one)."""
-        ...
-
-    def checkin(self, conn: C | None, *, broken: bool) -> None:
-        """Give ``conn`` back; a ``broken`` one is closed, never handed out again."""
-
-    def discard_idle(self) -> None:
-        """An idle connection was found dead: drop the other idle ones (if the source can)."""
-
-    async def aclose(self) -> None:
-        """Close what the source opened."""
-
-
-class WakeableWatch(Watch, Protocol):
-    """A :class:`~asynclock.state.Watch` that the state wakes when it learns of a release."""
-
-    def fire(self) -> None:
-        """A release of the key was seen: wake the waiter."""
-
-
-def check_max_connections(max_connections: object) -> int:
-    """A pool size: an ``int`` of at least 1."""
-    if not isinstance(max_connections, int) or max_connections < 1:
-        raise ValueError(f"max_connections must be an int >= 1, got {max_connections!r}")
-    return max_connections
-
-
-def check_connect_options(connect_timeout: object, max_connections: object) -> float:
-    """Validate ``from_url``'s pool options; return ``connect_timeout`` in seconds."""
-    connect = check_seconds(connect_timeout, "connect_timeout")
-    assert connect is not None
-    check_max_connections(max_connections)
-    return connect
-
-
-class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
+class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
     """Locks and dedupe records in SQL tables: the driver-independent part of a SQL state.
 
     ``C`` is the driver's connection, ``S`` a prepared statement, ``R`` the raw answer of one
@@ -152,19 +93,9 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
             small batch each); ``None`` turns them off.
     """
 
-    #: the server's name in ``where`` ("<BACKEND> at <url>")
-    _BACKEND: ClassVar[str]
-    #: the package holding ``schema.sql`` and ``queries.sql``
-    _PACKAGE: ClassVar[str]
-    #: driver errors that mean "cannot reach the server / the connection is gone"
-    _UNAVAILABLE: ClassVar[tuple[type[BaseException], ...]]
-    #: the claim parameters of a backend whose acquire and release statements can also record
-    #: a dedupe claim (ClaimingState), set to "no claim"; none by default
-    _NO_CLAIM: ClassVar[Mapping[str, object]] = {}
-
     def __init__(
         self,
-        source: Source[C],
+        source: ConnectionSource[C],
         *,
         where: str,
         prefix: str = "asynclock:",
@@ -234,88 +165,6 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         """The prefix of this state's table names."""
         return self._table_prefix
 
-    # -- the driver's part ------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def _prepare(self, query: Query) -> S:
-        """``query`` in the form :meth:`_execute` runs."""
-
-    @abc.abstractmethod
-    def _schema(self, statements: list[str]) -> list[S]:
-        """The statements that apply ``schema.sql`` (given as its list of statements)."""
-
-    @abc.abstractmethod
-    async def _execute(self, conn: C, statement: S, params: Mapping[str, object]) -> R:
-        """Run ``statement`` with ``params`` on ``conn``; the driver's answer."""
-
-    @abc.abstractmethod
-    def _is_statement_error(self, exc: BaseException) -> bool:
-        """A server error about the statement itself: the connection stays in sync and usable."""
-
-    def _rolled_back_whole(self, exc: BaseException) -> bool:
-        """A statement error after which the statement may simply run again (deadlock victim)."""
-        return False
-
-    def _never_sent(self, exc: BaseException) -> bool:
-        """The driver refused to send the statement at all: retrying it cannot run it twice."""
-        return False
-
-    @staticmethod
-    def _id_param(ident: bytes) -> object:
-        """The key id as the statements take it (the SHA-256 digest itself by default)."""
-        return ident
-
-    @abc.abstractmethod
-    def _grant(self, answer: R) -> Grant:
-        """``acquire``'s answer."""
-
-    @abc.abstractmethod
-    def _release(self, answer: R) -> Release:
-        """``release``'s answer."""
-
-    @abc.abstractmethod
-    def _freed(self, answer: R) -> bool:
-        """Whether ``abandon`` freed the key (released it, or withdrew a reservation)."""
-
-    @abc.abstractmethod
-    def _matched(self, answer: R) -> bool:
-        """Whether ``extend`` or ``dedupe_forget`` found what it looked for."""
-
-    @abc.abstractmethod
-    def _lock_info(self, key: str, answer: R) -> LockInfo | None:
-        """``inspect``'s answer."""
-
-    @abc.abstractmethod
-    def _held(self, answer: R) -> list[tuple[str, str, float, int]]:
-        """``held_locks``'s rows as ``(prefixed name, owner, remaining seconds, token)``."""
-
-    @abc.abstractmethod
-    def _claimed(self, answer: R) -> bool:
-        """Whether ``dedupe_add`` recorded the key."""
-
-    @abc.abstractmethod
-    def _remaining(self, answer: R) -> float | None:
-        """``dedupe_remaining``'s answer: the live record's seconds left, or ``None``."""
-
-    @abc.abstractmethod
-    def _deleted(self, answer: R) -> int:
-        """How many rows a purge statement deleted."""
-
-    @abc.abstractmethod
-    def _new_watch(self, loop: asyncio.AbstractEventLoop) -> WakeableWatch:
-        """A watch for one key."""
-
-    def _new_key_watch(self, loop: asyncio.AbstractEventLoop, ident: str) -> WakeableWatch:
-        """A watch for the key whose id is ``ident`` (hex); :meth:`_new_watch`'s by default."""
-        return self._new_watch(loop)
-
-    async def _listen(self) -> None:
-        """Make sure releases from other processes are heard (PostgreSQL: LISTEN) by now."""
-        await asyncio.sleep(0)
-
-    async def _stop_listening(self) -> None:
-        """Stop what :meth:`_listen` started."""
-
     def _released_here(self, ident: str) -> None:
         """This state freed key ``ident``: wake its local watchers (unless the server does)."""
         self._wake(ident)
@@ -352,40 +201,27 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         is cancelled (or the deadline passes) while it runs, the connection is discarded at once
         (the driver then sends nothing more on it) and the cancellation goes on.
         """
-        source = self._source
+        stale = self._stale if idempotent else self._never_sent
         async with self._guard():
-            stale_retry = True  # one retry on a new connection, if this one was stale
             rolled_back = 0
             while True:
-                conn, reused = await source.checkout()
                 try:
-                    answer = await self._execute(conn, statement, params)
-                except BaseException as exc:
-                    if self._is_statement_error(exc):
-                        source.checkin(conn, broken=False)  # an error reply: in sync
-                        if self._rolled_back_whole(exc) and rolled_back < _ROLLED_BACK_RETRIES:
-                            rolled_back += 1
-                            continue
-                        raise
-                    # cancelled, timed out or lost mid-statement: never reuse
-                    source.checkin(conn, broken=True)
+                    return await self._source.exchange(
+                        self._is_statement_error, stale, self._execute, statement, params
+                    )
+                except Exception as exc:  # noqa: PERF203 - Python 3.11: a try costs nothing
+                    # a deadlock victim: the server undid it whole, so it may simply run again
                     if (
-                        stale_retry
-                        and reused
-                        and (
-                            self._never_sent(exc)
-                            or (idempotent and isinstance(exc, self._UNAVAILABLE))
-                        )
+                        rolled_back == _ROLLED_BACK_RETRIES
+                        or not self._is_statement_error(exc)
+                        or not self._rolled_back_whole(exc)
                     ):
-                        # The server closed it while it sat idle, and most likely every other
-                        # idle one with it, some of which may not show it yet: run the retry on
-                        # a new connection, never on one of them.
-                        source.discard_idle()
-                        stale_retry = False
-                        continue
-                    raise
-                source.checkin(conn, broken=False)
-                return answer
+                        raise
+                    rolled_back += 1
+
+    def _stale(self, exc: BaseException) -> bool:
+        """On a reused connection: it was dead already, and the statement is safe to repeat."""
+        return self._never_sent(exc) or isinstance(exc, self._UNAVAILABLE)
 
     def _maybe_purge(self) -> None:
         """Start a small background purge when ``purge_interval`` has passed since the last."""
@@ -558,7 +394,7 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         ``match`` is a glob of ``*`` and ``?`` (SQL ``LIKE`` has no character classes, so ``[``
         is refused with ``ValueError``).
         """
-        pattern = _like_escape(self._prefix) + _glob_to_like(match)
+        pattern = like_escape(self._prefix) + glob_to_like(match)
         answer = await self._run("held_locks", {"pattern": pattern}, idempotent=True)
         start = len(self._prefix)
         for name, owner, remaining, token in self._held(answer):
@@ -641,17 +477,3 @@ class SQLState(ClosesOnExit, abc.ABC, Generic[C, S, R]):
         rows deleted. A purged key's next token still exceeds its old ones (the clock seed).
         """
         return await self._purge_batches(once=False)
-
-
-def _like_escape(text: str) -> str:
-    """``text`` as a LIKE pattern that matches only itself (escape character ``!``)."""
-    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
-
-
-def _glob_to_like(match: str) -> str:
-    """A ``*``/``?`` glob as a LIKE pattern (escape character ``!``)."""
-    if not isinstance(match, str):
-        raise TypeError(f"match must be a str, got {type(match).__name__}")
-    if "[" in match:
-        raise ValueError(f"SQL states match keys with * and ? only, got {match!r}")
-    return _like_escape(match).replace("*", "%").replace("?", "_")

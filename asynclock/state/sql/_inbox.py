@@ -1,6 +1,6 @@
 """The durable inbox (:class:`~asynclock.state.InboxState`) of the SQL states, driver-free.
 
-:class:`SQLInboxState` adds the inbox operations to :class:`~asynclock.state._sqlbase.SQLState`:
+:class:`SQLInboxState` adds the inbox operations to :class:`~asynclock.state.sql._state.SQLState`:
 parameters in, answers out, the same for PostgreSQL and MySQL. Each operation is one named
 statement of the backend's ``queries.sql``; the three that change several rows (accept, step,
 take, requeue) call a function (PostgreSQL) or procedure (MySQL) of its ``schema.sql``, one
@@ -29,13 +29,13 @@ from asynclock.state._protocol import (
     InboxEntry,
     InboxKey,
 )
-from asynclock.state._sql import key_id
-from asynclock.state._sqlbase import SQLState
+from asynclock.state.sql._queries import key_id
+from asynclock.state.sql._state import SQLState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Collection, Sequence
 
-    from asynclock.state._sqlbase import WakeableWatch
+    from asynclock.state.sql._driver import WakeableWatch
 
 __all__ = ["SQLInboxState"]
 

@@ -1,6 +1,8 @@
-"""Shared by the SQL states (``postgres/`` and ``mysql/``): named queries, key ids, a lean pool.
+"""The named statements of the SQL states (``postgres/`` and ``mysql/``) and the values they take.
 
-The states themselves share :class:`asynclock.state._sqlbase.SQLState`.
+The query and schema loaders, the table prefix check, and the values every statement is given:
+key ids (SHA-256 of the prefixed key) and abandon marks. The states themselves share
+:class:`asynclock.state.sql._state.SQLState`.
 
 Queries live in ``queries.sql`` beside each backend, in procrastinate's named format::
 
@@ -24,13 +26,12 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from asynclock.state._pool import ConnectionPool
-
 __all__ = [
-    "ConnectionPool",
     "Query",
     "check_table_prefix",
+    "glob_to_like",
     "key_id",
+    "like_escape",
     "load_queries",
     "load_schema",
     "mark_of",
@@ -168,3 +169,17 @@ def mark_of(owner: str) -> str:
     Owner ids never contain a newline, so a mark matches whole entries only.
     """
     return f"\n{owner}\n"
+
+
+def like_escape(text: str) -> str:
+    """``text`` as a LIKE pattern that matches only itself (escape character ``!``)."""
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+
+
+def glob_to_like(match: str) -> str:
+    """A ``*``/``?`` glob as a LIKE pattern (escape character ``!``)."""
+    if not isinstance(match, str):
+        raise TypeError(f"match must be a str, got {type(match).__name__}")
+    if "[" in match:
+        raise ValueError(f"SQL states match keys with * and ? only, got {match!r}")
+    return like_escape(match).replace("*", "%").replace("?", "_")
