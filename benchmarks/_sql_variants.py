@@ -94,6 +94,11 @@ class PgSelect(Variant):
         await self.conn.close()
 
 
+#: the statements' claim parameters set to "no claim" (PostgresState is a ClaimingState: its
+#: acquire and release can also record an event's dedupe claim; the floor records none)
+NO_CLAIM: dict[str, object] = {"claim_id": None, "claim_name": None, "claim_ttl_ms": 0}
+
+
 class PgRaw(Variant):
     """PostgresState's ``acquire`` + ``release`` statements on one asyncpg connection."""
 
@@ -120,6 +125,7 @@ class PgRaw(Variant):
         for _ in range(n):
             owner = f"{base}:{secrets.token_hex(8)}"
             acquire = {
+                **NO_CLAIM,
                 "id": ident,
                 "name": full,
                 "owner": owner,
@@ -131,6 +137,7 @@ class PgRaw(Variant):
             if not isinstance(rows[0][0], int):
                 misses += 1
             release = {
+                **NO_CLAIM,
                 "id": ident,
                 "owner": owner,
                 "successor": None,
