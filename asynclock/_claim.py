@@ -154,7 +154,17 @@ class EventClaim:
             self.owner = owner
             return state.acquire_claimed(key, owner, ttl, claim=self.key, claim_ttl=lease)
 
-        lock._arm_first_attempt(claim_and_acquire)
+        lean = lock._lean
+        if lean is None:
+            lock._arm_first_attempt(claim_and_acquire)
+            return
+
+        def claim_and_acquire_now(owner: str) -> Grant | None:
+            self.phase = Phase.IN_PROGRESS
+            self.owner = owner
+            return lean._acquire_claimed_now(key, owner, ttl, self.key, lease)
+
+        lock._arm_first_attempt(claim_and_acquire, claim_and_acquire_now)
 
     def not_ours(self) -> None:
         """The record found belongs to another delivery: never forget or mark it."""
@@ -183,7 +193,14 @@ class EventClaim:
                 key, owner, claim=claim, claim_ttl=ttl, successor=successor, ttl=successor_ttl
             )
 
-        if lock._arm_release(release_claimed):
+        lean = lock._lean
+        now = None
+        if lean is not None:
+
+            def now(key: str, owner: str) -> Release:
+                return lean._release_now(key, owner, claim, ttl)
+
+        if lock._arm_release(release_claimed, now):
             self.phase = Phase.DONE_IN_RELEASE
 
     def release_failed(self) -> None:

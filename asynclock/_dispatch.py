@@ -194,7 +194,8 @@ class EventDispatcher:
         self._done_ttl = self._dedupe_ttl + self._lock_ttl
         self._freeing = FreeingEstimate()
         self._slots = RetrySlots(state)
-        self._claiming = isinstance(self._state, ClaimingState)
+        #: the state as a ClaimingState, if it is one
+        self._claiming = state if isinstance(state, ClaimingState) else None
         self._scope = lock_scope
         debounce_seconds = check_seconds(debounce, "debounce", allow_zero=True)
         assert debounce_seconds is not None
@@ -470,14 +471,14 @@ class EventDispatcher:
             await lock.acquire()
             await self._under_lock(lock, handlers, event, claim)
             return Outcome.HANDLED
-        lock = AsyncLock(self._state, lock_key, self._lock_ttl, auto_renew=True)
+        lock = AsyncLock._ttl_checked(self._state, lock_key, self._lock_ttl, auto_renew=True)
         # the event's place among this process's events of the key is taken now, on arrival:
         # nothing awaited below lets a later event overtake it
         lock._take_place()
         try:
             if claim is not None:
-                if self._claiming:
-                    claim.ride_on_acquire(lock, cast("ClaimingState", self._state), self._lock_ttl)
+                if self._claiming is not None:
+                    claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
                 elif not await self._claim_alone(claim):  # duplicates are found before locking
                     await lock._leave_place()
                     return Outcome.DUPLICATE
@@ -534,19 +535,27 @@ class EventDispatcher:
         it failed would make the platform redeliver an event whose effects already happened.
         """
         handled = False
+        # `async with lock._holding():` spelled out (lock.__aexit__ never swallows), which spares
+        # the holding object and two coroutines per event
+        lock._check_held()
+        lock._start_holding()
         try:
-            async with lock._holding():
+            try:
                 if claim is not None:
                     claim.keep(self._state, self._lock_ttl)
-                began = asyncio.get_running_loop().time()
+                loop = asyncio.get_running_loop()
+                began = loop.time()
                 await call_all(handlers, event, HandlerContext(lock.key, lock.token))
                 handled = True
-                self._freeing.observe(lock.key, asyncio.get_running_loop().time() - began)
+                self._freeing.observe(lock.key, loop.time() - began)
                 if claim is not None:
                     claim.handled_now()
-                    if self._claiming:  # the release marks it done too
-                        state = cast("ClaimingState", self._state)
-                        await claim.settle_in_release(lock, state, self._done_ttl)
+                    if self._claiming is not None:  # the release marks it done too
+                        await claim.settle_in_release(lock, self._claiming, self._done_ttl)
+            except BaseException as body_error:
+                await lock.__aexit__(type(body_error), body_error, body_error.__traceback__)
+                raise
+            await lock.__aexit__(None, None, None)
         except Exception as error:
             if not handled:
                 raise

@@ -30,8 +30,9 @@ from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._turn import current_turn
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock._waiters import Line, Ticket, line_for, release_chain
+from asynclock._waiters import Line, Ticket, line_for, release_chain, release_now
 from asynclock.state._protocol import Grant
+from asynclock.state.memory import MemoryState, own_steps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -117,10 +118,12 @@ class AsyncLock:
         "_busy",
         "_contended",
         "_first_attempt",
+        "_first_attempt_now",
         "_granted",
         "_held_since",
         "_key",
         "_last_token",
+        "_lean",
         "_line",
         "_lost",
         "_max_lifetime",
@@ -149,15 +152,44 @@ class AsyncLock:
         auto_renew: bool = False,
         max_lifetime: float | None = None,
     ) -> None:
-        self._key = check_key(key)
-        self._ttl = check_ttl(ttl, key=key)
-        self._timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True, allow_none=True)
-        self._max_lifetime = check_seconds(max_lifetime, "max_lifetime", key=key, allow_none=True)
+        key = check_key(key)
+        ttl = check_ttl(ttl, key=key)
+        timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True, allow_none=True)
+        max_lifetime = check_seconds(max_lifetime, "max_lifetime", key=key, allow_none=True)
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, got {blocking!r} (key {key!r})")
+        self._setup(state, key, ttl, blocking, timeout, bool(auto_renew), max_lifetime)
+
+    @classmethod
+    def _ttl_checked(cls, state: State, key: str, ttl: float, *, auto_renew: bool) -> AsyncLock:
+        """A blocking lock without timeout, for a ``ttl`` the caller has checked already.
+
+        For the dispatcher, which checks its ``lock_ttl`` once and makes one lock per event.
+        """
+        lock = cls.__new__(cls)
+        lock._setup(state, check_key(key), ttl, True, None, auto_renew, None)
+        return lock
+
+    def _setup(
+        self,
+        state: State,
+        key: str,
+        ttl: float,
+        blocking: bool,
+        timeout: float | None,
+        auto_renew: bool,
+        max_lifetime: float | None,
+    ) -> None:
+        self._key = key
+        self._ttl = ttl
+        self._timeout = timeout
+        self._max_lifetime = max_lifetime
         self._state = state
+        # the lean path (docs/decisions.md): exactly MemoryState, whose steps need no await, so
+        # the lock yields once itself and acts at once; a subclass may override the async steps
+        self._lean = state if type(state) is MemoryState else None
         self._blocking = blocking
-        self._auto_renew = bool(auto_renew)
+        self._auto_renew = auto_renew
         self._owner = ""
         self._token: int | None = None
         self._ticket: Ticket | None = None
@@ -170,6 +202,7 @@ class AsyncLock:
         self._placed = False
         self._refused = False
         self._first_attempt: Callable[[str], Awaitable[Grant | None]] | None = None
+        self._first_attempt_now: Callable[[str], Grant | None] | None = None
         self._release_with: ReleaseStep | None = None
         self._last_token: int | None = None
         self._lost = False
@@ -307,6 +340,23 @@ class AsyncLock:
         line, ticket = self._new_ticket()
         if line.member is None:
             line.member = ticket
+            lean = self._lean
+            if (
+                lean is not None
+                and self._first_attempt is None
+                and current_turn() is None
+                and own_steps()
+            ):
+                ticket.asked_at = asyncio.get_running_loop().time()
+                try:
+                    await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+                except BaseException:
+                    line.leave(ticket)
+                    raise
+                grant = lean._acquire_now(self._key, ticket.owner, self._ttl)
+                if grant.token is not None:
+                    return self._won(line, ticket, grant.token)
+                return await self._contend(line, ticket, blocking, deadline, first=grant)
             return await self._contend(line, ticket, blocking, deadline)
         if not blocking:
             # a local holder: one try at the server anyway, which also takes over a lock whose
@@ -397,15 +447,17 @@ class AsyncLock:
         deadline: float | None,
         *,
         keep_place: bool = False,
+        first: Grant | None = None,
     ) -> bool:
         """As the line's member, take the lock from the server (waiting for releases).
 
         With ``keep_place``, a non-blocking attempt that finds the key busy leaves ``ticket``
-        the line's member (see :meth:`_take_place`).
+        the line's member (see :meth:`_take_place`). ``first``: the answer to a first attempt
+        made already (the lean path's).
         """
         won = flagged = kept = False
         try:
-            grant = await self._attempt(line, ticket, waiting=False)
+            grant = first if first is not None else await self._attempt(line, ticket, waiting=False)
             if grant.token is not None:
                 won = True
                 return self._won(line, ticket, grant.token)
@@ -443,27 +495,37 @@ class AsyncLock:
                     else:
                         run_in_background(withdraw)
 
-    def _arm_first_attempt(self, attempt: Callable[[str], Awaitable[Grant | None]]) -> None:
+    def _arm_first_attempt(
+        self,
+        attempt: Callable[[str], Awaitable[Grant | None]],
+        now: Callable[[str], Grant | None] | None = None,
+    ) -> None:
         """Send ``attempt(owner)`` instead of the state's acquire for the next first try.
 
         For callers that fold more work into the acquire's atomic step (the dispatcher records
         an event's dedupe claim in it: one round trip per fresh event). ``attempt`` answers like
         ``State.acquire``, or ``None`` to refuse: the lock is then not acquired and
         :attr:`_refused` is set. Used once, and only if this acquisition does reach the server.
+        ``now``: the same step without an await, used instead on the lean path.
         """
         self._first_attempt = attempt
+        self._first_attempt_now = now
 
-    def _arm_release(self, release: ReleaseStep) -> bool:
+    def _arm_release(
+        self, release: ReleaseStep, now: Callable[[str, str], Release] | None = None
+    ) -> bool:
         """Send ``release(key, owner, successor, ttl)`` instead of the state's release, once.
 
         The counterpart of :meth:`_arm_first_attempt` (the dispatcher marks a handled event's
         claim done in the release). ``False`` when the lock is not held through the state
-        (granted): nothing will be released, and the caller does its work itself.
+        (granted): nothing will be released, and the caller does its work itself. ``now``:
+        ``release(key, owner)`` without handoff and without an await, for the lean path.
         """
         ticket = self._ticket
         if self._token is None or ticket is None:
             return False
         ticket.release_with = release
+        ticket.release_now = now
         return True
 
     # -- a place in the line, kept across the caller's awaits (for the dispatcher) ------------
@@ -507,6 +569,37 @@ class AsyncLock:
             return True
         if line.member is not ticket:
             self._retry_after = _left_to(line.member, asyncio.get_running_loop().time())
+            self._report(False, placed_at)
+            return False
+        lean = self._lean
+        if lean is not None and current_turn() is None and own_steps():
+            # the lean path: one yield, then the first attempt as one step, without an await
+            first, self._first_attempt_now = self._first_attempt_now, None
+            self._first_attempt = None
+            ticket.asked_at = asyncio.get_running_loop().time()
+            self._busy = True
+            try:
+                await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+                if first is None:
+                    grant: Grant | None = lean._acquire_now(self._key, ticket.owner, self._ttl)
+                else:
+                    grant = first(ticket.owner)
+            except BaseException:
+                self._placed = False
+                line.leave(ticket)
+                raise
+            finally:
+                self._busy = False
+            if grant is None:  # refused by the armed step
+                self._refused = True
+                self._placed = False
+                line.leave(ticket)
+                return False
+            if grant.token is not None:
+                self._placed = False
+                self._report(self._won(line, ticket, grant.token), placed_at)
+                return True
+            self._retry_after = grant.retry_after  # the place is kept
             self._report(False, placed_at)
             return False
         self._busy = True
@@ -575,9 +668,12 @@ class AsyncLock:
 
     def _holding(self) -> _Holding:
         """``async with`` for a lock acquired (or granted) already: renewal, then release."""
-        if not self.owned and not self._granted:
-            raise RuntimeError(f"AsyncLock {self._key!r} is not held")
+        self._check_held()
         return _Holding(self)
+
+    def _check_held(self) -> None:
+        if self._token is None and not self._granted:
+            raise RuntimeError(f"AsyncLock {self._key!r} is not held")
 
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
         """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
@@ -665,8 +761,22 @@ class AsyncLock:
         if self._renewer is not None:
             self._renewer.stop()
             self._renewer = None
+        lean = self._lean
         try:
-            result = await release_chain(self._state, line, ticket)
+            if lean is not None and (ticket.release_with is None or ticket.release_now) and (
+                own_steps()
+            ):
+                try:
+                    await asyncio.sleep(0)  # the yield rule
+                except asyncio.CancelledError:
+                    release_now(lean, line, ticket)  # a cancelled release still completes
+                    raise
+                if line.member is ticket and line.waiters:
+                    result = await release_chain(lean, line, ticket)  # a handoff
+                else:
+                    result = release_now(lean, line, ticket)
+            else:
+                result = await release_chain(self._state, line, ticket)
         except asyncio.CancelledError:
             self._forget_acquisition()  # release_chain finishes the release in the background
             raise

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from asynclock.state._protocol import Release, State
+    from asynclock.state.memory import MemoryState
 
     #: a release to send instead of the state's: ``(key, owner, successor, successor_ttl)``
     ReleaseStep: TypeAlias = Callable[[str, str, str | None, float | None], Awaitable[Release]]
@@ -40,13 +41,15 @@ if TYPE_CHECKING:
 class Ticket:
     """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on."""
 
-    __slots__ = ("asked_at", "expires", "future", "owner", "release_with", "ttl")
+    __slots__ = ("asked_at", "expires", "future", "owner", "release_now", "release_with", "ttl")
 
     def __init__(self, owner: str, ttl: float) -> None:
         self.owner = owner
         self.ttl = ttl
         #: the release to send for this ticket instead of the state's (``AsyncLock._arm_release``)
         self.release_with: ReleaseStep | None = None
+        #: ``release_with``'s counterpart without handoff, on the lean path: ``(key, owner)``
+        self.release_now: Callable[[str, str], Release] | None = None
         #: loop time when this ticket's last acquire was sent
         self.asked_at = 0.0
         self.future: asyncio.Future[int | None] | None = None
@@ -159,12 +162,28 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
         raise
 
 
+def release_now(state: MemoryState, line: Line, ticket: Ticket) -> Release:
+    """Release ``ticket``'s lock on ``state`` at once, without handoff; the caller yielded.
+
+    The lean path's release (no await: nothing can interrupt it). A waiter of the line, if
+    any, is promoted to contend, as after :func:`release_chain` without a successor.
+    """
+    step, ticket.release_now, ticket.release_with = ticket.release_now, None, None
+    if step is None:
+        result = state._release_now(line.key, ticket.owner)
+    else:
+        result = step(line.key, ticket.owner)
+    if line.member is ticket:
+        line.promote()
+    return result
+
+
 def _send_release(
     state: State, key: str, current: Ticket, successor: Ticket | None
 ) -> Awaitable[Release]:
     """``current``'s release (a handoff to ``successor`` if given), by its own step if armed."""
     owner, ttl = (successor.owner, successor.ttl) if successor is not None else (None, None)
-    step, current.release_with = current.release_with, None
+    step, current.release_with, current.release_now = current.release_with, None, None
     if step is None:
         return state.release(key, current.owner, successor=owner, ttl=ttl)
     return step(key, current.owner, owner, ttl)

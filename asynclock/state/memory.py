@@ -223,22 +223,53 @@ class MemoryState(ClosesOnExit):
         check_key(key)
         check_ttl(ttl, key=key)
         await asyncio.sleep(0)
+        if not waiting:
+            return self._acquire_now(key, owner, ttl)
         with self._mutex:
             now = self._clock()
             self._sweep(now)
-            return self._take(key, owner, ttl, now, waiting=waiting)
+            return self._take(key, owner, ttl, now, waiting=True)
 
-    async def acquire_claimed(
-        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    # The ``*_now`` methods are the bodies of their async namesakes, without the yield and the
+    # argument checks: for AsyncLock and EventDispatcher, which check their arguments once and
+    # yield once themselves (the yield rule) before calling one, on their lean path for exactly
+    # this class (see docs/decisions.md, "A lean path on MemoryState"). Same atomicity: each is
+    # one step under the mutex.
+
+    def _acquire_now(self, key: str, owner: str, ttl: float) -> Grant:
+        """``acquire(key, owner, ttl)`` without its yield (the caller yielded)."""
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            return self._take(key, owner, ttl, now, waiting=False)
+
+    def _acquire_claimed_now(
+        self, key: str, owner: str, ttl: float, claim: str, claim_ttl: float
     ) -> Grant | None:
-        """See :meth:`asynclock.state.ClaimingState.acquire_claimed`."""
-        await asyncio.sleep(0)
+        """``acquire_claimed`` without its yield (the caller yielded)."""
         with self._mutex:
             now = self._clock()
             self._sweep(now)
             if not self._add(claim, now, claim_ttl, owner):
                 return None
             return self._take(key, owner, ttl, now, waiting=False)
+
+    def _release_now(
+        self, key: str, owner: str, claim: str | None = None, claim_ttl: float = 0.0
+    ) -> Release:
+        """``release(key, owner)`` (``release_claimed`` with ``claim``), without handoff or yield."""
+        with self._mutex:
+            now = self._clock()
+            if claim is not None:
+                self._keep(claim, now, now + claim_ttl)
+            return self._release(key, owner, None, None, now)
+
+    async def acquire_claimed(
+        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    ) -> Grant | None:
+        """See :meth:`asynclock.state.ClaimingState.acquire_claimed`."""
+        await asyncio.sleep(0)
+        return self._acquire_claimed_now(key, owner, ttl, claim, claim_ttl)
 
     async def fair_acquire(
         self, key: str, owner: str, ttl: float, *, turn: str, hold: float
@@ -629,3 +660,22 @@ class MemoryState(ClosesOnExit):
     def size(self) -> tuple[int, int]:
         """``(locks, dedupe records)`` currently stored, expired ones included until swept."""
         return len(self._locks), len(self._dedupe)
+
+
+#: the async steps whose bodies the lean path calls directly (the ``*_now`` methods)
+_OWN_STEPS = (
+    MemoryState.acquire,
+    MemoryState.acquire_claimed,
+    MemoryState.release,
+    MemoryState.release_claimed,
+)
+
+
+def own_steps() -> bool:
+    """Whether MemoryState's async steps are still its own, so the lean path may skip them.
+
+    Instrumentation (a test's spy, a fault injected for a test) replaces them on the class; the
+    lean path must then go through them like every other path.
+    """
+    cls = MemoryState
+    return (cls.acquire, cls.acquire_claimed, cls.release, cls.release_claimed) == _OWN_STEPS
