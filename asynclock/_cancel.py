@@ -56,6 +56,16 @@ def _log_failure(task: asyncio.Future[object]) -> None:
         )
 
 
+def body_entered() -> tuple[asyncio.Task[object], int]:
+    """The current task and its pending cancellations: what a :class:`BodyCanceller` made later
+    for a body entered now needs to know."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("a cancellable body must run in an asyncio task")
+    cancelling = getattr(task, "cancelling", None)
+    return task, cancelling() if cancelling is not None else 0
+
+
 class BodyCanceller:
     """Cancels a running block of one task from outside, and tells on the way out if it did.
 
@@ -71,14 +81,11 @@ class BodyCanceller:
 
     __slots__ = ("_cancelling", "_requested", "_task")
 
-    def __init__(self) -> None:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a cancellable body must run in an asyncio task")
+    def __init__(self, entered: tuple[asyncio.Task[object], int] | None = None) -> None:
+        task, cancelling = entered if entered is not None else body_entered()
         self._task: asyncio.Task[object] | None = task
-        cancelling = getattr(task, "cancelling", None)
         #: cancellations pending on entry, which are not ours to take back
-        self._cancelling: int = cancelling() if cancelling is not None else 0
+        self._cancelling: int = cancelling
         self._requested = False
 
     def cancel(self) -> None:

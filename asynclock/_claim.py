@@ -20,7 +20,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from asynclock._errors import StateUnavailableError
-from asynclock._timers import call_later
+from asynclock._timers import Timer, call_later
 from asynclock._validate import check_key
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from asynclock._event import Event
     from asynclock._lock import AsyncLock
+    from asynclock._waiters import ReleaseStep
     from asynclock.state._protocol import ClaimingState, Grant, Release, State
 
 logger = logging.getLogger("asynclock")
@@ -45,14 +46,18 @@ class LeaseKeeper:
 
     __slots__ = ("_handle", "_lease", "_renewing", "_state", "_stopped", "_task", "key")
 
-    def __init__(self, state: State, key: str, lease: float) -> None:
+    def __init__(self, state: State, key: str, lease: float, *, due_now: bool = False) -> None:
         self._state = state
         self.key = key
         self._lease = lease
         self._task: asyncio.Task[None] | None = None
         self._renewing = False
         self._stopped = False
-        self._handle = call_later(lease / 3, self._start)
+        self._handle: Timer | None = None
+        if due_now:
+            self._start()
+        else:
+            self._handle = call_later(lease / 3, self._start)
 
     def _start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -77,7 +82,8 @@ class LeaseKeeper:
     async def stop(self) -> None:
         """Stop renewing; returns once no renewal is in flight. Idempotent."""
         self._stopped = True
-        self._handle.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
         task = self._task
         if task is None or task.done():
             return
@@ -135,6 +141,11 @@ class EventClaim:
         return self.phase not in (Phase.NEW, Phase.FORGOTTEN)
 
     @property
+    def marked_done(self) -> bool:
+        """Whether the release marked the claim done (no renewal is left on the wire then)."""
+        return self.phase is Phase.DONE_IN_RELEASE
+
+    @property
     def handled(self) -> bool:
         """Whether the event's handlers returned (a failure after that leaves it handled)."""
         return self.phase in (Phase.HANDLED, Phase.DONE_IN_RELEASE)
@@ -170,12 +181,24 @@ class EventClaim:
         """The record found belongs to another delivery: never forget or mark it."""
         self.phase = Phase.NEW
 
-    def keep(self, state: State, lease: float) -> None:
-        """The claim is recorded (in progress): renew its lease until the dispatch ends."""
+    def keep(self, state: State, lease: float, *, due_now: bool = False) -> None:
+        """The claim is recorded (in progress): renew its lease until the dispatch ends.
+
+        ``due_now``: the first renewal is due now (the claim was recorded ``lease/3`` ago).
+        """
         if self.phase is Phase.NEW:
             self.phase = Phase.IN_PROGRESS
         if self._keeper is None:
-            self._keeper = LeaseKeeper(state, self.key, lease)
+            self._keeper = LeaseKeeper(state, self.key, lease, due_now=due_now)
+
+    def recorded_by(self, owner: str) -> None:
+        """The lock step of ``owner`` recorded the claim (as :meth:`ride_on_acquire` would)."""
+        self.phase = Phase.IN_PROGRESS
+        self.owner = owner
+
+    def done_in_release(self) -> None:
+        """Handled, and the release that just went through marked the claim done."""
+        self.phase = Phase.DONE_IN_RELEASE
 
     def handled_now(self) -> None:
         """The event's handlers returned."""
@@ -185,6 +208,19 @@ class EventClaim:
         """Handled under ``lock``: mark the claim done (``ttl``) in the lock's release."""
         await self._stop_keeping()
         claim = self.key
+        lean = lock._lean
+        now = None
+        if lean is not None:
+
+            def now(key: str, owner: str) -> Release:
+                return lean._release_now(key, owner, claim, ttl)
+
+        if lock._arm_release(self.release_step(state, ttl), now):
+            self.phase = Phase.DONE_IN_RELEASE
+
+    def release_step(self, state: ClaimingState, ttl: float) -> ReleaseStep:
+        """A lock release that marks this claim done (``ttl``) in the same step."""
+        claim = self.key
 
         def release_claimed(
             key: str, owner: str, successor: str | None, successor_ttl: float | None
@@ -193,15 +229,7 @@ class EventClaim:
                 key, owner, claim=claim, claim_ttl=ttl, successor=successor, ttl=successor_ttl
             )
 
-        lean = lock._lean
-        now = None
-        if lean is not None:
-
-            def now(key: str, owner: str) -> Release:
-                return lean._release_now(key, owner, claim, ttl)
-
-        if lock._arm_release(release_claimed, now):
-            self.phase = Phase.DONE_IN_RELEASE
+        return release_claimed
 
     def release_failed(self) -> None:
         """The lock's release failed after the handlers returned: the mark may not be written."""

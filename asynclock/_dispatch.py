@@ -28,13 +28,19 @@ from asynclock._grant import granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all
 from asynclock._inbox import Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
+from asynclock._lean import LeanHold
 from asynclock._lock import AsyncLock
+from asynclock._owner import new_owner
 from asynclock._slots import RetrySlots
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock._waiters import Ticket, line_for
 from asynclock.state._protocol import ClaimingState, DedupeReading, InboxState, State
+from asynclock.state.memory import MemoryState, own_steps
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from asynclock._waiters import Line
 
     from typing_extensions import Self
 
@@ -134,6 +140,7 @@ class EventDispatcher:
         "_done_ttl",
         "_freeing",
         "_handlers",
+        "_lean",
         "_lock_ttl",
         "_marking",
         "_max_attempts",
@@ -194,6 +201,8 @@ class EventDispatcher:
         self._done_ttl = self._dedupe_ttl + self._lock_ttl
         self._freeing = FreeingEstimate()
         self._slots = RetrySlots(state)
+        #: the state, if it is exactly MemoryState: the lean path (``_lean.py``) may serve it
+        self._lean = state if type(state) is MemoryState else None
         #: the state as a ClaimingState, if it is one
         self._claiming = state if isinstance(state, ClaimingState) else None
         self._scope = lock_scope
@@ -411,30 +420,16 @@ class EventDispatcher:
                 raise
             return Outcome.FAILED
         claim = EventClaim.of(event, lock_key)
-        if claim is None:
-            return await self._dispatch(event, lock_key, None, started, submitted)
-        if claim.key in self._claims_here:
-            # another delivery of this event is being dispatched in this process: its claim is
-            # recorded or on its way. Deciding here, before the state is asked, keeps the first
-            # delivery the one that is handled, in its place in the key's line
-            await asyncio.sleep(0)
-            return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
-        self._claims_here.add(claim.key)
+        if claim is not None:
+            if claim.key in self._claims_here:
+                # another delivery of this event is being dispatched in this process: its claim
+                # is recorded or on its way. Deciding here, before the state is asked, keeps the
+                # first delivery the one that is handled, in its place in the key's line
+                await asyncio.sleep(0)
+                return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
+            self._claims_here.add(claim.key)
         try:
-            return await self._dispatch(event, lock_key, claim, started, submitted)
-        finally:
-            self._claims_here.discard(claim.key)
-
-    async def _dispatch(
-        self,
-        event: Event,
-        lock_key: str,
-        claim: EventClaim | None,
-        started: float,
-        submitted: bool,
-    ) -> Outcome:
-        try:
-            outcome = await self._route(event, lock_key, claim, submitted=submitted)
+            outcome = await self._choose_route(event, lock_key, claim, submitted=submitted)
         except asyncio.CancelledError:
             if claim is not None:  # handled: keep it; not handled: let a redelivery through
                 await finish_despite_cancellation(
@@ -448,16 +443,43 @@ class EventDispatcher:
             if self._raise_errors:
                 raise
             return Outcome.FAILED
+        finally:
+            if claim is not None:
+                self._claims_here.discard(claim.key)
         if claim is not None:
             if outcome is Outcome.DROPPED:
                 await claim.forget(self._state)
-            else:
+            elif not claim.marked_done:
                 await self._finish(claim)
         return await self._record(event, outcome, lock_key, started=started)
 
-    async def _route(
+    def _choose_route(
         self, event: Event, lock_key: str, claim: EventClaim | None, *, submitted: bool
+    ) -> Awaitable[Outcome]:
+        """The lean path (``_lean.py``) when it may serve ``event``, else :meth:`_route`."""
+        lean = self._lean
+        if (
+            lean is not None
+            and self._policy != "concurrent"
+            and granted_reason() is None
+            and own_steps()
+        ):
+            line = line_for(lean, check_key(lock_key))
+            if line.member is None and not line.waiters:
+                return self._route_lean(lean, line, event, lock_key, claim, submitted=submitted)
+        return self._route(event, lock_key, claim, submitted=submitted)
+
+    async def _route(
+        self,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        *,
+        submitted: bool,
+        placed: AsyncLock | None = None,
     ) -> Outcome:
+        """Lock and handle ``event``, or apply the conflict policy; ``placed``: a lock whose
+        place in the key's line was taken already (handed over by the lean path)."""
         handlers = self._handlers.for_type(event.type)
         if self._policy == "concurrent" or granted_reason() is not None:
             # no lock to take (concurrent), or every AsyncLock is granted without touching the
@@ -471,10 +493,13 @@ class EventDispatcher:
             await lock.acquire()
             await self._under_lock(lock, handlers, event, claim)
             return Outcome.HANDLED
-        lock = AsyncLock._ttl_checked(self._state, lock_key, self._lock_ttl, auto_renew=True)
-        # the event's place among this process's events of the key is taken now, on arrival:
-        # nothing awaited below lets a later event overtake it
-        lock._take_place()
+        if placed is not None:
+            lock = placed
+        else:
+            lock = AsyncLock._ttl_checked(self._state, lock_key, self._lock_ttl, auto_renew=True)
+            # the event's place among this process's events of the key is taken now, on
+            # arrival: nothing awaited below lets a later event overtake it
+            lock._take_place()
         try:
             if claim is not None:
                 if self._claiming is not None:
@@ -516,6 +541,74 @@ class EventDispatcher:
             await call_all(handlers, event, HandlerContext(lock_key, forced=True))
             return Outcome.FORCED
         return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
+
+    async def _route_lean(
+        self,
+        lean: MemoryState,
+        line: Line,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        *,
+        submitted: bool,
+    ) -> Outcome:
+        """:meth:`_route` for a key nobody of this process is in line for, on MemoryState.
+
+        One yield, one step to claim the event and take the lock, the handlers, one step to
+        release the lock and mark the claim done: see ``_lean.py``.
+        """
+        ttl = self._lock_ttl
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(new_owner(), ttl)
+        line.member = ticket  # the event's place in the key's line, taken on arrival
+        asked_at = ticket.asked_at = loop.time()
+        try:
+            await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+        except BaseException:
+            line.leave(ticket)
+            raise
+        owner = ticket.owner
+        if claim is None:
+            grant = lean._acquire_now(lock_key, owner, ttl)
+        else:
+            grant = lean._claim_and_acquire_now(lock_key, owner, ttl, claim.key, ttl)
+        if grant is None:
+            line.leave(ticket)
+            return Outcome.DUPLICATE
+        token = grant.token
+        if token is None:  # held from elsewhere (another thread's loop, a direct state call)
+            placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
+            placed._adopt_place(line, ticket)
+            return await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
+        line.hold(ticket, ttl, asked_at)
+        if claim is not None:
+            claim.recorded_by(owner)
+        if _metrics._sink is not None:
+            _metrics.report("lock_acquired", lock_key, loop.time() - asked_at, False)
+        handlers = self._handlers.for_type(event.type)
+        hold = LeanHold(lean, line, ticket, token, claim)
+        handled = False
+        try:
+            try:
+                began = loop.time()
+                await call_all(handlers, event, HandlerContext(lock_key, token))
+                handled = True
+                self._freeing.observe(lock_key, loop.time() - began)
+                if claim is not None:
+                    claim.handled_now()
+            except BaseException as body_error:
+                await hold.failed(body_error)
+                raise
+            await hold.handled(self._done_ttl)
+        except Exception as error:
+            if not handled:
+                raise
+            self._release_failed(event, lock_key, claim, error)
+        except BaseException:
+            if handled and claim is not None:
+                claim.release_failed()
+            raise
+        return Outcome.HANDLED
 
     async def _claim_alone(self, claim: EventClaim) -> bool:
         """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""
@@ -559,21 +652,28 @@ class EventDispatcher:
         except Exception as error:
             if not handled:
                 raise
-            if claim is not None:
-                claim.release_failed()  # so the done mark is written by a call of its own
-            logger.warning(
-                "asynclock: event %s handled, but releasing lock %r failed (%s: %s); the lock "
-                "expires by its TTL",
-                event.message_id,
-                lock.key,
-                type(error).__name__,
-                error,
-                extra={"lock_key": lock.key, "message_id": event.message_id},
-            )
+            self._release_failed(event, lock.key, claim, error)
         except BaseException:
             if handled and claim is not None:
                 claim.release_failed()
             raise
+
+    @staticmethod
+    def _release_failed(
+        event: Event, lock_key: str, claim: EventClaim | None, error: Exception
+    ) -> None:
+        """The handlers returned, then the lock's release failed: the event stays handled."""
+        if claim is not None:
+            claim.release_failed()  # so the done mark is written by a call of its own
+        logger.warning(
+            "asynclock: event %s handled, but releasing lock %r failed (%s: %s); the lock "
+            "expires by its TTL",
+            event.message_id,
+            lock_key,
+            type(error).__name__,
+            error,
+            extra={"lock_key": lock_key, "message_id": event.message_id},
+        )
 
     async def _conflict_policy(self, lock_key: str, event: Event, *, submitted: bool) -> PolicyName:
         policy = self._policy

@@ -327,14 +327,16 @@ class AsyncLock:
 
     def _new_ticket(self) -> tuple[Line, Ticket]:
         """A fresh acquisition: a new owner id and its ticket in this process's line for the key."""
-        self._owner = new_owner()
+        line, ticket = line_for(self._state, self._key), Ticket(new_owner(), self._ttl)
+        self._use_ticket(line, ticket)
+        return line, ticket
+
+    def _use_ticket(self, line: Line, ticket: Ticket) -> None:
+        self._owner = ticket.owner
         self._lost = False
         self._refused = False
         self._retry_after = None
-        ticket = Ticket(self._owner, self._ttl)
-        line = line_for(self._state, self._key)
         self._ticket, self._line = ticket, line
-        return line, ticket
 
     async def _acquire(self, blocking: bool, deadline: float | None) -> bool:
         line, ticket = self._new_ticket()
@@ -546,9 +548,34 @@ class AsyncLock:
             line.member = ticket
         else:
             _join(line, ticket)
+        self._placed_at_once()
+
+    def _placed_at_once(self) -> None:
         self._placed = True
         self._contended = False
         self._held_since = asyncio.get_running_loop().time()  # when the place was taken
+
+    def _adopt_place(self, line: Line, ticket: Ticket) -> None:
+        """:meth:`_take_place` with ``ticket``, the member of ``line`` already (the dispatcher's
+        lean path hands its place over when it found the key busy)."""
+        self._use_ticket(line, ticket)
+        self._placed_at_once()
+
+    def _adopt_held(
+        self, line: Line, ticket: Ticket, token: int, since: float, body: BodyCanceller
+    ) -> None:
+        """Take over a lock the dispatcher's lean path acquired for ``ticket`` at ``since``, as if
+        this object had acquired it and entered ``async with`` with ``body``; renew it from now.
+
+        Only renewal and the release are left to this object (its first renewal is due now).
+        """
+        self._use_ticket(line, ticket)
+        self._token = token
+        self._held_since = since
+        self._body = body
+        self._renewer = Renewer(
+            self._state, self._key, ticket, self._ttl, None, self._on_lost, started=since
+        )
 
     async def _try_from_place(self) -> bool:
         """Acquire without waiting, from the place taken; on ``False`` the place is kept.

@@ -90,16 +90,27 @@ _buckets_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[floa
 )
 
 
+#: the last loop's buckets, found without the weak dictionary's lookup; one tuple, read and
+#: replaced at once, so threads (one loop each) never see half of it
+_recent: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[float, _Bucket]] | None = None
+
+
 def call_later(delay: float, callback: Callable[[], None]) -> Timer:
     """Run ``callback()`` in the running loop ``delay`` seconds from now, unless cancelled.
 
     Like ``loop.call_later``, but cheap to arm and cancel; meant for a few distinct delays
     (each delay has a bucket while any timer with it is armed).
     """
+    global _recent
     loop = asyncio.get_running_loop()
-    buckets = _buckets_by_loop.get(loop)
-    if buckets is None:
-        buckets = _buckets_by_loop[loop] = {}
+    recent = _recent
+    if recent is not None and recent[0]() is loop:
+        buckets = recent[1]
+    else:
+        buckets = _buckets_by_loop.get(loop)
+        if buckets is None:
+            buckets = _buckets_by_loop[loop] = {}
+        _recent = (weakref.ref(loop), buckets)
     bucket = buckets.get(delay)
     if bucket is None:
         bucket = buckets[delay] = _Bucket(loop, delay, buckets)

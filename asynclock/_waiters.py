@@ -64,13 +64,14 @@ class Ticket:
 class Line:
     """The member and the FIFO waiters of one key, in one event loop."""
 
-    __slots__ = ("_lines", "key", "member", "waiters")
+    __slots__ = ("_index", "_lines", "key", "member", "waiters")
 
-    def __init__(self, key: str, lines: dict[tuple[int, str], Line]) -> None:
-        self.key = key
+    def __init__(self, index: tuple[int, str], lines: dict[tuple[int, str], Line]) -> None:
+        self.key = index[1]
         self.member: Ticket | None = None
         self.waiters: deque[Ticket] = deque()
         self._lines = lines
+        self._index = index  # (id of the event loop, key): where ``lines`` keeps this line
 
     def hold(self, ticket: Ticket, ttl: float, since: float) -> None:
         """``ticket`` now holds the lock for ``ttl`` seconds from ``since`` (loop time).
@@ -91,6 +92,10 @@ class Line:
 
     def promote(self, first: Ticket | None = None) -> None:
         """Make ``first`` (else the next live waiter) the member that contends; else vacate."""
+        if first is None and not self.waiters:  # the common case: nobody waits
+            self.member = None
+            self._lines.pop(self._index, None)
+            return
         ticket = first if first is not None and first.live() else self.next_waiter()
         self.member = ticket
         if ticket is not None:
@@ -98,7 +103,7 @@ class Line:
             assert ticket.future is not None
             ticket.future.set_result(None)
         elif not self.waiters:
-            self._lines.pop((id(asyncio.get_running_loop()), self.key), None)
+            self._lines.pop(self._index, None)
 
     def leave(self, ticket: Ticket) -> None:
         """``ticket`` stops being the member without a lock to pass on."""
@@ -110,7 +115,7 @@ class Line:
         with contextlib.suppress(ValueError):
             self.waiters.remove(ticket)
         if self.member is None and not self.waiters:
-            self._lines.pop((id(asyncio.get_running_loop()), self.key), None)
+            self._lines.pop(self._index, None)
 
 
 async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
@@ -194,14 +199,25 @@ _registry: weakref.WeakKeyDictionary[State, dict[tuple[int, str], Line]] = (
 )
 
 
+#: the last state's lines, found without the weak dictionary's lookup (nearly every process
+#: uses one state); one tuple, read and replaced at once, so threads never see half of it
+_recent: tuple[weakref.ref[State], dict[tuple[int, str], Line]] | None = None
+
+
 def line_for(state: State, key: str) -> Line:
     """The line of ``key`` on ``state`` in the running event loop (created on demand)."""
-    try:
-        lines = _registry[state]
-    except KeyError:
-        lines = _registry.setdefault(state, {})
+    global _recent
+    recent = _recent
+    if recent is not None and recent[0]() is state:
+        lines = recent[1]
+    else:
+        try:
+            lines = _registry[state]
+        except KeyError:
+            lines = _registry.setdefault(state, {})
+        _recent = (weakref.ref(state), lines)
     index = (id(asyncio.get_running_loop()), key)
     line = lines.get(index)
     if line is None:
-        line = lines[index] = Line(key, lines)
+        line = lines[index] = Line(index, lines)
     return line

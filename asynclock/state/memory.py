@@ -254,6 +254,21 @@ class MemoryState(ClosesOnExit):
                 return None
             return self._take(key, owner, ttl, now, waiting=False)
 
+    def _claim_and_acquire_now(
+        self, key: str, owner: str, ttl: float, claim: str, claim_ttl: float
+    ) -> Grant | None:
+        """``acquire_claimed``, except that a busy key records nothing (the dispatcher's lean
+        path then hands over to the general one, which asks again)."""
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            held = self._live(key, now)
+            if held is not None and held.owner != owner:
+                return Grant(None, held.expires_at - now)
+            if not self._add(claim, now, claim_ttl, owner):
+                return None
+            return Grant(held.token if held is not None else self._grant(key, owner, now + ttl))
+
     def _release_now(
         self, key: str, owner: str, claim: str | None = None, claim_ttl: float = 0.0
     ) -> Release:

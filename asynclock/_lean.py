@@ -1,0 +1,132 @@
+"""The dispatcher's lean path on MemoryState: one record per event instead of a lock's machinery.
+
+The common case of an embedded dispatcher is a fresh event on a free key, handled in well under
+``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it yields
+once (the yield rule), then claims the event and takes the lock in one MemoryState step without
+an await, runs the handlers, and releases (marking the claim done) in one more step, or hands the
+lock to the next waiter of this process's line as every release does. A :class:`LeanHold` is all
+that exists meanwhile: the ticket in the key's line, one cheap timer, and the body's canceller.
+
+What only a long handler needs is made when the timer fires at ``lock_ttl / 3``: an
+:class:`AsyncLock` that takes the acquisition over (:meth:`AsyncLock._adopt_held`: it renews the
+lock from then on, cancels the body if the lock is lost, and releases it on the way out exactly
+as ``async with`` does) and the claim's lease renewal. From that moment on the event is where the
+general path would have it, so every guarantee is the general path's.
+
+Invariants: the lean path runs only for exactly :class:`MemoryState` with its own steps
+(:func:`asynclock.state.memory.own_steps`), a key nobody of this process is in line for, and
+never touches the state before its yield; a busy key (held from another thread's loop, or by a
+direct state call) records nothing and hands the ticket, still first in line, to the general
+path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from asynclock import metrics as _metrics
+from asynclock._cancel import BodyCanceller, body_entered
+from asynclock._errors import LockLostError
+from asynclock._lock import AsyncLock
+from asynclock._timers import call_later
+from asynclock._waiters import release_chain
+
+if TYPE_CHECKING:
+    from asynclock._claim import EventClaim
+    from asynclock._timers import Timer
+    from asynclock._waiters import Line, Ticket
+    from asynclock.state._protocol import Release
+    from asynclock.state.memory import MemoryState
+
+logger = logging.getLogger("asynclock")
+
+
+class LeanHold:
+    """One event's hold of its key on the lean path, from the grant to the release."""
+
+    __slots__ = (
+        "_claim",
+        "_entered",
+        "_line",
+        "_since",
+        "_state",
+        "_ticket",
+        "_timer",
+        "lock",
+        "token",
+    )
+
+    def __init__(
+        self, state: MemoryState, line: Line, ticket: Ticket, token: int, claim: EventClaim | None
+    ) -> None:
+        self._state = state
+        self._line = line
+        self._ticket = ticket
+        self.token = token
+        self._claim = claim
+        self._entered = body_entered()  # for the BodyCanceller, made only when due
+        self._since = asyncio.get_running_loop().time()
+        #: the AsyncLock that took the acquisition over, once the first renewal was due
+        self.lock: AsyncLock | None = None
+        self._timer: Timer = call_later(ticket.ttl / 3, self._due)
+
+    def _due(self) -> None:
+        """A long handler: from now on an AsyncLock renews the lock, and the claim's lease too."""
+        ticket = self._ticket
+        lock = AsyncLock._ttl_checked(self._state, self._line.key, ticket.ttl, auto_renew=True)
+        body = BodyCanceller(self._entered)
+        lock._adopt_held(self._line, ticket, self.token, self._since, body)
+        self.lock = lock
+        if self._claim is not None:
+            self._claim.keep(self._state, ticket.ttl, due_now=True)
+
+    async def failed(self, error: BaseException) -> None:
+        """The handlers raised ``error``: release the lock (the caller forgets the claim)."""
+        if self.lock is not None:
+            await self.lock.__aexit__(type(error), error, error.__traceback__)
+            return
+        self._timer.cancel()
+        if not (await self._release(None, 0.0)).owned:
+            logger.warning(
+                "asynclock: lock %r had expired before its body finished",
+                self._line.key,
+                extra={"lock_key": self._line.key, "owner": self._ticket.owner},
+            )
+
+    async def handled(self, done_ttl: float) -> None:
+        """The handlers returned: release the lock, marking the claim done in the same step.
+
+        Raises:
+            LockLostError: the lock had expired before the release (the claim is then still
+                to be marked done by a call of its own).
+        """
+        lock, claim = self.lock, self._claim
+        if lock is not None:
+            if claim is not None:
+                await claim.settle_in_release(lock, self._state, done_ttl)
+            await lock.__aexit__(None, None, None)
+            return
+        self._timer.cancel()
+        if not (await self._release(claim, done_ttl)).owned:
+            raise LockLostError(self._line.key, self._ticket.owner)
+        if claim is not None:
+            claim.done_in_release()
+
+    async def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
+        state, line, ticket = self._state, self._line, self._ticket
+        if line.member is ticket and line.waiters:  # hand the lock to the next waiter
+            if claim is not None:
+                ticket.release_with = claim.release_step(state, claim_ttl)
+            result = await release_chain(state, line, ticket)
+        else:
+            result = state._release_now(
+                line.key, ticket.owner, claim.key if claim is not None else None, claim_ttl
+            )
+            if line.member is ticket:
+                line.promote()
+        if _metrics._sink is not None:
+            held = asyncio.get_running_loop().time() - self._since
+            _metrics.report("lock_released", line.key, held)
+        return result
