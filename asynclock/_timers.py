@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 __all__ = ["Timer", "call_later"]
 
 
+def _disarmed() -> None:
+    """What a cancelled timer would call (nothing: it is never called)."""
+
+
 class Timer:
     """One armed callback (see :func:`call_later`)."""
 
@@ -41,6 +45,9 @@ class Timer:
     def cancel(self) -> None:
         """Disarm the timer (idempotent; a timer that fired already stays fired)."""
         self._bucket.entries.pop(self, None)
+        # the callback is nearly always a bound method of the timer's owner, which refers to
+        # the timer: a reference cycle per armed timer, left for the garbage collector
+        self.callback = _disarmed
 
 
 class _Bucket:
