@@ -56,10 +56,11 @@ def _log_failure(task: asyncio.Future[object]) -> None:
         )
 
 
-def body_entered() -> tuple[asyncio.Task[object], int]:
-    """The current task and its pending cancellations: what a :class:`BodyCanceller` made later
-    for a body entered now needs to know."""
-    task = asyncio.current_task()
+def body_entered(task: asyncio.Task[object] | None = None) -> tuple[asyncio.Task[object], int]:
+    """The current task (``task``, if given) and its pending cancellations: what a
+    :class:`BodyCanceller` made later for a body entered now needs to know."""
+    if task is None:
+        task = asyncio.current_task()
     if task is None:
         raise RuntimeError("a cancellable body must run in an asyncio task")
     cancelling = getattr(task, "cancelling", None)

@@ -55,6 +55,9 @@ LockScope = Literal["thread", "channel"] | Callable[[Event], str]
 OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
 H = TypeVar("H")
 
+#: the context passed to handlers that take none (``(event)`` only): never read
+_NONE = HandlerContext("")
+
 _LEVELS = {
     Outcome.HANDLED: logging.INFO,
     Outcome.DUPLICATE: logging.INFO,
@@ -559,7 +562,10 @@ class EventDispatcher:
         """
         ttl = self._lock_ttl
         loop = asyncio.get_running_loop()
-        ticket = Ticket(new_owner(), ttl)
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("dispatch() must run in an asyncio task")
+        ticket = Ticket(new_owner(task), ttl)
         line.member = ticket  # the event's place in the key's line, taken on arrival
         asked_at = ticket.asked_at = loop.time()
         try:
@@ -586,12 +592,17 @@ class EventDispatcher:
         if _metrics._sink is not None:
             _metrics.report("lock_acquired", lock_key, loop.time() - asked_at, False)
         handlers = self._handlers.for_type(event.type)
-        hold = LeanHold(lean, line, ticket, token, claim)
+        hold = LeanHold(lean, line, ticket, token, claim, task)
         handled = False
         try:
             try:
                 began = loop.time()
-                await call_all(handlers, event, HandlerContext(lock_key, token))
+                table = self._handlers
+                ctx = HandlerContext(lock_key, token) if table.takes_context(event.type) else _NONE
+                for handler in handlers:  # call_all, one frame less at every resumption
+                    result = handler.start(event, ctx)
+                    if type(result) is types.CoroutineType or inspect.isawaitable(result):
+                        await result
                 handled = True
                 self._freeing.observe(lock_key, loop.time() - began)
                 if claim is not None:

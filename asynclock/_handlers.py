@@ -45,12 +45,14 @@ class Registered:
 class HandlerTable:
     """Handlers by event type (``"*"``: every type), in registration order."""
 
-    __slots__ = ("_by_type", "_resolved")
+    __slots__ = ("_by_type", "_resolved", "_with_context")
 
     def __init__(self) -> None:
         self._by_type: dict[str, list[Registered]] = {}
         #: for_type's answers, made once per event type until the next registration
         self._resolved: dict[str, list[Registered]] = {}
+        #: per event type: whether one of its handlers takes ``(event, ctx)``
+        self._with_context: dict[str, bool] = {}
 
     def add(self, event_type: str, handler: Handler) -> None:
         """Register ``handler`` for ``event_type``."""
@@ -59,6 +61,7 @@ class HandlerTable:
             raise TypeError(f"a handler must be callable, got {handler!r}")
         self._by_type.setdefault(event_type, []).append(Registered(handler))
         self._resolved.clear()
+        self._with_context.clear()
 
     def for_type(self, event_type: str) -> list[Registered]:
         """The handlers of ``event_type``: its own, then the catch-alls (shared: never mutate)."""
@@ -66,6 +69,14 @@ class HandlerTable:
         if resolved is None:
             resolved = self._resolved[event_type] = self._resolve(event_type)
         return resolved
+
+    def takes_context(self, event_type: str) -> bool:
+        """Whether a handler of ``event_type`` takes ``(event, ctx)`` (else no context is made)."""
+        wanted = self._with_context.get(event_type)
+        if wanted is None:
+            handlers = self.for_type(event_type)
+            wanted = self._with_context[event_type] = any(h.two is not None for h in handlers)
+        return wanted
 
     def _resolve(self, event_type: str) -> list[Registered]:
         if event_type == "*":  # an event whose type is literally "*": the catch-alls, once

@@ -59,15 +59,21 @@ class LeanHold:
     )
 
     def __init__(
-        self, state: MemoryState, line: Line, ticket: Ticket, token: int, claim: EventClaim | None
+        self,
+        state: MemoryState,
+        line: Line,
+        ticket: Ticket,
+        token: int,
+        claim: EventClaim | None,
+        task: asyncio.Task[object],
     ) -> None:
         self._state = state
         self._line = line
         self._ticket = ticket
         self.token = token
         self._claim = claim
-        self._entered = body_entered()  # for the BodyCanceller, made only when due
-        self._since = asyncio.get_running_loop().time()
+        self._entered = body_entered(task)  # for the BodyCanceller, made only when due
+        self._since = ticket.asked_at  # as the line estimates the expiry: never later
         #: the AsyncLock that took the acquisition over, once the first renewal was due
         self.lock: AsyncLock | None = None
         self._timer: Timer = call_later(ticket.ttl / 3, self._due)

@@ -154,8 +154,10 @@ class AsyncLock:
     ) -> None:
         key = check_key(key)
         ttl = check_ttl(ttl, key=key)
-        timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True, allow_none=True)
-        max_lifetime = check_seconds(max_lifetime, "max_lifetime", key=key, allow_none=True)
+        if timeout is not None:
+            timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True)
+        if max_lifetime is not None:
+            max_lifetime = check_seconds(max_lifetime, "max_lifetime", key=key)
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, got {blocking!r} (key {key!r})")
         self._setup(state, key, ttl, blocking, timeout, bool(auto_renew), max_lifetime)
@@ -312,7 +314,8 @@ class AsyncLock:
             acquired = await self._acquire(bool(blocking), deadline)
         finally:
             self._busy = False
-        self._report(acquired, started)
+        if _metrics._sink is not None:
+            self._report(acquired, started)
         if acquired or not blocking:
             return acquired
         raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
@@ -990,24 +993,44 @@ _held_by: weakref.WeakKeyDictionary[asyncio.Task[object], dict[AsyncLock, None]]
 _held_mutex = threading.Lock()
 
 
+#: the last task's locks, found without the mutex and the weak dictionary (a task acquiring
+#: lock after lock); one tuple, read and replaced at once. Only the task's own thread touches
+#: the task's dict, and a task that ended is never current again, so a hit is always right.
+_recent: tuple[weakref.ref[asyncio.Task[object]], dict[AsyncLock, None]] | None = None
+
+
 def _track(task: asyncio.Task[object], lock: AsyncLock) -> None:
+    global _recent
+    recent = _recent
+    if recent is not None and recent[0]() is task:
+        recent[1][lock] = None
+        return
     with _held_mutex:
         held = _held_by.get(task)
         if held is None:
             held = _held_by[task] = {}
             task.add_done_callback(_task_ended)
-        held[lock] = None
+        _recent = (weakref.ref(task), held)
+    held[lock] = None
 
 
 def _untrack(task: asyncio.Task[object], lock: AsyncLock) -> None:
+    recent = _recent
+    if recent is not None and recent[0]() is task:
+        recent[1].pop(lock, None)
+        return
     with _held_mutex:
         held = _held_by.get(task)
-        if held is not None:
-            held.pop(lock, None)
+    if held is not None:
+        held.pop(lock, None)
 
 
 def _task_ended(task: asyncio.Task[object]) -> None:
+    global _recent
     with _held_mutex:
         held = _held_by.pop(task, None)
+        recent = _recent
+        if recent is not None and recent[0]() is task:
+            _recent = None
     for lock in list(held or ()):
         lock._owner_task_ended(task)

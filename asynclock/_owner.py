@@ -51,12 +51,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def new_owner() -> str:
-    """A fresh owner id for the current task: ``"<host>:<pid>:<task id>:<random>"``."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
+def new_owner(task: asyncio.Task[object] | None = None) -> str:
+    """A fresh owner id for the current task: ``"<host>:<pid>:<task id>:<random>"``.
+
+    ``task``: the current task, when the caller has it at hand already.
+    """
+    if task is None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
     task_id = f"{id(task):x}" if task is not None else "0"
     return f"{_prefix}:{task_id}:{_random_part()}"
 

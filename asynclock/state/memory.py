@@ -164,6 +164,8 @@ class MemoryState(ClosesOnExit):
 
     def _sweep(self, now: float) -> None:
         heap = self._heap
+        if not heap or heap[0][0] > now:  # nothing expired: the common case
+            return
         for _ in range(_SWEEP_BUDGET):
             if not heap or heap[0][0] > now:
                 return
