@@ -290,13 +290,7 @@ class EventDispatcher:
         error: BaseException | None = None,
         started: float | None = None,
     ) -> Outcome:
-        self._stats[outcome] += 1
-        if _metrics._sink is not None and started is not None:
-            duration = asyncio.get_running_loop().time() - started
-            _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
-        level = _LEVELS[outcome]
-        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of _record
-            self._log(event, outcome, lock_key, level, error)
+        self._count(event, outcome, lock_key, error, started)
         hook = self._on_outcome
         if hook is not None:
             try:
@@ -305,6 +299,24 @@ class EventDispatcher:
                     await result
             except Exception:
                 logger.exception("asynclock: the on_outcome hook failed")
+        return outcome
+
+    def _count(
+        self,
+        event: Event,
+        outcome: Outcome,
+        lock_key: str,
+        error: BaseException | None = None,
+        started: float | None = None,
+    ) -> Outcome:
+        """:meth:`_record` but the ``on_outcome`` hook (all of it, without one): count and log."""
+        self._stats[outcome] += 1
+        if _metrics._sink is not None and started is not None:
+            duration = asyncio.get_running_loop().time() - started
+            _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
+        level = _LEVELS[outcome]
+        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of _record
+            self._log(event, outcome, lock_key, level, error)
         return outcome
 
     @staticmethod
@@ -454,6 +466,8 @@ class EventDispatcher:
                 await claim.forget(self._state)
             elif not claim.marked_done:
                 await self._finish(claim)
+        if self._on_outcome is None:  # nothing to await: no coroutine for the record
+            return self._count(event, outcome, lock_key, started=started)
         return await self._record(event, outcome, lock_key, started=started)
 
     def _choose_route(
@@ -610,7 +624,8 @@ class EventDispatcher:
             except BaseException as body_error:
                 await hold.failed(body_error)
                 raise
-            await hold.handled(self._done_ttl)
+            if not hold.handled_at_once(self._done_ttl):
+                await hold.handled(self._done_ttl)
         except Exception as error:
             if not handled:
                 raise

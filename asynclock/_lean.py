@@ -101,13 +101,24 @@ class LeanHold:
                 extra={"lock_key": self._line.key, "owner": self._ticket.owner},
             )
 
-    async def handled(self, done_ttl: float) -> None:
-        """The handlers returned: release the lock, marking the claim done in the same step.
+    def handled_at_once(self, done_ttl: float) -> bool:
+        """The handlers returned: release the lock now, marking the claim done in the same step,
+        unless that takes an await (a waiter to hand the lock to, or an AsyncLock took over):
+        then ``False``, and :meth:`handled` is to be awaited instead.
 
         Raises:
             LockLostError: the lock had expired before the release (the claim is then still
                 to be marked done by a call of its own).
         """
+        line, ticket = self._line, self._ticket
+        if self.lock is not None or (line.member is ticket and line.waiters):
+            return False
+        self._timer.cancel()
+        self._released(self._release_at_once(self._claim, done_ttl), self._claim)
+        return True
+
+    async def handled(self, done_ttl: float) -> None:
+        """:meth:`handled_at_once`, with the await it could not do."""
         lock, claim = self.lock, self._claim
         if lock is not None:
             if claim is not None:
@@ -115,24 +126,35 @@ class LeanHold:
             await lock.__aexit__(None, None, None)
             return
         self._timer.cancel()
-        if not (await self._release(claim, done_ttl)).owned:
+        self._released(await self._release(claim, done_ttl), claim)
+
+    def _released(self, result: Release, claim: EventClaim | None) -> None:
+        if not result.owned:
             raise LockLostError(self._line.key, self._ticket.owner)
         if claim is not None:
             claim.done_in_release()
 
     async def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
         state, line, ticket = self._state, self._line, self._ticket
-        if line.member is ticket and line.waiters:  # hand the lock to the next waiter
-            if claim is not None:
-                ticket.release_with = claim.release_step(state, claim_ttl)
-            result = await release_chain(state, line, ticket)
-        else:
-            result = state._release_now(
-                line.key, ticket.owner, claim.key if claim is not None else None, claim_ttl
-            )
-            if line.member is ticket:
-                line.promote()
+        if not (line.member is ticket and line.waiters):
+            return self._release_at_once(claim, claim_ttl)
+        # hand the lock to the next waiter
+        if claim is not None:
+            ticket.release_with = claim.release_step(state, claim_ttl)
+        result = await release_chain(state, line, ticket)
+        self._report()
+        return result
+
+    def _release_at_once(self, claim: EventClaim | None, claim_ttl: float) -> Release:
+        line, ticket = self._line, self._ticket
+        claim_key = claim.key if claim is not None else None
+        result = self._state._release_now(line.key, ticket.owner, claim_key, claim_ttl)
+        if line.member is ticket:
+            line.promote()
+        self._report()
+        return result
+
+    def _report(self) -> None:
         if _metrics._sink is not None:
             held = asyncio.get_running_loop().time() - self._since
-            _metrics.report("lock_released", line.key, held)
-        return result
+            _metrics.report("lock_released", self._line.key, held)

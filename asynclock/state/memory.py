@@ -187,10 +187,11 @@ class MemoryState(ClosesOnExit):
             return None
         return held
 
-    def _grant(self, key: str, owner: str, expires_at: float) -> int:
+    def _grant(self, key: str, owner: str, expires_at: float, *, sweep: bool = True) -> int:
         token = next(self._tokens)
         self._locks[key] = _Held(owner, token, expires_at)
-        self._schedule(expires_at, True, key)
+        if sweep:
+            self._schedule(expires_at, True, key)
         return token
 
     def _schedule(self, expires_at: float, is_lock: bool, key: str) -> None:
@@ -260,16 +261,23 @@ class MemoryState(ClosesOnExit):
         self, key: str, owner: str, ttl: float, claim: str, claim_ttl: float
     ) -> Grant | None:
         """``acquire_claimed``, except that a busy key records nothing (the dispatcher's lean
-        path then hands over to the general one, which asks again)."""
+        path then hands over to the general one, which asks again).
+
+        Neither the lock nor the claim goes on the sweep's heap: the lean path releases the
+        lock and marks the claim done (or forgets it) itself before the dispatch returns, and
+        a renewal (past ``lock_ttl / 3``) schedules what it extends, as every renewal does.
+        """
         with self._mutex:
             now = self._clock()
             self._sweep(now)
             held = self._live(key, now)
             if held is not None and held.owner != owner:
                 return Grant(None, held.expires_at - now)
-            if not self._add(claim, now, claim_ttl, owner):
+            if not self._add(claim, now, claim_ttl, owner, sweep=False):
                 return None
-            return Grant(held.token if held is not None else self._grant(key, owner, now + ttl))
+            if held is not None:
+                return Grant(held.token)
+            return Grant(self._grant(key, owner, now + ttl, sweep=False))
 
     def _release_now(
         self, key: str, owner: str, claim: str | None = None, claim_ttl: float = 0.0
@@ -330,8 +338,14 @@ class MemoryState(ClosesOnExit):
             held.flagged_by = id(asyncio.get_running_loop())
         return Grant(None, held.expires_at - now)
 
-    def _add(self, key: str, now: float, ttl: float, owner: str | None = None) -> bool:
-        """The body of ``dedupe_add``, under the mutex; ``owner`` for a claim (forget_claimed)."""
+    def _add(
+        self, key: str, now: float, ttl: float, owner: str | None = None, *, sweep: bool = True
+    ) -> bool:
+        """The body of ``dedupe_add``, under the mutex; ``owner`` for a claim (forget_claimed).
+
+        ``sweep=False`` (also for ``_grant``): the caller is bound to replace or delete the entry
+        itself, so its deadline need not go on the sweep's heap (it still expires on access).
+        """
         expires_at = self._dedupe.get(key)
         if expires_at is not None and expires_at > now:
             return False
@@ -340,7 +354,8 @@ class MemoryState(ClosesOnExit):
             self._claim_owners.pop(key, None)
         else:
             self._claim_owners[key] = owner
-        self._schedule(now + ttl, False, key)
+        if sweep:
+            self._schedule(now + ttl, False, key)
         return True
 
     async def release(
