@@ -444,6 +444,20 @@ class EventDispatcher:
                 return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
             self._claims_here.add(claim.key)
         try:
+            return await self._dispatch(event, lock_key, claim, started, submitted)
+        finally:
+            if claim is not None:
+                self._claims_here.discard(claim.key)
+
+    async def _dispatch(
+        self,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        started: float,
+        submitted: bool,
+    ) -> Outcome:
+        try:
             outcome = await self._choose_route(event, lock_key, claim, submitted=submitted)
         except asyncio.CancelledError:
             if claim is not None:  # handled: keep it; not handled: let a redelivery through
@@ -458,9 +472,6 @@ class EventDispatcher:
             if self._raise_errors:
                 raise
             return Outcome.FAILED
-        finally:
-            if claim is not None:
-                self._claims_here.discard(claim.key)
         if claim is not None:
             if outcome is Outcome.DROPPED:
                 await claim.forget(self._state)
@@ -588,19 +599,16 @@ class EventDispatcher:
             line.leave(ticket)
             raise
         owner = ticket.owner
-        if claim is None:
-            grant = lean._acquire_now(lock_key, owner, ttl)
-        else:
-            grant = lean._claim_and_acquire_now(lock_key, owner, ttl, claim.key, ttl)
-        if grant is None:
+        claim_key = claim.key if claim is not None else None
+        token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
+        if token is None:
             line.leave(ticket)
             return Outcome.DUPLICATE
-        token = grant.token
-        if token is None:  # held from elsewhere (another thread's loop, a direct state call)
+        if not token:  # held from elsewhere (another thread's loop, a direct state call)
             placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
             placed._adopt_place(line, ticket)
             return await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
-        line.hold(ticket, ttl, asked_at)
+        ticket.expires = asked_at + ttl  # line.hold(ticket, ...): the member already
         if claim is not None:
             claim.recorded_by(owner)
         if _metrics._sink is not None:

@@ -358,10 +358,11 @@ class AsyncLock:
                 except BaseException:
                     line.leave(ticket)
                     raise
-                grant = lean._acquire_now(self._key, ticket.owner, self._ttl)
-                if grant.token is not None:
-                    return self._won(line, ticket, grant.token)
-                return await self._contend(line, ticket, blocking, deadline, first=grant)
+                token = lean._token_now(self._key, ticket.owner, self._ttl)
+                if token is not None:
+                    return self._won(line, ticket, token)
+                # busy: held from elsewhere (another thread's loop, a direct state call)
+                return await self._contend(line, ticket, blocking, deadline)
             return await self._contend(line, ticket, blocking, deadline)
         if not blocking:
             # a local holder: one try at the server anyway, which also takes over a lock whose

@@ -246,6 +246,16 @@ class MemoryState(ClosesOnExit):
             self._sweep(now)
             return self._take(key, owner, ttl, now, waiting=False)
 
+    def _token_now(self, key: str, owner: str, ttl: float) -> int | None:
+        """``_acquire_now`` answering only the token (``None``: busy), for AsyncLock's lean path."""
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            held = self._live(key, now)
+            if held is None:
+                return self._grant(key, owner, now + ttl)
+            return held.token if held.owner == owner else None
+
     def _acquire_claimed_now(
         self, key: str, owner: str, ttl: float, claim: str, claim_ttl: float
     ) -> Grant | None:
@@ -258,10 +268,12 @@ class MemoryState(ClosesOnExit):
             return self._take(key, owner, ttl, now, waiting=False)
 
     def _claim_and_acquire_now(
-        self, key: str, owner: str, ttl: float, claim: str, claim_ttl: float
-    ) -> Grant | None:
-        """``acquire_claimed``, except that a busy key records nothing (the dispatcher's lean
-        path then hands over to the general one, which asks again).
+        self, key: str, owner: str, ttl: float, claim: str | None, claim_ttl: float
+    ) -> int | None:
+        """``acquire_claimed`` (``acquire`` without ``claim``) for the dispatcher's lean path.
+
+        Returns the fencing token; ``0`` when the key is busy, which records nothing (the lean
+        path then hands over to the general one, which asks again); ``None`` for a duplicate.
 
         Neither the lock nor the claim goes on the sweep's heap: the lean path releases the
         lock and marks the claim done (or forgets it) itself before the dispatch returns, and
@@ -272,12 +284,12 @@ class MemoryState(ClosesOnExit):
             self._sweep(now)
             held = self._live(key, now)
             if held is not None and held.owner != owner:
-                return Grant(None, held.expires_at - now)
-            if not self._add(claim, now, claim_ttl, owner, sweep=False):
+                return 0
+            if claim is not None and not self._add(claim, now, claim_ttl, owner, sweep=False):
                 return None
             if held is not None:
-                return Grant(held.token)
-            return Grant(self._grant(key, owner, now + ttl, sweep=False))
+                return held.token
+            return self._grant(key, owner, now + ttl, sweep=False)
 
     def _release_now(
         self, key: str, owner: str, claim: str | None = None, claim_ttl: float = 0.0
@@ -393,7 +405,9 @@ class MemoryState(ClosesOnExit):
             assert ttl is not None
             return Release(True, self._grant(key, successor, now + ttl))
         del self._locks[key]
-        self._notify(key)
+        watchers = self._watchers.get(key)
+        if watchers:
+            self._wake(watchers)
         return _RELEASED
 
     async def abandon(self, key: str, owner: str) -> None:
@@ -710,4 +724,10 @@ def own_steps() -> bool:
     lean path must then go through them like every other path.
     """
     cls = MemoryState
-    return (cls.acquire, cls.acquire_claimed, cls.release, cls.release_claimed) == _OWN_STEPS
+    acquire, acquire_claimed, release, release_claimed = _OWN_STEPS
+    return (
+        cls.acquire is acquire
+        and cls.acquire_claimed is acquire_claimed
+        and cls.release is release
+        and cls.release_claimed is release_claimed
+    )
