@@ -30,7 +30,14 @@ from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._turn import current_turn
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock._waiters import Line, Ticket, line_for, release_chain, release_now
+from asynclock._waiters import (
+    Line,
+    Ticket,
+    line_for,
+    release_chain,
+    release_now,
+    wait_for_turn,
+)
 from asynclock.state._protocol import Grant
 from asynclock.state.memory import MemoryState, own_steps
 
@@ -391,10 +398,7 @@ class AsyncLock:
             if deadline is not None:
                 bound = min(bound, deadline)
             try:
-                if math.isinf(bound):
-                    await asyncio.wait((future,))
-                else:
-                    await asyncio.wait((future,), timeout=max(bound - loop.time(), 0.0))
+                await wait_for_turn(future, bound)
             except asyncio.CancelledError:
                 await self._abandon_waiting(line, ticket)
                 raise

@@ -167,6 +167,32 @@ async def release_chain(state: State, line: Line, ticket: Ticket) -> Release:
         raise
 
 
+async def wait_for_turn(future: asyncio.Future[int | None], until: float) -> None:
+    """Wait until a waiter's ``future`` is done, or until loop time ``until`` (``inf``: no limit).
+
+    ``asyncio.wait((future,), timeout=...)`` for one future, without its generality (a set, a
+    check of every awaitable, an inner coroutine): a third of a queued event's waiting cost.
+    Like it, this never cancels ``future``; a cancellation of the caller only ends the wait.
+    """
+    if future.done():
+        return
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    handle = loop.call_at(until, wake) if until != math.inf else None
+    try:
+        await waiter
+    finally:
+        if handle is not None:
+            handle.cancel()
+        future.remove_done_callback(wake)
+
+
 def release_now(state: MemoryState, line: Line, ticket: Ticket) -> Release:
     """Release ``ticket``'s lock on ``state`` at once, without handoff; the caller yielded.
 
