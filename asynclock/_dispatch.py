@@ -33,7 +33,7 @@ from asynclock._lock import AsyncLock
 from asynclock._owner import new_owner
 from asynclock._slots import RetrySlots
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock._waiters import Ticket, line_for
+from asynclock._waiters import line_for
 from asynclock.state._protocol import ClaimingState, DedupeReading, InboxState, State
 from asynclock.state.memory import MemoryState, own_steps
 
@@ -444,42 +444,32 @@ class EventDispatcher:
                 return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
             self._claims_here.add(claim.key)
         try:
-            return await self._dispatch(event, lock_key, claim, started, submitted)
+            try:
+                outcome = await self._choose_route(event, lock_key, claim, submitted=submitted)
+            except asyncio.CancelledError:
+                if claim is not None:  # handled: keep it; not handled: let a redelivery through
+                    await finish_despite_cancellation(
+                        self._finish(claim) if claim.handled else claim.forget(self._state)
+                    )
+                raise
+            except Exception as error:
+                if claim is not None:
+                    await finish_despite_cancellation(claim.forget(self._state))
+                await self._record(event, Outcome.FAILED, lock_key, error, started)
+                if self._raise_errors:
+                    raise
+                return Outcome.FAILED
+            if claim is not None:
+                if outcome is Outcome.DROPPED:
+                    await claim.forget(self._state)
+                elif not claim.marked_done:
+                    await self._finish(claim)
+            if self._on_outcome is None:  # nothing to await: no coroutine for the record
+                return self._count(event, outcome, lock_key, started=started)
+            return await self._record(event, outcome, lock_key, started=started)
         finally:
             if claim is not None:
                 self._claims_here.discard(claim.key)
-
-    async def _dispatch(
-        self,
-        event: Event,
-        lock_key: str,
-        claim: EventClaim | None,
-        started: float,
-        submitted: bool,
-    ) -> Outcome:
-        try:
-            outcome = await self._choose_route(event, lock_key, claim, submitted=submitted)
-        except asyncio.CancelledError:
-            if claim is not None:  # handled: keep it; not handled: let a redelivery through
-                await finish_despite_cancellation(
-                    self._finish(claim) if claim.handled else claim.forget(self._state)
-                )
-            raise
-        except Exception as error:
-            if claim is not None:
-                await finish_despite_cancellation(claim.forget(self._state))
-            await self._record(event, Outcome.FAILED, lock_key, error, started)
-            if self._raise_errors:
-                raise
-            return Outcome.FAILED
-        if claim is not None:
-            if outcome is Outcome.DROPPED:
-                await claim.forget(self._state)
-            elif not claim.marked_done:
-                await self._finish(claim)
-        if self._on_outcome is None:  # nothing to await: no coroutine for the record
-            return self._count(event, outcome, lock_key, started=started)
-        return await self._record(event, outcome, lock_key, started=started)
 
     def _choose_route(
         self, event: Event, lock_key: str, claim: EventClaim | None, *, submitted: bool
@@ -590,31 +580,30 @@ class EventDispatcher:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("dispatch() must run in an asyncio task")
-        ticket = Ticket(new_owner(task), ttl)
-        line.member = ticket  # the event's place in the key's line, taken on arrival
-        asked_at = ticket.asked_at = loop.time()
+        hold = LeanHold(lean, line, new_owner(task), ttl)
+        line.member = hold  # the event's place in the key's line, taken on arrival
+        hold.asked_at = loop.time()
         try:
             await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
         except BaseException:
-            line.leave(ticket)
+            line.leave(hold)
             raise
-        owner = ticket.owner
+        owner = hold.owner
         claim_key = claim.key if claim is not None else None
         token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
         if token is None:
-            line.leave(ticket)
+            line.leave(hold)
             return Outcome.DUPLICATE
         if not token:  # held from elsewhere (another thread's loop, a direct state call)
             placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
-            placed._adopt_place(line, ticket)
+            placed._adopt_place(line, hold)
             return await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
-        ticket.expires = asked_at + ttl  # line.hold(ticket, ...): the member already
         if claim is not None:
             claim.recorded_by(owner)
+        hold.held(token, claim, task)
         if _metrics._sink is not None:
-            _metrics.report("lock_acquired", lock_key, loop.time() - asked_at, False)
+            _metrics.report("lock_acquired", lock_key, loop.time() - hold.asked_at, False)
         handlers = self._handlers.for_type(event.type)
-        hold = LeanHold(lean, line, ticket, token, claim, task)
         handled = False
         try:
             try:

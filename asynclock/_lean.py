@@ -31,62 +31,49 @@ from asynclock._cancel import BodyCanceller, body_entered
 from asynclock._errors import LockLostError
 from asynclock._lock import AsyncLock
 from asynclock._timers import call_later
-from asynclock._waiters import release_chain
+from asynclock._waiters import Ticket, release_chain
 
 if TYPE_CHECKING:
     from asynclock._claim import EventClaim
     from asynclock._timers import Timer
-    from asynclock._waiters import Line, Ticket
+    from asynclock._waiters import Line
     from asynclock.state._protocol import Release
     from asynclock.state.memory import MemoryState
 
 logger = logging.getLogger("asynclock")
 
 
-class LeanHold:
-    """One event's hold of its key on the lean path, from the grant to the release."""
+class LeanHold(Ticket):
+    """One event's hold of its key on the lean path: its ticket in the key's line, from the
+    place taken on arrival through the grant (:meth:`held`) to the release."""
 
-    __slots__ = (
-        "_claim",
-        "_entered",
-        "_line",
-        "_since",
-        "_state",
-        "_ticket",
-        "_timer",
-        "lock",
-        "token",
-    )
+    __slots__ = ("_claim", "_entered", "_line", "_state", "_timer", "lock", "token")
 
-    def __init__(
-        self,
-        state: MemoryState,
-        line: Line,
-        ticket: Ticket,
-        token: int,
-        claim: EventClaim | None,
-        task: asyncio.Task[object],
-    ) -> None:
+    def __init__(self, state: MemoryState, line: Line, owner: str, ttl: float) -> None:
+        super().__init__(owner, ttl)
         self._state = state
         self._line = line
-        self._ticket = ticket
-        self.token = token
-        self._claim = claim
-        self._entered = body_entered(task)  # for the BodyCanceller, made only when due
-        self._since = ticket.asked_at  # as the line estimates the expiry: never later
+        self.token = 0
+        self._claim: EventClaim | None = None
         #: the AsyncLock that took the acquisition over, once the first renewal was due
         self.lock: AsyncLock | None = None
-        self._timer: Timer = call_later(ticket.ttl / 3, self._due)
+
+    def held(self, token: int, claim: EventClaim | None, task: asyncio.Task[object]) -> None:
+        """The lock was granted (``token``), to be renewed from ``lock_ttl / 3`` on."""
+        self.token = token
+        self._claim = claim
+        self.expires = self.asked_at + self.ttl  # as Line.hold: never later than the state's
+        self._entered = body_entered(task)  # for the BodyCanceller, made only when due
+        self._timer: Timer = call_later(self.ttl / 3, self._due)
 
     def _due(self) -> None:
         """A long handler: from now on an AsyncLock renews the lock, and the claim's lease too."""
-        ticket = self._ticket
-        lock = AsyncLock._ttl_checked(self._state, self._line.key, ticket.ttl, auto_renew=True)
+        lock = AsyncLock._ttl_checked(self._state, self._line.key, self.ttl, auto_renew=True)
         body = BodyCanceller(self._entered)
-        lock._adopt_held(self._line, ticket, self.token, self._since, body)
+        lock._adopt_held(self._line, self, self.token, self.asked_at, body)
         self.lock = lock
         if self._claim is not None:
-            self._claim.keep(self._state, ticket.ttl, due_now=True)
+            self._claim.keep(self._state, self.ttl, due_now=True)
 
     async def failed(self, error: BaseException) -> None:
         """The handlers raised ``error``: release the lock (the caller forgets the claim)."""
@@ -98,7 +85,7 @@ class LeanHold:
             logger.warning(
                 "asynclock: lock %r had expired before its body finished",
                 self._line.key,
-                extra={"lock_key": self._line.key, "owner": self._ticket.owner},
+                extra={"lock_key": self._line.key, "owner": self.owner},
             )
 
     def handled_at_once(self, done_ttl: float) -> bool:
@@ -110,8 +97,8 @@ class LeanHold:
             LockLostError: the lock had expired before the release (the claim is then still
                 to be marked done by a call of its own).
         """
-        line, ticket = self._line, self._ticket
-        if self.lock is not None or (line.member is ticket and line.waiters):
+        line = self._line
+        if self.lock is not None or (line.member is self and line.waiters):
             return False
         self._timer.cancel()
         self._released(self._release_at_once(self._claim, done_ttl), self._claim)
@@ -130,31 +117,31 @@ class LeanHold:
 
     def _released(self, result: Release, claim: EventClaim | None) -> None:
         if not result.owned:
-            raise LockLostError(self._line.key, self._ticket.owner)
+            raise LockLostError(self._line.key, self.owner)
         if claim is not None:
             claim.done_in_release()
 
     async def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
-        state, line, ticket = self._state, self._line, self._ticket
-        if not (line.member is ticket and line.waiters):
+        state, line = self._state, self._line
+        if not (line.member is self and line.waiters):
             return self._release_at_once(claim, claim_ttl)
         # hand the lock to the next waiter
         if claim is not None:
-            ticket.release_with = claim.release_step(state, claim_ttl)
-        result = await release_chain(state, line, ticket)
+            self.release_with = claim.release_step(state, claim_ttl)
+        result = await release_chain(state, line, self)
         self._report()
         return result
 
     def _release_at_once(self, claim: EventClaim | None, claim_ttl: float) -> Release:
-        line, ticket = self._line, self._ticket
+        line = self._line
         claim_key = claim.key if claim is not None else None
-        result = self._state._release_now(line.key, ticket.owner, claim_key, claim_ttl)
-        if line.member is ticket:
+        result = self._state._release_now(line.key, self.owner, claim_key, claim_ttl)
+        if line.member is self:
             line.promote()
         self._report()
         return result
 
     def _report(self) -> None:
         if _metrics._sink is not None:
-            held = asyncio.get_running_loop().time() - self._since
+            held = asyncio.get_running_loop().time() - self.asked_at
             _metrics.report("lock_released", self._line.key, held)
