@@ -70,6 +70,11 @@ _LEVELS = {
 }
 
 
+# Enum members on the hot path as module constants: each ``Outcome.X`` is an enum descriptor
+# lookup (0.2 µs), several per dispatched event.
+_HANDLED, _DUPLICATE, _DROPPED = Outcome.HANDLED, Outcome.DUPLICATE, Outcome.DROPPED
+
+
 @final
 class EventDispatcher:
     """Routes events to handlers, one handler per lock key at a time, across processes.
@@ -387,9 +392,9 @@ class EventDispatcher:
         if not isinstance(event, Event):
             raise TypeError(f"deliver() takes an Event, got {type(event).__name__}")
         outcome = await self._dispatch_event(event, submitted=False)
-        if outcome is Outcome.DROPPED:
+        if outcome is _DROPPED:
             return Delivery(outcome, retry_after=await self._promise_retry(self.lock_key(event)))
-        if outcome is not Outcome.DUPLICATE or not isinstance(self._state, DedupeReading):
+        if outcome is not _DUPLICATE or not isinstance(self._state, DedupeReading):
             return Delivery(outcome)
         lock_key = self.lock_key(event)
         claim = EventClaim.of(event, lock_key)
@@ -441,7 +446,7 @@ class EventDispatcher:
                 # is recorded or on its way. Deciding here, before the state is asked, keeps the
                 # first delivery the one that is handled, in its place in the key's line
                 await asyncio.sleep(0)
-                return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
+                return await self._record(event, _DUPLICATE, lock_key, started=started)
             self._claims_here.add(claim.key)
         try:
             try:
@@ -460,7 +465,7 @@ class EventDispatcher:
                     raise
                 return Outcome.FAILED
             if claim is not None:
-                if outcome is Outcome.DROPPED:
+                if outcome is _DROPPED:
                     await claim.forget(self._state)
                 elif not claim.marked_done:
                     await self._finish(claim)
@@ -503,14 +508,14 @@ class EventDispatcher:
             # no lock to take (concurrent), or every AsyncLock is granted without touching the
             # state (inside process_without_lock): the claim is recorded on its own
             if claim is not None and not await self._claim_alone(claim):
-                return Outcome.DUPLICATE
+                return _DUPLICATE
             if self._policy == "concurrent":
                 await call_all(handlers, event, HandlerContext(lock_key))
-                return Outcome.HANDLED
+                return _HANDLED
             lock = AsyncLock(self._state, lock_key, self._lock_ttl)
             await lock.acquire()
             await self._under_lock(lock, handlers, event, claim)
-            return Outcome.HANDLED
+            return _HANDLED
         if placed is not None:
             lock = placed
         else:
@@ -524,28 +529,28 @@ class EventDispatcher:
                     claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
                 elif not await self._claim_alone(claim):  # duplicates are found before locking
                     await lock._leave_place()
-                    return Outcome.DUPLICATE
+                    return _DUPLICATE
             acquired = await lock._try_from_place()
             if lock._refused:
                 assert claim is not None
                 claim.not_ours()
-                return Outcome.DUPLICATE
+                return _DUPLICATE
             if claim is not None:
                 # an event behind another of this process never reached the server: its claim
                 # is recorded on its own
                 if not claim.recorded and not await self._claim_alone(claim):
                     await lock._leave_place()
-                    return Outcome.DUPLICATE
+                    return _DUPLICATE
                 claim.keep(self._state, self._lock_ttl)  # waits or runs under a policy from here
             if acquired:
                 await self._under_lock(lock, handlers, event, claim)
-                return Outcome.HANDLED
+                return _HANDLED
             policy = await self._conflict_policy(lock_key, event, submitted=submitted)
             if policy == "queue":
                 loop = asyncio.get_running_loop()
                 timeout = self._queue_timeout
                 if not await lock._wait_turn(None if timeout is None else loop.time() + timeout):
-                    return Outcome.DROPPED  # queue_timeout ran out
+                    return _DROPPED  # queue_timeout ran out
                 await self._under_lock(lock, handlers, event, claim)
                 return Outcome.QUEUED
             await lock._leave_place()
@@ -554,7 +559,7 @@ class EventDispatcher:
             raise
         if policy == "drop":
             self._note_holder(lock_key, lock.retry_after)
-            return Outcome.DROPPED
+            return _DROPPED
         if policy in ("force", "concurrent"):
             await call_all(handlers, event, HandlerContext(lock_key, forced=True))
             return Outcome.FORCED
@@ -593,7 +598,7 @@ class EventDispatcher:
         token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
         if token is None:
             line.leave(hold)
-            return Outcome.DUPLICATE
+            return _DUPLICATE
         if not token:  # held from elsewhere (another thread's loop, a direct state call)
             placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
             placed._adopt_place(line, hold)
@@ -603,13 +608,12 @@ class EventDispatcher:
         hold.held(token, claim, task)
         if _metrics._sink is not None:
             _metrics.report("lock_acquired", lock_key, loop.time() - hold.asked_at, False)
-        handlers = self._handlers.for_type(event.type)
+        handlers, with_context = self._handlers.with_context(event.type)
         handled = False
         try:
             try:
                 began = loop.time()
-                table = self._handlers
-                ctx = HandlerContext(lock_key, token) if table.takes_context(event.type) else _NONE
+                ctx = HandlerContext(lock_key, token) if with_context else _NONE
                 for handler in handlers:  # call_all, one frame less at every resumption
                     result = handler.start(event, ctx)
                     if type(result) is types.CoroutineType or inspect.isawaitable(result):
@@ -631,7 +635,7 @@ class EventDispatcher:
             if handled and claim is not None:
                 claim.release_failed()
             raise
-        return Outcome.HANDLED
+        return _HANDLED
 
     async def _claim_alone(self, claim: EventClaim) -> bool:
         """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""
@@ -866,7 +870,7 @@ class EventDispatcher:
                 extra={"lock_key": lock_key, "message_id": event.message_id},
             )
             raise InboxFullError(lock_key, retry_after)
-        outcome = Outcome.DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
+        outcome = _DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
         return await self._record(event, outcome, lock_key, started=started)
 
     async def serve(self) -> None:

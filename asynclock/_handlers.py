@@ -70,13 +70,14 @@ class HandlerTable:
             resolved = self._resolved[event_type] = self._resolve(event_type)
         return resolved
 
-    def takes_context(self, event_type: str) -> bool:
-        """Whether a handler of ``event_type`` takes ``(event, ctx)`` (else no context is made)."""
+    def with_context(self, event_type: str) -> tuple[list[Registered], bool]:
+        """:meth:`for_type`, and whether one of them takes ``(event, ctx)`` (else no context
+        need be made for the call)."""
         wanted = self._with_context.get(event_type)
+        handlers = self.for_type(event_type)
         if wanted is None:
-            handlers = self.for_type(event_type)
             wanted = self._with_context[event_type] = any(h.two is not None for h in handlers)
-        return wanted
+        return handlers, wanted
 
     def _resolve(self, event_type: str) -> list[Registered]:
         if event_type == "*":  # an event whose type is literally "*": the catch-alls, once

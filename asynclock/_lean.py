@@ -50,7 +50,7 @@ class LeanHold(Ticket):
     __slots__ = ("_claim", "_entered", "_line", "_state", "_timer", "lock", "token")
 
     def __init__(self, state: MemoryState, line: Line, owner: str, ttl: float) -> None:
-        super().__init__(owner, ttl)
+        Ticket.__init__(self, owner, ttl)
         self._state = state
         self._line = line
         self.token = 0

@@ -970,7 +970,7 @@ class _Holding:
 def _join(line: Line, ticket: Ticket) -> None:
     """Append ``ticket`` to ``line``'s waiters, with the future it is woken through."""
     ticket.future = asyncio.get_running_loop().create_future()
-    line.waiters.append(ticket)
+    line.join(ticket)
 
 
 def _handed_token(ticket: Ticket) -> int | None:

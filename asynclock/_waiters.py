@@ -61,6 +61,11 @@ class Ticket:
         return self.future is not None and not self.future.done()
 
 
+#: the waiters of every line nobody waits in: never appended to (see :meth:`Line.join`), so a
+#: free key's line, made and dropped once per uncontended acquisition, allocates no deque
+_NOBODY: deque[Ticket] = deque()
+
+
 class Line:
     """The member and the FIFO waiters of one key, in one event loop."""
 
@@ -69,7 +74,8 @@ class Line:
     def __init__(self, index: tuple[int, str], lines: dict[tuple[int, str], Line]) -> None:
         self.key = index[1]
         self.member: Ticket | None = None
-        self.waiters: deque[Ticket] = deque()
+        #: the waiters, oldest first; the shared empty deque until someone waits (:meth:`join`)
+        self.waiters: deque[Ticket] = _NOBODY
         self._lines = lines
         self._index = index  # (id of the event loop, key): where ``lines`` keeps this line
 
@@ -81,6 +87,12 @@ class Line:
         """
         self.member = ticket
         ticket.expires = since + ttl
+
+    def join(self, ticket: Ticket) -> None:
+        """Append waiter ``ticket`` (the only way into ``waiters``)."""
+        if self.waiters is _NOBODY:
+            self.waiters = deque()
+        self.waiters.append(ticket)
 
     def next_waiter(self) -> Ticket | None:
         """Pop the first waiter that still waits (skipping those that timed out or left)."""
