@@ -40,9 +40,9 @@ from asynclock.state.memory import MemoryState, own_steps
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from asynclock._waiters import Line
-
     from typing_extensions import Self
+
+    from asynclock._waiters import Line
 
 
 logger = logging.getLogger("asynclock")

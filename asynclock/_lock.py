@@ -798,8 +798,10 @@ class AsyncLock:
             self._renewer = None
         lean = self._lean
         try:
-            if lean is not None and (ticket.release_with is None or ticket.release_now) and (
-                own_steps()
+            if (
+                lean is not None
+                and (ticket.release_with is None or ticket.release_now)
+                and own_steps()
             ):
                 try:
                     await asyncio.sleep(0)  # the yield rule

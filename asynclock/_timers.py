@@ -114,9 +114,10 @@ def call_later(delay: float, callback: Callable[[], None]) -> Timer:
     if recent is not None and recent[0]() is loop:
         buckets = recent[1]
     else:
-        buckets = _buckets_by_loop.get(loop)
-        if buckets is None:
-            buckets = _buckets_by_loop[loop] = {}
+        found = _buckets_by_loop.get(loop)
+        if found is None:
+            found = _buckets_by_loop[loop] = {}
+        buckets = found
         _recent = (weakref.ref(loop), buckets)
     bucket = buckets.get(delay)
     if bucket is None:
