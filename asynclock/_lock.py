@@ -318,7 +318,31 @@ class AsyncLock:
         self._busy = True
         self._contended = False
         try:
-            acquired = await self._acquire(bool(blocking), deadline)
+            task = asyncio.current_task()
+            line, ticket = self._new_ticket(task)
+            lean = self._lean
+            if (
+                line.member is None
+                and lean is not None
+                and self._first_attempt is None
+                and current_turn() is None
+                and own_steps()
+            ):
+                # the lean path: the line's member at once, one yield, one step
+                line.member = ticket
+                ticket.asked_at = started
+                try:
+                    await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+                except BaseException:
+                    line.leave(ticket)
+                    raise
+                token = lean._token_now(self._key, ticket.owner, self._ttl)
+                if token is not None:
+                    acquired = self._won(line, ticket, token, task=task)
+                else:  # busy: held from elsewhere (another thread's loop, a direct state call)
+                    acquired = await self._contend(line, ticket, bool(blocking), deadline)
+            else:
+                acquired = await self._acquire(line, ticket, bool(blocking), deadline)
         finally:
             self._busy = False
         if _metrics._sink is not None:
@@ -335,9 +359,12 @@ class AsyncLock:
             else:
                 _metrics.report("lock_conflict", self._key)
 
-    def _new_ticket(self) -> tuple[Line, Ticket]:
-        """A fresh acquisition: a new owner id and its ticket in this process's line for the key."""
-        line, ticket = line_for(self._state, self._key), Ticket(new_owner(), self._ttl)
+    def _new_ticket(self, task: asyncio.Task[object] | None = None) -> tuple[Line, Ticket]:
+        """A fresh acquisition: a new owner id and its ticket in this process's line for the key.
+
+        ``task``: the current task, when the caller has it at hand already.
+        """
+        line, ticket = line_for(self._state, self._key), Ticket(new_owner(task), self._ttl)
         self._use_ticket(line, ticket)
         return line, ticket
 
@@ -348,28 +375,12 @@ class AsyncLock:
         self._retry_after = None
         self._ticket, self._line = ticket, line
 
-    async def _acquire(self, blocking: bool, deadline: float | None) -> bool:
-        line, ticket = self._new_ticket()
+    async def _acquire(
+        self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
+    ) -> bool:
+        """The general path of :meth:`acquire` for the fresh ``ticket`` in ``line``."""
         if line.member is None:
             line.member = ticket
-            lean = self._lean
-            if (
-                lean is not None
-                and self._first_attempt is None
-                and current_turn() is None
-                and own_steps()
-            ):
-                ticket.asked_at = asyncio.get_running_loop().time()
-                try:
-                    await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
-                except BaseException:
-                    line.leave(ticket)
-                    raise
-                token = lean._token_now(self._key, ticket.owner, self._ttl)
-                if token is not None:
-                    return self._won(line, ticket, token)
-                # busy: held from elsewhere (another thread's loop, a direct state call)
-                return await self._contend(line, ticket, blocking, deadline)
             return await self._contend(line, ticket, blocking, deadline)
         if not blocking:
             # a local holder: one try at the server anyway, which also takes over a lock whose
@@ -737,12 +748,22 @@ class AsyncLock:
             run_in_background(self._state.abandon(self._key, ticket.owner))
             raise
 
-    def _won(self, line: Line, ticket: Ticket, token: int, *, handed: bool = False) -> bool:
+    def _won(
+        self,
+        line: Line,
+        ticket: Ticket,
+        token: int,
+        *,
+        handed: bool = False,
+        task: asyncio.Task[object] | None = None,
+    ) -> bool:
         if not handed:  # a handoff was timed by the releaser, when it sent the handoff
             line.hold(ticket, self._ttl, ticket.asked_at)
         self._token = token
         self._held_since = asyncio.get_running_loop().time()
-        task = self._task = asyncio.current_task()
+        if task is None:
+            task = asyncio.current_task()
+        self._task = task
         if task is not None:
             _track(task, self)
         return True
