@@ -219,8 +219,10 @@ class EventClaim:
         now = None
         if lean is not None:
 
-            def now(key: str, owner: str) -> Release:
-                return lean._release_now(key, owner, claim, ttl)
+            def now(
+                key: str, owner: str, successor: str | None, successor_ttl: float | None
+            ) -> Release:
+                return lean._release_now(key, owner, claim, ttl, successor, successor_ttl)
 
         if lock._arm_release(self.release_step(state, ttl), now):
             self.phase = _DONE_IN_RELEASE

@@ -526,7 +526,10 @@ class EventDispatcher:
         try:
             if claim is not None:
                 if self._claiming is not None:
-                    claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
+                    # only the line's member asks the state now; a waiter's claim is recorded on
+                    # its own below, so a waiter promoted later must not claim again with its lock
+                    if lock._first_in_line():
+                        claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
                 elif not await self._claim_alone(claim):  # duplicates are found before locking
                     await lock._leave_place()
                     return _DUPLICATE

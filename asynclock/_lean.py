@@ -31,7 +31,7 @@ from asynclock._cancel import BodyCanceller, body_entered
 from asynclock._errors import LockLostError
 from asynclock._lock import AsyncLock
 from asynclock._timers import call_later
-from asynclock._waiters import Ticket, release_chain
+from asynclock._waiters import Ticket, release_now
 
 if TYPE_CHECKING:
     from asynclock._claim import EventClaim
@@ -81,7 +81,7 @@ class LeanHold(Ticket):
             await self.lock.__aexit__(type(error), error, error.__traceback__)
             return
         self._timer.cancel()
-        if not (await self._release(None, 0.0)).owned:
+        if not self._release(None, 0.0).owned:
             logger.warning(
                 "asynclock: lock %r had expired before its body finished",
                 self._line.key,
@@ -89,59 +89,36 @@ class LeanHold(Ticket):
             )
 
     def handled_at_once(self, done_ttl: float) -> bool:
-        """The handlers returned: release the lock now, marking the claim done in the same step,
-        unless that takes an await (a waiter to hand the lock to, or an AsyncLock took over):
-        then ``False``, and :meth:`handled` is to be awaited instead.
+        """The handlers returned: release the lock now (or hand it to the next waiter), marking
+        the claim done in the same step; ``False`` when an AsyncLock took the acquisition over
+        (a long handler): then :meth:`handled` is to be awaited instead.
 
         Raises:
             LockLostError: the lock had expired before the release (the claim is then still
                 to be marked done by a call of its own).
         """
-        line = self._line
-        if self.lock is not None or (line.member is self and line.waiters):
+        if self.lock is not None:
             return False
         self._timer.cancel()
-        self._released(self._release_at_once(self._claim, done_ttl), self._claim)
-        return True
-
-    async def handled(self, done_ttl: float) -> None:
-        """:meth:`handled_at_once`, with the await it could not do."""
-        lock, claim = self.lock, self._claim
-        if lock is not None:
-            if claim is not None:
-                await claim.settle_in_release(lock, self._state, done_ttl)
-            await lock.__aexit__(None, None, None)
-            return
-        self._timer.cancel()
-        self._released(await self._release(claim, done_ttl), claim)
-
-    def _released(self, result: Release, claim: EventClaim | None) -> None:
-        if not result.owned:
+        claim = self._claim
+        if not self._release(claim, done_ttl).owned:
             raise LockLostError(self._line.key, self.owner)
         if claim is not None:
             claim.done_in_release()
+        return True
 
-    async def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
-        state, line = self._state, self._line
-        if not (line.member is self and line.waiters):
-            return self._release_at_once(claim, claim_ttl)
-        # hand the lock to the next waiter
+    async def handled(self, done_ttl: float) -> None:
+        """:meth:`handled_at_once` for an acquisition an AsyncLock took over."""
+        lock, claim = self.lock, self._claim
+        assert lock is not None
         if claim is not None:
-            self.release_with = claim.release_step(state, claim_ttl)
-        result = await release_chain(state, line, self)
-        self._report()
-        return result
+            await claim.settle_in_release(lock, self._state, done_ttl)
+        await lock.__aexit__(None, None, None)
 
-    def _release_at_once(self, claim: EventClaim | None, claim_ttl: float) -> Release:
-        line = self._line
+    def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
         claim_key = claim.key if claim is not None else None
-        result = self._state._release_now(line.key, self.owner, claim_key, claim_ttl)
-        if line.member is self:
-            line.promote()
-        self._report()
-        return result
-
-    def _report(self) -> None:
+        result = release_now(self._state, self._line, self, claim_key, claim_ttl)
         if _metrics._sink is not None:
             held = asyncio.get_running_loop().time() - self.asked_at
             _metrics.report("lock_released", self._line.key, held)
+        return result

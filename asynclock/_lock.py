@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-    from asynclock._waiters import ReleaseStep
+    from asynclock._waiters import ReleaseNow, ReleaseStep
     from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")
@@ -532,15 +532,13 @@ class AsyncLock:
         self._first_attempt = attempt
         self._first_attempt_now = now
 
-    def _arm_release(
-        self, release: ReleaseStep, now: Callable[[str, str], Release] | None = None
-    ) -> bool:
+    def _arm_release(self, release: ReleaseStep, now: ReleaseNow | None = None) -> bool:
         """Send ``release(key, owner, successor, ttl)`` instead of the state's release, once.
 
         The counterpart of :meth:`_arm_first_attempt` (the dispatcher marks a handled event's
         claim done in the release). ``False`` when the lock is not held through the state
         (granted): nothing will be released, and the caller does its work itself. ``now``:
-        ``release(key, owner)`` without handoff and without an await, for the lean path.
+        the same step without an await, for the lean path.
         """
         ticket = self._ticket
         if self._token is None or ticket is None:
@@ -595,6 +593,10 @@ class AsyncLock:
         self._renewer = Renewer(
             self._state, self._key, ticket, self._ttl, None, self._on_lost, started=since
         )
+
+    def _first_in_line(self) -> bool:
+        """Whether the place taken is the line's member (the one that asks the state)."""
+        return self._line is not None and self._line.member is self._ticket
 
     async def _try_from_place(self) -> bool:
         """Acquire without waiting, from the place taken; on ``False`` the place is kept.
@@ -829,10 +831,7 @@ class AsyncLock:
                 except asyncio.CancelledError:
                     release_now(lean, line, ticket)  # a cancelled release still completes
                     raise
-                if line.member is ticket and line.waiters:
-                    result = await release_chain(lean, line, ticket)  # a handoff
-                else:
-                    result = release_now(lean, line, ticket)
+                result = release_now(lean, line, ticket)
             else:
                 result = await release_chain(self._state, line, ticket)
         except asyncio.CancelledError:

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     #: a release to send instead of the state's: ``(key, owner, successor, successor_ttl)``
     ReleaseStep: TypeAlias = Callable[[str, str, str | None, float | None], Awaitable[Release]]
+    #: the same without an await (MemoryState's lean path)
+    ReleaseNow: TypeAlias = Callable[[str, str, str | None, float | None], Release]
 
 
 class Ticket:
@@ -48,8 +50,8 @@ class Ticket:
         self.ttl = ttl
         #: the release to send for this ticket instead of the state's (``AsyncLock._arm_release``)
         self.release_with: ReleaseStep | None = None
-        #: ``release_with``'s counterpart without handoff, on the lean path: ``(key, owner)``
-        self.release_now: Callable[[str, str], Release] | None = None
+        #: ``release_with``'s counterpart without an await, for the lean path
+        self.release_now: ReleaseNow | None = None
         #: loop time when this ticket's last acquire was sent
         self.asked_at = 0.0
         self.future: asyncio.Future[int | None] | None = None
@@ -205,19 +207,33 @@ async def wait_for_turn(future: asyncio.Future[int | None], until: float) -> Non
         future.remove_done_callback(wake)
 
 
-def release_now(state: MemoryState, line: Line, ticket: Ticket) -> Release:
-    """Release ``ticket``'s lock on ``state`` at once, without handoff; the caller yielded.
+def release_now(
+    state: MemoryState, line: Line, ticket: Ticket, claim: str | None = None, claim_ttl: float = 0.0
+) -> Release:
+    """:func:`release_chain` on MemoryState's lean path, without an await: the caller yielded.
 
-    The lean path's release (no await: nothing can interrupt it). A waiter of the line, if
-    any, is promoted to contend, as after :func:`release_chain` without a successor.
+    ``claim``: a dedupe record to keep for ``claim_ttl`` in the same step (a handled event's).
+
+    Nothing runs between choosing the successor and handing it the lock, so the successor is
+    still waiting when it gets it, and none of release_chain's passing on or undoing is needed.
     """
+    successor = line.next_waiter() if line.member is ticket else None
+    owner, ttl = (successor.owner, successor.ttl) if successor is not None else (None, None)
     step, ticket.release_now, ticket.release_with = ticket.release_now, None, None
+    sent = asyncio.get_running_loop().time()
     if step is None:
-        result = state._release_now(line.key, ticket.owner)
+        result = state._release_now(line.key, ticket.owner, claim, claim_ttl, owner, ttl)
     else:
-        result = step(line.key, ticket.owner)
-    if line.member is ticket:
-        line.promote()
+        result = step(line.key, ticket.owner, owner, ttl)
+    if successor is None:
+        if line.member is ticket:
+            line.promote()
+    elif result.owned and result.handoff_token is not None:
+        line.hold(successor, successor.ttl, sent)
+        assert successor.future is not None
+        successor.future.set_result(result.handoff_token)
+    else:  # our lock was lost, or a waiter of another event loop goes first
+        line.promote(successor)
     return result
 
 

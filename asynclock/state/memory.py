@@ -292,14 +292,20 @@ class MemoryState(ClosesOnExit):
             return self._grant(key, owner, now + ttl, sweep=False)
 
     def _release_now(
-        self, key: str, owner: str, claim: str | None = None, claim_ttl: float = 0.0
+        self,
+        key: str,
+        owner: str,
+        claim: str | None = None,
+        claim_ttl: float = 0.0,
+        successor: str | None = None,
+        ttl: float | None = None,
     ) -> Release:
-        """``release(key, owner)`` (``release_claimed`` with ``claim``), without handoff or yield."""
+        """``release`` (``release_claimed`` with ``claim``) without its yield."""
         with self._mutex:
             now = self._clock()
             if claim is not None:
                 self._keep(claim, now, now + claim_ttl)
-            return self._release(key, owner, None, None, now)
+            return self._release(key, owner, successor, ttl, now)
 
     async def acquire_claimed(
         self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
