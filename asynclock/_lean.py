@@ -3,9 +3,9 @@
 The common case of an embedded dispatcher is a fresh event on a free key, handled in well under
 ``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it yields
 once (the yield rule), then claims the event and takes the lock in one MemoryState step without
-an await, runs the handlers, and releases (marking the claim done) in one more step, or hands the
-lock to the next waiter of this process's line as every release does. A :class:`LeanHold` is all
-that exists meanwhile: the ticket in the key's line, one cheap timer, and the body's canceller.
+an await, runs the handlers, and releases (marking the claim done) in one more step, which hands
+the lock to the next waiter of this process's line if there is one, as every release does. A
+:class:`LeanHold` is all that exists meanwhile: the ticket in the key's line and one cheap timer.
 
 What only a long handler needs is made when the timer fires at ``lock_ttl / 3``: an
 :class:`AsyncLock` that takes the acquisition over (:meth:`AsyncLock._adopt_held`: it renews the
