@@ -63,8 +63,14 @@ def body_entered(task: asyncio.Task[object] | None = None) -> tuple[asyncio.Task
         task = asyncio.current_task()
     if task is None:
         raise RuntimeError("a cancellable body must run in an asyncio task")
-    cancelling = getattr(task, "cancelling", None)
+    if _cancelling is not None and isinstance(task, asyncio.Task):
+        return task, _cancelling(task)
+    cancelling = getattr(task, "cancelling", None)  # another loop's task class, or Python 3.10
     return task, cancelling() if cancelling is not None else 0
+
+
+#: ``Task.cancelling`` (Python 3.11+), looked up once rather than per body
+_cancelling = getattr(asyncio.Task, "cancelling", None)
 
 
 class BodyCanceller:

@@ -30,12 +30,14 @@ from asynclock import metrics as _metrics
 from asynclock._cancel import BodyCanceller, body_entered
 from asynclock._errors import LockLostError
 from asynclock._lock import AsyncLock
-from asynclock._timers import call_later
+from asynclock._timers import arm, disarm
 from asynclock._waiters import Ticket, release_now
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from asynclock._claim import EventClaim
-    from asynclock._timers import Timer
+    from asynclock._timers import Bucket
     from asynclock._waiters import Line
     from asynclock.state._protocol import Release
     from asynclock.state.memory import MemoryState
@@ -47,7 +49,22 @@ class LeanHold(Ticket):
     """One event's hold of its key on the lean path: its ticket in the key's line, from the
     place taken on arrival through the grant (:meth:`held`) to the release."""
 
-    __slots__ = ("_claim", "_entered", "_line", "_state", "_timer", "lock", "token")
+    # the hold is its own timer entry (fires ``_due``), so an event arms no Timer object
+    __slots__ = (
+        "_bucket",
+        "_claim",
+        "_entered",
+        "_line",
+        "_state",
+        "callback",
+        "due",
+        "lock",
+        "token",
+    )
+
+    _bucket: Bucket
+    due: float
+    callback: Callable[[], None]
 
     def __init__(self, state: MemoryState, line: Line, owner: str, ttl: float) -> None:
         Ticket.__init__(self, owner, ttl)
@@ -64,7 +81,7 @@ class LeanHold(Ticket):
         self._claim = claim
         self.expires = self.asked_at + self.ttl  # as Line.hold: never later than the state's
         self._entered = body_entered(task)  # for the BodyCanceller, made only when due
-        self._timer: Timer = call_later(self.ttl / 3, self._due)
+        arm(self, self.ttl / 3, self._due)
 
     def _due(self) -> None:
         """A long handler: from now on an AsyncLock renews the lock, and the claim's lease too."""
@@ -80,7 +97,7 @@ class LeanHold(Ticket):
         if self.lock is not None:
             await self.lock.__aexit__(type(error), error, error.__traceback__)
             return
-        self._timer.cancel()
+        disarm(self)
         if not self._release(None, 0.0).owned:
             logger.warning(
                 "asynclock: lock %r had expired before its body finished",
@@ -99,7 +116,7 @@ class LeanHold(Ticket):
         """
         if self.lock is not None:
             return False
-        self._timer.cancel()
+        disarm(self)
         claim = self._claim
         if not self._release(claim, done_ttl).owned:
             raise LockLostError(self._line.key, self.owner)

@@ -217,10 +217,11 @@ def release_now(
     Nothing runs between choosing the successor and handing it the lock, so the successor is
     still waiting when it gets it, and none of release_chain's passing on or undoing is needed.
     """
-    successor = line.next_waiter() if line.member is ticket else None
-    owner, ttl = (successor.owner, successor.ttl) if successor is not None else (None, None)
+    successor = line.next_waiter() if line.member is ticket and line.waiters else None
+    owner, ttl, sent = None, None, 0.0
+    if successor is not None:
+        owner, ttl, sent = successor.owner, successor.ttl, asyncio.get_running_loop().time()
     step, ticket.release_now, ticket.release_with = ticket.release_now, None, None
-    sent = asyncio.get_running_loop().time()
     if step is None:
         result = state._release_now(line.key, ticket.owner, claim, claim_ttl, owner, ttl)
     else:
