@@ -468,17 +468,15 @@ class AsyncLock:
         deadline: float | None,
         *,
         keep_place: bool = False,
-        first: Grant | None = None,
     ) -> bool:
         """As the line's member, take the lock from the server (waiting for releases).
 
         With ``keep_place``, a non-blocking attempt that finds the key busy leaves ``ticket``
-        the line's member (see :meth:`_take_place`). ``first``: the answer to a first attempt
-        made already (the lean path's).
+        the line's member (see :meth:`_take_place`).
         """
         won = flagged = kept = False
         try:
-            grant = first if first is not None else await self._attempt(line, ticket, waiting=False)
+            grant = await self._attempt(line, ticket, waiting=False)
             if grant.token is not None:
                 won = True
                 return self._won(line, ticket, grant.token)
