@@ -56,6 +56,23 @@ def _log_failure(task: asyncio.Future[object]) -> None:
         )
 
 
+def body_entered(task: asyncio.Task[object] | None = None) -> tuple[asyncio.Task[object], int]:
+    """The current task (``task``, if given) and its pending cancellations: what a
+    :class:`BodyCanceller` made later for a body entered now needs to know."""
+    if task is None:
+        task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("a cancellable body must run in an asyncio task")
+    if _cancelling is not None and isinstance(task, asyncio.Task):
+        return task, _cancelling(task)
+    cancelling = getattr(task, "cancelling", None)  # another loop's task class, or Python 3.10
+    return task, cancelling() if cancelling is not None else 0
+
+
+#: ``Task.cancelling`` (Python 3.11+), looked up once rather than per body
+_cancelling = getattr(asyncio.Task, "cancelling", None)
+
+
 class BodyCanceller:
     """Cancels a running block of one task from outside, and tells on the way out if it did.
 
@@ -71,14 +88,11 @@ class BodyCanceller:
 
     __slots__ = ("_cancelling", "_requested", "_task")
 
-    def __init__(self) -> None:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a cancellable body must run in an asyncio task")
+    def __init__(self, entered: tuple[asyncio.Task[object], int] | None = None) -> None:
+        task, cancelling = entered if entered is not None else body_entered()
         self._task: asyncio.Task[object] | None = task
-        cancelling = getattr(task, "cancelling", None)
         #: cancellations pending on entry, which are not ours to take back
-        self._cancelling: int = cancelling() if cancelling is not None else 0
+        self._cancelling: int = cancelling
         self._requested = False
 
     def cancel(self) -> None:

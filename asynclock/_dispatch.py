@@ -28,15 +28,21 @@ from asynclock._grant import granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all
 from asynclock._inbox import Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
+from asynclock._lean import LeanHold
 from asynclock._lock import AsyncLock
+from asynclock._owner import new_owner
 from asynclock._slots import RetrySlots
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock._waiters import line_for
 from asynclock.state._protocol import ClaimingState, DedupeReading, InboxState, State
+from asynclock.state.memory import MemoryState, own_steps
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from typing_extensions import Self
+
+    from asynclock._waiters import Line
 
 
 logger = logging.getLogger("asynclock")
@@ -49,6 +55,9 @@ LockScope = Literal["thread", "channel"] | Callable[[Event], str]
 OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
 H = TypeVar("H")
 
+#: the context passed to handlers that take none (``(event)`` only): never read
+_NONE = HandlerContext("")
+
 _LEVELS = {
     Outcome.HANDLED: logging.INFO,
     Outcome.DUPLICATE: logging.INFO,
@@ -59,6 +68,11 @@ _LEVELS = {
     Outcome.FAILED: logging.ERROR,
     Outcome.ACCEPTED: logging.INFO,
 }
+
+
+# Enum members on the hot path as module constants: each ``Outcome.X`` is an enum descriptor
+# lookup (0.2 µs), several per dispatched event.
+_HANDLED, _DUPLICATE, _DROPPED = Outcome.HANDLED, Outcome.DUPLICATE, Outcome.DROPPED
 
 
 @final
@@ -134,6 +148,7 @@ class EventDispatcher:
         "_done_ttl",
         "_freeing",
         "_handlers",
+        "_lean",
         "_lock_ttl",
         "_marking",
         "_max_attempts",
@@ -194,7 +209,10 @@ class EventDispatcher:
         self._done_ttl = self._dedupe_ttl + self._lock_ttl
         self._freeing = FreeingEstimate()
         self._slots = RetrySlots(state)
-        self._claiming = isinstance(self._state, ClaimingState)
+        #: the state, if it is exactly MemoryState: the lean path (``_lean.py``) may serve it
+        self._lean = state if type(state) is MemoryState else None
+        #: the state as a ClaimingState, if it is one
+        self._claiming = state if isinstance(state, ClaimingState) else None
         self._scope = lock_scope
         debounce_seconds = check_seconds(debounce, "debounce", allow_zero=True)
         assert debounce_seconds is not None
@@ -277,13 +295,7 @@ class EventDispatcher:
         error: BaseException | None = None,
         started: float | None = None,
     ) -> Outcome:
-        self._stats[outcome] += 1
-        if _metrics._sink is not None and started is not None:
-            duration = asyncio.get_running_loop().time() - started
-            _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
-        level = _LEVELS[outcome]
-        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of _record
-            self._log(event, outcome, lock_key, level, error)
+        self._count(event, outcome, lock_key, error, started)
         hook = self._on_outcome
         if hook is not None:
             try:
@@ -292,6 +304,24 @@ class EventDispatcher:
                     await result
             except Exception:
                 logger.exception("asynclock: the on_outcome hook failed")
+        return outcome
+
+    def _count(
+        self,
+        event: Event,
+        outcome: Outcome,
+        lock_key: str,
+        error: BaseException | None = None,
+        started: float | None = None,
+    ) -> Outcome:
+        """:meth:`_record` but the ``on_outcome`` hook (all of it, without one): count and log."""
+        self._stats[outcome] += 1
+        if _metrics._sink is not None and started is not None:
+            duration = asyncio.get_running_loop().time() - started
+            _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
+        level = _LEVELS[outcome]
+        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of _record
+            self._log(event, outcome, lock_key, level, error)
         return outcome
 
     @staticmethod
@@ -362,9 +392,9 @@ class EventDispatcher:
         if not isinstance(event, Event):
             raise TypeError(f"deliver() takes an Event, got {type(event).__name__}")
         outcome = await self._dispatch_event(event, submitted=False)
-        if outcome is Outcome.DROPPED:
+        if outcome is _DROPPED:
             return Delivery(outcome, retry_after=await self._promise_retry(self.lock_key(event)))
-        if outcome is not Outcome.DUPLICATE or not isinstance(self._state, DedupeReading):
+        if outcome is not _DUPLICATE or not isinstance(self._state, DedupeReading):
             return Delivery(outcome)
         lock_key = self.lock_key(event)
         claim = EventClaim.of(event, lock_key)
@@ -410,98 +440,120 @@ class EventDispatcher:
                 raise
             return Outcome.FAILED
         claim = EventClaim.of(event, lock_key)
-        if claim is None:
-            return await self._dispatch(event, lock_key, None, started, submitted)
-        if claim.key in self._claims_here:
-            # another delivery of this event is being dispatched in this process: its claim is
-            # recorded or on its way. Deciding here, before the state is asked, keeps the first
-            # delivery the one that is handled, in its place in the key's line
-            await asyncio.sleep(0)
-            return await self._record(event, Outcome.DUPLICATE, lock_key, started=started)
-        self._claims_here.add(claim.key)
+        if claim is not None:
+            if claim.key in self._claims_here:
+                # another delivery of this event is being dispatched in this process: its claim
+                # is recorded or on its way. Deciding here, before the state is asked, keeps the
+                # first delivery the one that is handled, in its place in the key's line
+                await asyncio.sleep(0)
+                return await self._record(event, _DUPLICATE, lock_key, started=started)
+            self._claims_here.add(claim.key)
         try:
-            return await self._dispatch(event, lock_key, claim, started, submitted)
+            try:
+                outcome = await self._choose_route(event, lock_key, claim, submitted=submitted)
+            except asyncio.CancelledError:
+                if claim is not None:  # handled: keep it; not handled: let a redelivery through
+                    await finish_despite_cancellation(
+                        self._finish(claim) if claim.handled else claim.forget(self._state)
+                    )
+                raise
+            except Exception as error:
+                if claim is not None:
+                    await finish_despite_cancellation(claim.forget(self._state))
+                await self._record(event, Outcome.FAILED, lock_key, error, started)
+                if self._raise_errors:
+                    raise
+                return Outcome.FAILED
+            if claim is not None:
+                if outcome is _DROPPED:
+                    await claim.forget(self._state)
+                elif not claim.marked_done:
+                    await self._finish(claim)
+            if self._on_outcome is None:  # nothing to await: no coroutine for the record
+                return self._count(event, outcome, lock_key, started=started)
+            return await self._record(event, outcome, lock_key, started=started)
         finally:
-            self._claims_here.discard(claim.key)
+            if claim is not None:
+                self._claims_here.discard(claim.key)
 
-    async def _dispatch(
+    def _choose_route(
+        self, event: Event, lock_key: str, claim: EventClaim | None, *, submitted: bool
+    ) -> Awaitable[Outcome]:
+        """The lean path (``_lean.py``) when it may serve ``event``, else :meth:`_route`."""
+        lean = self._lean
+        if (
+            lean is not None
+            and self._policy != "concurrent"
+            and granted_reason() is None
+            and own_steps()
+        ):
+            line = line_for(lean, check_key(lock_key))
+            if line.member is None and not line.waiters:
+                return self._route_lean(lean, line, event, lock_key, claim, submitted=submitted)
+        return self._route(event, lock_key, claim, submitted=submitted)
+
+    async def _route(
         self,
         event: Event,
         lock_key: str,
         claim: EventClaim | None,
-        started: float,
+        *,
         submitted: bool,
+        placed: AsyncLock | None = None,
     ) -> Outcome:
-        try:
-            outcome = await self._route(event, lock_key, claim, submitted=submitted)
-        except asyncio.CancelledError:
-            if claim is not None:  # handled: keep it; not handled: let a redelivery through
-                await finish_despite_cancellation(
-                    self._finish(claim) if claim.handled else claim.forget(self._state)
-                )
-            raise
-        except Exception as error:
-            if claim is not None:
-                await finish_despite_cancellation(claim.forget(self._state))
-            await self._record(event, Outcome.FAILED, lock_key, error, started)
-            if self._raise_errors:
-                raise
-            return Outcome.FAILED
-        if claim is not None:
-            if outcome is Outcome.DROPPED:
-                await claim.forget(self._state)
-            else:
-                await self._finish(claim)
-        return await self._record(event, outcome, lock_key, started=started)
-
-    async def _route(
-        self, event: Event, lock_key: str, claim: EventClaim | None, *, submitted: bool
-    ) -> Outcome:
+        """Lock and handle ``event``, or apply the conflict policy; ``placed``: a lock whose
+        place in the key's line was taken already (handed over by the lean path)."""
         handlers = self._handlers.for_type(event.type)
         if self._policy == "concurrent" or granted_reason() is not None:
             # no lock to take (concurrent), or every AsyncLock is granted without touching the
             # state (inside process_without_lock): the claim is recorded on its own
             if claim is not None and not await self._claim_alone(claim):
-                return Outcome.DUPLICATE
+                return _DUPLICATE
             if self._policy == "concurrent":
                 await call_all(handlers, event, HandlerContext(lock_key))
-                return Outcome.HANDLED
+                return _HANDLED
             lock = AsyncLock(self._state, lock_key, self._lock_ttl)
             await lock.acquire()
             await self._under_lock(lock, handlers, event, claim)
-            return Outcome.HANDLED
-        lock = AsyncLock(self._state, lock_key, self._lock_ttl, auto_renew=True)
-        # the event's place among this process's events of the key is taken now, on arrival:
-        # nothing awaited below lets a later event overtake it
-        lock._take_place()
+            return _HANDLED
+        if placed is not None:
+            lock = placed
+        else:
+            lock = AsyncLock._ttl_checked(self._state, lock_key, self._lock_ttl, auto_renew=True)
+            # the event's place among this process's events of the key is taken now, on
+            # arrival: nothing awaited below lets a later event overtake it
+            lock._take_place()
         try:
             if claim is not None:
-                if self._claiming:
-                    claim.ride_on_acquire(lock, cast("ClaimingState", self._state), self._lock_ttl)
+                if self._claiming is not None:
+                    # only the line's member asks the state now; a waiter's claim is recorded on
+                    # its own below, so a waiter promoted later must not claim again with its lock
+                    if lock._first_in_line():
+                        claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
                 elif not await self._claim_alone(claim):  # duplicates are found before locking
                     await lock._leave_place()
-                    return Outcome.DUPLICATE
+                    return _DUPLICATE
             acquired = await lock._try_from_place()
             if lock._refused:
                 assert claim is not None
                 claim.not_ours()
-                return Outcome.DUPLICATE
+                return _DUPLICATE
             if claim is not None:
                 # an event behind another of this process never reached the server: its claim
                 # is recorded on its own
                 if not claim.recorded and not await self._claim_alone(claim):
                     await lock._leave_place()
-                    return Outcome.DUPLICATE
+                    return _DUPLICATE
                 claim.keep(self._state, self._lock_ttl)  # waits or runs under a policy from here
             if acquired:
                 await self._under_lock(lock, handlers, event, claim)
-                return Outcome.HANDLED
+                return _HANDLED
             policy = await self._conflict_policy(lock_key, event, submitted=submitted)
             if policy == "queue":
                 loop = asyncio.get_running_loop()
                 timeout = self._queue_timeout
                 if not await lock._wait_turn(None if timeout is None else loop.time() + timeout):
-                    return Outcome.DROPPED  # queue_timeout ran out
+                    return _DROPPED  # queue_timeout ran out
                 await self._under_lock(lock, handlers, event, claim)
                 return Outcome.QUEUED
             await lock._leave_place()
@@ -510,11 +562,83 @@ class EventDispatcher:
             raise
         if policy == "drop":
             self._note_holder(lock_key, lock.retry_after)
-            return Outcome.DROPPED
+            return _DROPPED
         if policy in ("force", "concurrent"):
             await call_all(handlers, event, HandlerContext(lock_key, forced=True))
             return Outcome.FORCED
         return await self._join_backlog(event, lock_key, debounce=policy == "debounce")
+
+    async def _route_lean(
+        self,
+        lean: MemoryState,
+        line: Line,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        *,
+        submitted: bool,
+    ) -> Outcome:
+        """:meth:`_route` for a key nobody of this process is in line for, on MemoryState.
+
+        One yield, one step to claim the event and take the lock, the handlers, one step to
+        release the lock and mark the claim done: see ``_lean.py``.
+        """
+        ttl = self._lock_ttl
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("dispatch() must run in an asyncio task")
+        hold = LeanHold(lean, line, new_owner(task), ttl)
+        line.member = hold  # the event's place in the key's line, taken on arrival
+        hold.asked_at = loop.time()
+        try:
+            await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+        except BaseException:
+            line.leave(hold)
+            raise
+        owner = hold.owner
+        claim_key = claim.key if claim is not None else None
+        token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
+        if token is None:
+            line.leave(hold)
+            return _DUPLICATE
+        if not token:  # held from elsewhere (another thread's loop, a direct state call)
+            placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
+            placed._adopt_place(line, hold)
+            return await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
+        if claim is not None:
+            claim.recorded_by(owner)
+        hold.held(token, claim, task)
+        if _metrics._sink is not None:
+            _metrics.report("lock_acquired", lock_key, loop.time() - hold.asked_at, False)
+        handlers, with_context = self._handlers.with_context(event.type)
+        handled = False
+        try:
+            try:
+                began = loop.time()
+                ctx = HandlerContext(lock_key, token) if with_context else _NONE
+                for handler in handlers:  # call_all, one frame less at every resumption
+                    result = handler.start(event, ctx)
+                    if type(result) is types.CoroutineType or inspect.isawaitable(result):
+                        await result
+                handled = True
+                self._freeing.observe(lock_key, loop.time() - began)
+                if claim is not None:
+                    claim.handled_now()
+            except BaseException as body_error:
+                await hold.failed(body_error)
+                raise
+            if not hold.handled_at_once(self._done_ttl):
+                await hold.handled(self._done_ttl)
+        except Exception as error:
+            if not handled:
+                raise
+            self._release_failed(event, lock_key, claim, error)
+        except BaseException:
+            if handled and claim is not None:
+                claim.release_failed()
+            raise
+        return _HANDLED
 
     async def _claim_alone(self, claim: EventClaim) -> bool:
         """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""
@@ -534,37 +658,52 @@ class EventDispatcher:
         it failed would make the platform redeliver an event whose effects already happened.
         """
         handled = False
+        # `async with lock._holding():` spelled out (lock.__aexit__ never swallows), which spares
+        # the holding object and two coroutines per event
+        lock._check_held()
+        lock._start_holding()
         try:
-            async with lock._holding():
+            try:
                 if claim is not None:
                     claim.keep(self._state, self._lock_ttl)
-                began = asyncio.get_running_loop().time()
+                loop = asyncio.get_running_loop()
+                began = loop.time()
                 await call_all(handlers, event, HandlerContext(lock.key, lock.token))
                 handled = True
-                self._freeing.observe(lock.key, asyncio.get_running_loop().time() - began)
+                self._freeing.observe(lock.key, loop.time() - began)
                 if claim is not None:
                     claim.handled_now()
-                    if self._claiming:  # the release marks it done too
-                        state = cast("ClaimingState", self._state)
-                        await claim.settle_in_release(lock, state, self._done_ttl)
+                    if self._claiming is not None:  # the release marks it done too
+                        await claim.settle_in_release(lock, self._claiming, self._done_ttl)
+            except BaseException as body_error:
+                await lock.__aexit__(type(body_error), body_error, body_error.__traceback__)
+                raise
+            await lock.__aexit__(None, None, None)
         except Exception as error:
             if not handled:
                 raise
-            if claim is not None:
-                claim.release_failed()  # so the done mark is written by a call of its own
-            logger.warning(
-                "asynclock: event %s handled, but releasing lock %r failed (%s: %s); the lock "
-                "expires by its TTL",
-                event.message_id,
-                lock.key,
-                type(error).__name__,
-                error,
-                extra={"lock_key": lock.key, "message_id": event.message_id},
-            )
+            self._release_failed(event, lock.key, claim, error)
         except BaseException:
             if handled and claim is not None:
                 claim.release_failed()
             raise
+
+    @staticmethod
+    def _release_failed(
+        event: Event, lock_key: str, claim: EventClaim | None, error: Exception
+    ) -> None:
+        """The handlers returned, then the lock's release failed: the event stays handled."""
+        if claim is not None:
+            claim.release_failed()  # so the done mark is written by a call of its own
+        logger.warning(
+            "asynclock: event %s handled, but releasing lock %r failed (%s: %s); the lock "
+            "expires by its TTL",
+            event.message_id,
+            lock_key,
+            type(error).__name__,
+            error,
+            extra={"lock_key": lock_key, "message_id": event.message_id},
+        )
 
     async def _conflict_policy(self, lock_key: str, event: Event, *, submitted: bool) -> PolicyName:
         policy = self._policy
@@ -734,7 +873,7 @@ class EventDispatcher:
                 extra={"lock_key": lock_key, "message_id": event.message_id},
             )
             raise InboxFullError(lock_key, retry_after)
-        outcome = Outcome.DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
+        outcome = _DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
         return await self._record(event, outcome, lock_key, started=started)
 
     async def serve(self) -> None:

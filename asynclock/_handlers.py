@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from types import CoroutineType
 from typing import cast
 
 from asynclock._event import Event, HandlerContext
@@ -28,22 +29,30 @@ class Registered:
             self.one = cast("Callable[[Event], object]", function)
 
     async def __call__(self, event: Event, ctx: HandlerContext) -> None:
-        if self.two is not None:
-            result = self.two(event, ctx)
-        else:
-            assert self.one is not None
-            result = self.one(event)
+        result = self.start(event, ctx)
         if inspect.isawaitable(result):
             await result
+
+    def start(self, event: Event, ctx: HandlerContext) -> object:
+        """Call the handler; what it returns (a coroutine, for an ``async def``) is to be awaited
+        when it is awaitable."""
+        if self.two is not None:
+            return self.two(event, ctx)
+        assert self.one is not None
+        return self.one(event)
 
 
 class HandlerTable:
     """Handlers by event type (``"*"``: every type), in registration order."""
 
-    __slots__ = ("_by_type",)
+    __slots__ = ("_by_type", "_resolved", "_with_context")
 
     def __init__(self) -> None:
         self._by_type: dict[str, list[Registered]] = {}
+        #: for_type's answers, made once per event type until the next registration
+        self._resolved: dict[str, list[Registered]] = {}
+        #: per event type: whether one of its handlers takes ``(event, ctx)``
+        self._with_context: dict[str, bool] = {}
 
     def add(self, event_type: str, handler: Handler) -> None:
         """Register ``handler`` for ``event_type``."""
@@ -51,9 +60,26 @@ class HandlerTable:
         if not callable(handler):
             raise TypeError(f"a handler must be callable, got {handler!r}")
         self._by_type.setdefault(event_type, []).append(Registered(handler))
+        self._resolved.clear()
+        self._with_context.clear()
 
     def for_type(self, event_type: str) -> list[Registered]:
-        """The handlers of ``event_type``: its own, then the catch-alls."""
+        """The handlers of ``event_type``: its own, then the catch-alls (shared: never mutate)."""
+        resolved = self._resolved.get(event_type)
+        if resolved is None:
+            resolved = self._resolved[event_type] = self._resolve(event_type)
+        return resolved
+
+    def with_context(self, event_type: str) -> tuple[list[Registered], bool]:
+        """:meth:`for_type`, and whether one of them takes ``(event, ctx)`` (else no context
+        need be made for the call)."""
+        wanted = self._with_context.get(event_type)
+        handlers = self.for_type(event_type)
+        if wanted is None:
+            wanted = self._with_context[event_type] = any(h.two is not None for h in handlers)
+        return handlers, wanted
+
+    def _resolve(self, event_type: str) -> list[Registered]:
         if event_type == "*":  # an event whose type is literally "*": the catch-alls, once
             return [*self._by_type.get("*", ())]
         return [*self._by_type.get(event_type, ()), *self._by_type.get("*", ())]
@@ -68,7 +94,11 @@ class HandlerTable:
 async def call_all(handlers: list[Registered], event: Event, ctx: HandlerContext) -> None:
     """Run ``handlers`` one after the other (a failure stops the rest)."""
     for handler in handlers:
-        await handler(event, ctx)
+        # the handler's coroutine is awaited here rather than inside Registered.__call__: one
+        # frame less between the loop and the handler, at every resumption
+        result = handler.start(event, ctx)
+        if type(result) is CoroutineType or inspect.isawaitable(result):
+            await result
 
 
 def _positional_count(function: Handler) -> int:

@@ -30,14 +30,22 @@ from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._turn import current_turn
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock._waiters import Line, Ticket, line_for, release_chain
+from asynclock._waiters import (
+    Line,
+    Ticket,
+    line_for,
+    release_chain,
+    release_now,
+    wait_for_turn,
+)
 from asynclock.state._protocol import Grant
+from asynclock.state.memory import MemoryState, own_steps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-    from asynclock._waiters import ReleaseStep
+    from asynclock._waiters import ReleaseNow, ReleaseStep
     from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")
@@ -117,10 +125,12 @@ class AsyncLock:
         "_busy",
         "_contended",
         "_first_attempt",
+        "_first_attempt_now",
         "_granted",
         "_held_since",
         "_key",
         "_last_token",
+        "_lean",
         "_line",
         "_lost",
         "_max_lifetime",
@@ -149,15 +159,46 @@ class AsyncLock:
         auto_renew: bool = False,
         max_lifetime: float | None = None,
     ) -> None:
-        self._key = check_key(key)
-        self._ttl = check_ttl(ttl, key=key)
-        self._timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True, allow_none=True)
-        self._max_lifetime = check_seconds(max_lifetime, "max_lifetime", key=key, allow_none=True)
+        key = check_key(key)
+        ttl = check_ttl(ttl, key=key)
+        if timeout is not None:
+            timeout = check_seconds(timeout, "timeout", key=key, allow_zero=True)
+        if max_lifetime is not None:
+            max_lifetime = check_seconds(max_lifetime, "max_lifetime", key=key)
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, got {blocking!r} (key {key!r})")
+        self._setup(state, key, ttl, blocking, timeout, bool(auto_renew), max_lifetime)
+
+    @classmethod
+    def _ttl_checked(cls, state: State, key: str, ttl: float, *, auto_renew: bool) -> AsyncLock:
+        """A blocking lock without timeout, for a ``ttl`` the caller has checked already.
+
+        For the dispatcher, which checks its ``lock_ttl`` once and makes one lock per event.
+        """
+        lock = cls.__new__(cls)
+        lock._setup(state, check_key(key), ttl, True, None, auto_renew, None)
+        return lock
+
+    def _setup(
+        self,
+        state: State,
+        key: str,
+        ttl: float,
+        blocking: bool,
+        timeout: float | None,
+        auto_renew: bool,
+        max_lifetime: float | None,
+    ) -> None:
+        self._key = key
+        self._ttl = ttl
+        self._timeout = timeout
+        self._max_lifetime = max_lifetime
         self._state = state
+        # the lean path (docs/decisions.md): exactly MemoryState, whose steps need no await, so
+        # the lock yields once itself and acts at once; a subclass may override the async steps
+        self._lean = state if type(state) is MemoryState else None
         self._blocking = blocking
-        self._auto_renew = bool(auto_renew)
+        self._auto_renew = auto_renew
         self._owner = ""
         self._token: int | None = None
         self._ticket: Ticket | None = None
@@ -170,6 +211,7 @@ class AsyncLock:
         self._placed = False
         self._refused = False
         self._first_attempt: Callable[[str], Awaitable[Grant | None]] | None = None
+        self._first_attempt_now: Callable[[str], Grant | None] | None = None
         self._release_with: ReleaseStep | None = None
         self._last_token: int | None = None
         self._lost = False
@@ -276,10 +318,35 @@ class AsyncLock:
         self._busy = True
         self._contended = False
         try:
-            acquired = await self._acquire(bool(blocking), deadline)
+            task = asyncio.current_task()
+            line, ticket = self._new_ticket(task)
+            lean = self._lean
+            if (
+                line.member is None
+                and lean is not None
+                and self._first_attempt is None
+                and current_turn() is None
+                and own_steps()
+            ):
+                # the lean path: the line's member at once, one yield, one step
+                line.member = ticket
+                ticket.asked_at = started
+                try:
+                    await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+                except BaseException:
+                    line.leave(ticket)
+                    raise
+                token = lean._token_now(self._key, ticket.owner, self._ttl)
+                if token is not None:
+                    acquired = self._won(line, ticket, token, task=task)
+                else:  # busy: held from elsewhere (another thread's loop, a direct state call)
+                    acquired = await self._contend(line, ticket, bool(blocking), deadline)
+            else:
+                acquired = await self._acquire(line, ticket, bool(blocking), deadline)
         finally:
             self._busy = False
-        self._report(acquired, started)
+        if _metrics._sink is not None:
+            self._report(acquired, started)
         if acquired or not blocking:
             return acquired
         raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
@@ -292,19 +359,26 @@ class AsyncLock:
             else:
                 _metrics.report("lock_conflict", self._key)
 
-    def _new_ticket(self) -> tuple[Line, Ticket]:
-        """A fresh acquisition: a new owner id and its ticket in this process's line for the key."""
-        self._owner = new_owner()
+    def _new_ticket(self, task: asyncio.Task[object] | None = None) -> tuple[Line, Ticket]:
+        """A fresh acquisition: a new owner id and its ticket in this process's line for the key.
+
+        ``task``: the current task, when the caller has it at hand already.
+        """
+        line, ticket = line_for(self._state, self._key), Ticket(new_owner(task), self._ttl)
+        self._use_ticket(line, ticket)
+        return line, ticket
+
+    def _use_ticket(self, line: Line, ticket: Ticket) -> None:
+        self._owner = ticket.owner
         self._lost = False
         self._refused = False
         self._retry_after = None
-        ticket = Ticket(self._owner, self._ttl)
-        line = line_for(self._state, self._key)
         self._ticket, self._line = ticket, line
-        return line, ticket
 
-    async def _acquire(self, blocking: bool, deadline: float | None) -> bool:
-        line, ticket = self._new_ticket()
+    async def _acquire(
+        self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
+    ) -> bool:
+        """The general path of :meth:`acquire` for the fresh ``ticket`` in ``line``."""
         if line.member is None:
             line.member = ticket
             return await self._contend(line, ticket, blocking, deadline)
@@ -335,10 +409,7 @@ class AsyncLock:
             if deadline is not None:
                 bound = min(bound, deadline)
             try:
-                if math.isinf(bound):
-                    await asyncio.wait((future,))
-                else:
-                    await asyncio.wait((future,), timeout=max(bound - loop.time(), 0.0))
+                await wait_for_turn(future, bound)
             except asyncio.CancelledError:
                 await self._abandon_waiting(line, ticket)
                 raise
@@ -443,27 +514,35 @@ class AsyncLock:
                     else:
                         run_in_background(withdraw)
 
-    def _arm_first_attempt(self, attempt: Callable[[str], Awaitable[Grant | None]]) -> None:
+    def _arm_first_attempt(
+        self,
+        attempt: Callable[[str], Awaitable[Grant | None]],
+        now: Callable[[str], Grant | None] | None = None,
+    ) -> None:
         """Send ``attempt(owner)`` instead of the state's acquire for the next first try.
 
         For callers that fold more work into the acquire's atomic step (the dispatcher records
         an event's dedupe claim in it: one round trip per fresh event). ``attempt`` answers like
         ``State.acquire``, or ``None`` to refuse: the lock is then not acquired and
         :attr:`_refused` is set. Used once, and only if this acquisition does reach the server.
+        ``now``: the same step without an await, used instead on the lean path.
         """
         self._first_attempt = attempt
+        self._first_attempt_now = now
 
-    def _arm_release(self, release: ReleaseStep) -> bool:
+    def _arm_release(self, release: ReleaseStep, now: ReleaseNow | None = None) -> bool:
         """Send ``release(key, owner, successor, ttl)`` instead of the state's release, once.
 
         The counterpart of :meth:`_arm_first_attempt` (the dispatcher marks a handled event's
         claim done in the release). ``False`` when the lock is not held through the state
-        (granted): nothing will be released, and the caller does its work itself.
+        (granted): nothing will be released, and the caller does its work itself. ``now``:
+        the same step without an await, for the lean path.
         """
         ticket = self._ticket
         if self._token is None or ticket is None:
             return False
         ticket.release_with = release
+        ticket.release_now = now
         return True
 
     # -- a place in the line, kept across the caller's awaits (for the dispatcher) ------------
@@ -484,9 +563,38 @@ class AsyncLock:
             line.member = ticket
         else:
             _join(line, ticket)
+        self._placed_at_once()
+
+    def _placed_at_once(self) -> None:
         self._placed = True
         self._contended = False
         self._held_since = asyncio.get_running_loop().time()  # when the place was taken
+
+    def _adopt_place(self, line: Line, ticket: Ticket) -> None:
+        """:meth:`_take_place` with ``ticket``, the member of ``line`` already (the dispatcher's
+        lean path hands its place over when it found the key busy)."""
+        self._use_ticket(line, ticket)
+        self._placed_at_once()
+
+    def _adopt_held(
+        self, line: Line, ticket: Ticket, token: int, since: float, body: BodyCanceller
+    ) -> None:
+        """Take over a lock the dispatcher's lean path acquired for ``ticket`` at ``since``, as if
+        this object had acquired it and entered ``async with`` with ``body``; renew it from now.
+
+        Only renewal and the release are left to this object (its first renewal is due now).
+        """
+        self._use_ticket(line, ticket)
+        self._token = token
+        self._held_since = since
+        self._body = body
+        self._renewer = Renewer(
+            self._state, self._key, ticket, self._ttl, None, self._on_lost, started=since
+        )
+
+    def _first_in_line(self) -> bool:
+        """Whether the place taken is the line's member (the one that asks the state)."""
+        return self._line is not None and self._line.member is self._ticket
 
     async def _try_from_place(self) -> bool:
         """Acquire without waiting, from the place taken; on ``False`` the place is kept.
@@ -507,6 +615,37 @@ class AsyncLock:
             return True
         if line.member is not ticket:
             self._retry_after = _left_to(line.member, asyncio.get_running_loop().time())
+            self._report(False, placed_at)
+            return False
+        lean = self._lean
+        if lean is not None and current_turn() is None and own_steps():
+            # the lean path: one yield, then the first attempt as one step, without an await
+            first, self._first_attempt_now = self._first_attempt_now, None
+            self._first_attempt = None
+            ticket.asked_at = asyncio.get_running_loop().time()
+            self._busy = True
+            try:
+                await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+                if first is None:
+                    grant: Grant | None = lean._acquire_now(self._key, ticket.owner, self._ttl)
+                else:
+                    grant = first(ticket.owner)
+            except BaseException:
+                self._placed = False
+                line.leave(ticket)
+                raise
+            finally:
+                self._busy = False
+            if grant is None:  # refused by the armed step
+                self._refused = True
+                self._placed = False
+                line.leave(ticket)
+                return False
+            if grant.token is not None:
+                self._placed = False
+                self._report(self._won(line, ticket, grant.token), placed_at)
+                return True
+            self._retry_after = grant.retry_after  # the place is kept
             self._report(False, placed_at)
             return False
         self._busy = True
@@ -575,9 +714,12 @@ class AsyncLock:
 
     def _holding(self) -> _Holding:
         """``async with`` for a lock acquired (or granted) already: renewal, then release."""
-        if not self.owned and not self._granted:
-            raise RuntimeError(f"AsyncLock {self._key!r} is not held")
+        self._check_held()
         return _Holding(self)
+
+    def _check_held(self) -> None:
+        if self._token is None and not self._granted:
+            raise RuntimeError(f"AsyncLock {self._key!r} is not held")
 
     async def _attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
         """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
@@ -606,12 +748,22 @@ class AsyncLock:
             run_in_background(self._state.abandon(self._key, ticket.owner))
             raise
 
-    def _won(self, line: Line, ticket: Ticket, token: int, *, handed: bool = False) -> bool:
+    def _won(
+        self,
+        line: Line,
+        ticket: Ticket,
+        token: int,
+        *,
+        handed: bool = False,
+        task: asyncio.Task[object] | None = None,
+    ) -> bool:
         if not handed:  # a handoff was timed by the releaser, when it sent the handoff
             line.hold(ticket, self._ttl, ticket.asked_at)
         self._token = token
         self._held_since = asyncio.get_running_loop().time()
-        task = self._task = asyncio.current_task()
+        if task is None:
+            task = asyncio.current_task()
+        self._task = task
         if task is not None:
             _track(task, self)
         return True
@@ -665,8 +817,21 @@ class AsyncLock:
         if self._renewer is not None:
             self._renewer.stop()
             self._renewer = None
+        lean = self._lean
         try:
-            result = await release_chain(self._state, line, ticket)
+            if (
+                lean is not None
+                and (ticket.release_with is None or ticket.release_now)
+                and own_steps()
+            ):
+                try:
+                    await asyncio.sleep(0)  # the yield rule
+                except asyncio.CancelledError:
+                    release_now(lean, line, ticket)  # a cancelled release still completes
+                    raise
+                result = release_now(lean, line, ticket)
+            else:
+                result = await release_chain(self._state, line, ticket)
         except asyncio.CancelledError:
             self._forget_acquisition()  # release_chain finishes the release in the background
             raise
@@ -825,7 +990,7 @@ class _Holding:
 def _join(line: Line, ticket: Ticket) -> None:
     """Append ``ticket`` to ``line``'s waiters, with the future it is woken through."""
     ticket.future = asyncio.get_running_loop().create_future()
-    line.waiters.append(ticket)
+    line.join(ticket)
 
 
 def _handed_token(ticket: Ticket) -> int | None:
@@ -853,24 +1018,44 @@ _held_by: weakref.WeakKeyDictionary[asyncio.Task[object], dict[AsyncLock, None]]
 _held_mutex = threading.Lock()
 
 
+#: the last task's locks, found without the mutex and the weak dictionary (a task acquiring
+#: lock after lock); one tuple, read and replaced at once. Only the task's own thread touches
+#: the task's dict, and a task that ended is never current again, so a hit is always right.
+_recent: tuple[weakref.ref[asyncio.Task[object]], dict[AsyncLock, None]] | None = None
+
+
 def _track(task: asyncio.Task[object], lock: AsyncLock) -> None:
+    global _recent
+    recent = _recent
+    if recent is not None and recent[0]() is task:
+        recent[1][lock] = None
+        return
     with _held_mutex:
         held = _held_by.get(task)
         if held is None:
             held = _held_by[task] = {}
             task.add_done_callback(_task_ended)
-        held[lock] = None
+        _recent = (weakref.ref(task), held)
+    held[lock] = None
 
 
 def _untrack(task: asyncio.Task[object], lock: AsyncLock) -> None:
+    recent = _recent
+    if recent is not None and recent[0]() is task:
+        recent[1].pop(lock, None)
+        return
     with _held_mutex:
         held = _held_by.get(task)
-        if held is not None:
-            held.pop(lock, None)
+    if held is not None:
+        held.pop(lock, None)
 
 
 def _task_ended(task: asyncio.Task[object]) -> None:
+    global _recent
     with _held_mutex:
         held = _held_by.pop(task, None)
+        recent = _recent
+        if recent is not None and recent[0]() is task:
+            _recent = None
     for lock in list(held or ()):
         lock._owner_task_ended(task)

@@ -15,6 +15,7 @@ import re
 import secrets
 import socket
 import threading
+import weakref
 
 # The Redis scripts split lock values on " " and "|"; keep those out of ids.
 _HOST = re.sub(r"[\s|]", "_", socket.gethostname()) or "localhost"
@@ -51,14 +52,28 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def new_owner() -> str:
-    """A fresh owner id for the current task: ``"<host>:<pid>:<task id>:<random>"``."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    task_id = f"{id(task):x}" if task is not None else "0"
-    return f"{_prefix}:{task_id}:{_random_part()}"
+def new_owner(task: asyncio.Task[object] | None = None) -> str:
+    """A fresh owner id for the current task: ``"<host>:<pid>:<task id>:<random>"``.
+
+    ``task``: the current task, when the caller has it at hand already.
+    """
+    global _recent
+    if task is None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            task = None
+    if task is None:
+        return f"{_prefix}:0:{_random_part()}"
+    recent = _recent
+    if recent is None or recent[0]() is not task or recent[1] != _prefix:
+        # one task acquiring lock after lock formats its part once (the prefix changes on fork)
+        recent = _recent = (weakref.ref(task), _prefix, f"{_prefix}:{id(task):x}:")
+    return recent[2] + _random_part()
+
+
+#: the last task's ``"<host>:<pid>:<task id>:"``, with the prefix it was made from
+_recent: tuple[weakref.ref[asyncio.Task[object]], str, str] | None = None
 
 
 def new_process_id() -> str:

@@ -49,6 +49,8 @@ class Renewer:
         ttl: float,
         max_lifetime: float | None,
         on_lost: Callable[[str], None],
+        *,
+        started: float | None = None,
     ) -> None:
         self._state = state
         self._key = key
@@ -56,12 +58,17 @@ class Renewer:
         self._ttl = ttl
         self._max_lifetime = max_lifetime
         self._on_lost = on_lost
-        self._started = asyncio.get_running_loop().time()
         self._task: asyncio.Task[None] | None = None
+        self._timer: Timer | None = None
+        if started is not None:  # held since then: the schedule counts from there, starting now
+            self._started = started
+            self._start()
+            return
+        self._started = asyncio.get_running_loop().time()
         # Lazy: nothing but a cheap timer exists until the first renewal (or the max_lifetime
         # cap) is due, so a body shorter than ttl/3 costs no task, which is nearly every one.
         first = ttl / 3 if max_lifetime is None else min(ttl / 3, max_lifetime)
-        self._timer: Timer | None = call_later(first, self._start)
+        self._timer = call_later(first, self._start)
 
     def _start(self) -> None:
         self._timer = None

@@ -20,49 +20,70 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["Timer", "call_later"]
+__all__ = ["Timer", "TimerEntry", "arm", "call_later", "disarm"]
+
+
+def _disarmed() -> None:
+    """What a cancelled timer would call (nothing: it is never called)."""
+
+
+class TimerEntry(Protocol):
+    """What a bucket keeps: where it is armed, when it is due, what to call. An object with
+    these attributes (in its ``__slots__``) may be armed itself with :func:`arm`, sparing a
+    :class:`Timer` per arming; :func:`disarm` cancels it."""
+
+    _bucket: Bucket
+    due: float
+    callback: Callable[[], None]
+
+
+def disarm(timer: TimerEntry) -> None:
+    """Cancel ``timer`` (idempotent; a timer that fired already stays fired)."""
+    timer._bucket.entries.pop(timer, None)
+    # the callback is nearly always a bound method of the timer's owner, which refers to the
+    # timer: a reference cycle per armed timer, left for the garbage collector
+    timer.callback = _disarmed
 
 
 class Timer:
     """One armed callback (see :func:`call_later`)."""
 
     __slots__ = ("_bucket", "callback", "due")
-
-    def __init__(self, bucket: _Bucket, due: float, callback: Callable[[], None]) -> None:
-        self._bucket = bucket
-        self.due = due
-        self.callback = callback
+    _bucket: Bucket
+    due: float
+    callback: Callable[[], None]
 
     def cancel(self) -> None:
         """Disarm the timer (idempotent; a timer that fired already stays fired)."""
-        self._bucket.entries.pop(self, None)
+        disarm(self)
 
 
-class _Bucket:
+class Bucket:
     """The timers of one loop with one delay, oldest first, and the loop timer for the head."""
 
     __slots__ = ("_buckets", "_handle", "_loop", "delay", "entries")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, delay: float, buckets: dict[float, _Bucket]
+        self, loop: asyncio.AbstractEventLoop, delay: float, buckets: dict[float, Bucket]
     ) -> None:
         self._loop = loop
         self.delay = delay
         self._buckets = buckets
-        self.entries: dict[Timer, None] = {}
+        self.entries: dict[TimerEntry, None] = {}
         self._handle: asyncio.TimerHandle | None = None
 
-    def arm(self, callback: Callable[[], None]) -> Timer:
-        timer = Timer(self, self._loop.time() + self.delay, callback)
+    def arm(self, timer: TimerEntry, callback: Callable[[], None]) -> None:
+        timer._bucket = self
+        timer.due = self._loop.time() + self.delay
+        timer.callback = callback
         self.entries[timer] = None
         if self._handle is None:
             self._handle = self._loop.call_at(timer.due, self._fire)
-        return timer
 
     def _fire(self) -> None:
         self._handle = None
@@ -85,9 +106,14 @@ class _Bucket:
             del self._buckets[self.delay]
 
 
-_buckets_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, _Bucket]] = (
+_buckets_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Bucket]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+#: the last loop's buckets, found without the weak dictionary's lookup; one tuple, read and
+#: replaced at once, so threads (one loop each) never see half of it
+_recent: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[float, Bucket]] | None = None
 
 
 def call_later(delay: float, callback: Callable[[], None]) -> Timer:
@@ -96,11 +122,25 @@ def call_later(delay: float, callback: Callable[[], None]) -> Timer:
     Like ``loop.call_later``, but cheap to arm and cancel; meant for a few distinct delays
     (each delay has a bucket while any timer with it is armed).
     """
+    timer = Timer()
+    arm(timer, delay, callback)
+    return timer
+
+
+def arm(timer: TimerEntry, delay: float, callback: Callable[[], None]) -> None:
+    """:func:`call_later` with ``timer`` as the handle (an entry not armed at the moment)."""
+    global _recent
     loop = asyncio.get_running_loop()
-    buckets = _buckets_by_loop.get(loop)
-    if buckets is None:
-        buckets = _buckets_by_loop[loop] = {}
+    recent = _recent
+    if recent is not None and recent[0]() is loop:
+        buckets = recent[1]
+    else:
+        found = _buckets_by_loop.get(loop)
+        if found is None:
+            found = _buckets_by_loop[loop] = {}
+        buckets = found
+        _recent = (weakref.ref(loop), buckets)
     bucket = buckets.get(delay)
     if bucket is None:
-        bucket = buckets[delay] = _Bucket(loop, delay, buckets)
-    return bucket.arm(callback)
+        bucket = buckets[delay] = Bucket(loop, delay, buckets)
+    bucket.arm(timer, callback)

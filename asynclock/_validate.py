@@ -15,6 +15,8 @@ def check_key(key: object, what: str = "key") -> str:
         # PostgreSQL text cannot hold NUL: refuse it everywhere, so a key that works in tests
         # on MemoryState works on every backend.
         raise ValueError(f"{what} must not contain NUL characters ('\\x00'), got {_short(key)}")
+    if key.isascii():  # a flag of the string, no scan: nearly every key, and no surrogate
+        return key
     try:
         key.encode("utf-8")
     except UnicodeEncodeError as exc:

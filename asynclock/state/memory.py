@@ -164,6 +164,8 @@ class MemoryState(ClosesOnExit):
 
     def _sweep(self, now: float) -> None:
         heap = self._heap
+        if not heap or heap[0][0] > now:  # nothing expired: the common case
+            return
         for _ in range(_SWEEP_BUDGET):
             if not heap or heap[0][0] > now:
                 return
@@ -185,10 +187,11 @@ class MemoryState(ClosesOnExit):
             return None
         return held
 
-    def _grant(self, key: str, owner: str, expires_at: float) -> int:
+    def _grant(self, key: str, owner: str, expires_at: float, *, sweep: bool = True) -> int:
         token = next(self._tokens)
         self._locks[key] = _Held(owner, token, expires_at)
-        self._schedule(expires_at, True, key)
+        if sweep:
+            self._schedule(expires_at, True, key)
         return token
 
     def _schedule(self, expires_at: float, is_lock: bool, key: str) -> None:
@@ -223,22 +226,93 @@ class MemoryState(ClosesOnExit):
         check_key(key)
         check_ttl(ttl, key=key)
         await asyncio.sleep(0)
+        if not waiting:
+            return self._acquire_now(key, owner, ttl)
         with self._mutex:
             now = self._clock()
             self._sweep(now)
-            return self._take(key, owner, ttl, now, waiting=waiting)
+            return self._take(key, owner, ttl, now, waiting=True)
 
-    async def acquire_claimed(
-        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    # The ``*_now`` methods are the bodies of their async namesakes, without the yield and the
+    # argument checks: for AsyncLock and EventDispatcher, which check their arguments once and
+    # yield once themselves (the yield rule) before calling one, on their lean path for exactly
+    # this class (see docs/decisions.md, "A lean path on MemoryState"). Same atomicity: each is
+    # one step under the mutex.
+
+    def _acquire_now(self, key: str, owner: str, ttl: float) -> Grant:
+        """``acquire(key, owner, ttl)`` without its yield (the caller yielded)."""
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            return self._take(key, owner, ttl, now, waiting=False)
+
+    def _token_now(self, key: str, owner: str, ttl: float) -> int | None:
+        """``_acquire_now`` answering only the token (``None``: busy), for AsyncLock's lean path."""
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            held = self._live(key, now)
+            if held is None:
+                return self._grant(key, owner, now + ttl)
+            return held.token if held.owner == owner else None
+
+    def _acquire_claimed_now(
+        self, key: str, owner: str, ttl: float, claim: str, claim_ttl: float
     ) -> Grant | None:
-        """See :meth:`asynclock.state.ClaimingState.acquire_claimed`."""
-        await asyncio.sleep(0)
+        """``acquire_claimed`` without its yield (the caller yielded)."""
         with self._mutex:
             now = self._clock()
             self._sweep(now)
             if not self._add(claim, now, claim_ttl, owner):
                 return None
             return self._take(key, owner, ttl, now, waiting=False)
+
+    def _claim_and_acquire_now(
+        self, key: str, owner: str, ttl: float, claim: str | None, claim_ttl: float
+    ) -> int | None:
+        """``acquire_claimed`` (``acquire`` without ``claim``) for the dispatcher's lean path.
+
+        Returns the fencing token; ``0`` when the key is busy, which records nothing (the lean
+        path then hands over to the general one, which asks again); ``None`` for a duplicate.
+
+        Neither the lock nor the claim goes on the sweep's heap: the lean path releases the
+        lock and marks the claim done (or forgets it) itself before the dispatch returns, and
+        a renewal (past ``lock_ttl / 3``) schedules what it extends, as every renewal does.
+        """
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            held = self._live(key, now)
+            if held is not None and held.owner != owner:
+                return 0
+            if claim is not None and not self._add(claim, now, claim_ttl, owner, sweep=False):
+                return None
+            if held is not None:
+                return held.token
+            return self._grant(key, owner, now + ttl, sweep=False)
+
+    def _release_now(
+        self,
+        key: str,
+        owner: str,
+        claim: str | None = None,
+        claim_ttl: float = 0.0,
+        successor: str | None = None,
+        ttl: float | None = None,
+    ) -> Release:
+        """``release`` (``release_claimed`` with ``claim``) without its yield."""
+        with self._mutex:
+            now = self._clock()
+            if claim is not None:
+                self._keep(claim, now, now + claim_ttl)
+            return self._release(key, owner, successor, ttl, now)
+
+    async def acquire_claimed(
+        self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
+    ) -> Grant | None:
+        """See :meth:`asynclock.state.ClaimingState.acquire_claimed`."""
+        await asyncio.sleep(0)
+        return self._acquire_claimed_now(key, owner, ttl, claim, claim_ttl)
 
     async def fair_acquire(
         self, key: str, owner: str, ttl: float, *, turn: str, hold: float
@@ -282,8 +356,14 @@ class MemoryState(ClosesOnExit):
             held.flagged_by = id(asyncio.get_running_loop())
         return Grant(None, held.expires_at - now)
 
-    def _add(self, key: str, now: float, ttl: float, owner: str | None = None) -> bool:
-        """The body of ``dedupe_add``, under the mutex; ``owner`` for a claim (forget_claimed)."""
+    def _add(
+        self, key: str, now: float, ttl: float, owner: str | None = None, *, sweep: bool = True
+    ) -> bool:
+        """The body of ``dedupe_add``, under the mutex; ``owner`` for a claim (forget_claimed).
+
+        ``sweep=False`` (also for ``_grant``): the caller is bound to replace or delete the entry
+        itself, so its deadline need not go on the sweep's heap (it still expires on access).
+        """
         expires_at = self._dedupe.get(key)
         if expires_at is not None and expires_at > now:
             return False
@@ -292,7 +372,8 @@ class MemoryState(ClosesOnExit):
             self._claim_owners.pop(key, None)
         else:
             self._claim_owners[key] = owner
-        self._schedule(now + ttl, False, key)
+        if sweep:
+            self._schedule(now + ttl, False, key)
         return True
 
     async def release(
@@ -330,7 +411,9 @@ class MemoryState(ClosesOnExit):
             assert ttl is not None
             return Release(True, self._grant(key, successor, now + ttl))
         del self._locks[key]
-        self._notify(key)
+        watchers = self._watchers.get(key)
+        if watchers:
+            self._wake(watchers)
         return _RELEASED
 
     async def abandon(self, key: str, owner: str) -> None:
@@ -629,3 +712,28 @@ class MemoryState(ClosesOnExit):
     def size(self) -> tuple[int, int]:
         """``(locks, dedupe records)`` currently stored, expired ones included until swept."""
         return len(self._locks), len(self._dedupe)
+
+
+#: the async steps whose bodies the lean path calls directly (the ``*_now`` methods)
+_OWN_STEPS = (
+    MemoryState.acquire,
+    MemoryState.acquire_claimed,
+    MemoryState.release,
+    MemoryState.release_claimed,
+)
+
+
+def own_steps() -> bool:
+    """Whether MemoryState's async steps are still its own, so the lean path may skip them.
+
+    Instrumentation (a test's spy, a fault injected for a test) replaces them on the class; the
+    lean path must then go through them like every other path.
+    """
+    cls = MemoryState
+    acquire, acquire_claimed, release, release_claimed = _OWN_STEPS
+    return (
+        cls.acquire is acquire
+        and cls.acquire_claimed is acquire_claimed
+        and cls.release is release
+        and cls.release_claimed is release_claimed
+    )

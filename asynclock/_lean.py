@@ -1,0 +1,141 @@
+"""The dispatcher's lean path on MemoryState: one record per event instead of a lock's machinery.
+
+The common case of an embedded dispatcher is a fresh event on a free key, handled in well under
+``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it yields
+once (the yield rule), then claims the event and takes the lock in one MemoryState step without
+an await, runs the handlers, and releases (marking the claim done) in one more step, which hands
+the lock to the next waiter of this process's line if there is one, as every release does. A
+:class:`LeanHold` is all that exists meanwhile: the ticket in the key's line and one cheap timer.
+
+What only a long handler needs is made when the timer fires at ``lock_ttl / 3``: an
+:class:`AsyncLock` that takes the acquisition over (:meth:`AsyncLock._adopt_held`: it renews the
+lock from then on, cancels the body if the lock is lost, and releases it on the way out exactly
+as ``async with`` does) and the claim's lease renewal. From that moment on the event is where the
+general path would have it, so every guarantee is the general path's.
+
+Invariants: the lean path runs only for exactly :class:`MemoryState` with its own steps
+(:func:`asynclock.state.memory.own_steps`), a key nobody of this process is in line for, and
+never touches the state before its yield; a busy key (held from another thread's loop, or by a
+direct state call) records nothing and hands the ticket, still first in line, to the general
+path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from asynclock import metrics as _metrics
+from asynclock._cancel import BodyCanceller, body_entered
+from asynclock._errors import LockLostError
+from asynclock._lock import AsyncLock
+from asynclock._timers import arm, disarm
+from asynclock._waiters import Ticket, release_now
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from asynclock._claim import EventClaim
+    from asynclock._timers import Bucket
+    from asynclock._waiters import Line
+    from asynclock.state._protocol import Release
+    from asynclock.state.memory import MemoryState
+
+logger = logging.getLogger("asynclock")
+
+
+class LeanHold(Ticket):
+    """One event's hold of its key on the lean path: its ticket in the key's line, from the
+    place taken on arrival through the grant (:meth:`held`) to the release."""
+
+    # the hold is its own timer entry (fires ``_due``), so an event arms no Timer object
+    __slots__ = (
+        "_bucket",
+        "_claim",
+        "_entered",
+        "_line",
+        "_state",
+        "callback",
+        "due",
+        "lock",
+        "token",
+    )
+
+    _bucket: Bucket
+    due: float
+    callback: Callable[[], None]
+
+    def __init__(self, state: MemoryState, line: Line, owner: str, ttl: float) -> None:
+        Ticket.__init__(self, owner, ttl)
+        self._state = state
+        self._line = line
+        self.token = 0
+        self._claim: EventClaim | None = None
+        #: the AsyncLock that took the acquisition over, once the first renewal was due
+        self.lock: AsyncLock | None = None
+
+    def held(self, token: int, claim: EventClaim | None, task: asyncio.Task[object]) -> None:
+        """The lock was granted (``token``), to be renewed from ``lock_ttl / 3`` on."""
+        self.token = token
+        self._claim = claim
+        self.expires = self.asked_at + self.ttl  # as Line.hold: never later than the state's
+        self._entered = body_entered(task)  # for the BodyCanceller, made only when due
+        arm(self, self.ttl / 3, self._due)
+
+    def _due(self) -> None:
+        """A long handler: from now on an AsyncLock renews the lock, and the claim's lease too."""
+        lock = AsyncLock._ttl_checked(self._state, self._line.key, self.ttl, auto_renew=True)
+        body = BodyCanceller(self._entered)
+        lock._adopt_held(self._line, self, self.token, self.asked_at, body)
+        self.lock = lock
+        if self._claim is not None:
+            self._claim.keep(self._state, self.ttl, due_now=True)
+
+    async def failed(self, error: BaseException) -> None:
+        """The handlers raised ``error``: release the lock (the caller forgets the claim)."""
+        if self.lock is not None:
+            await self.lock.__aexit__(type(error), error, error.__traceback__)
+            return
+        disarm(self)
+        if not self._release(None, 0.0).owned:
+            logger.warning(
+                "asynclock: lock %r had expired before its body finished",
+                self._line.key,
+                extra={"lock_key": self._line.key, "owner": self.owner},
+            )
+
+    def handled_at_once(self, done_ttl: float) -> bool:
+        """The handlers returned: release the lock now (or hand it to the next waiter), marking
+        the claim done in the same step; ``False`` when an AsyncLock took the acquisition over
+        (a long handler): then :meth:`handled` is to be awaited instead.
+
+        Raises:
+            LockLostError: the lock had expired before the release (the claim is then still
+                to be marked done by a call of its own).
+        """
+        if self.lock is not None:
+            return False
+        disarm(self)
+        claim = self._claim
+        if not self._release(claim, done_ttl).owned:
+            raise LockLostError(self._line.key, self.owner)
+        if claim is not None:
+            claim.done_in_release()
+        return True
+
+    async def handled(self, done_ttl: float) -> None:
+        """:meth:`handled_at_once` for an acquisition an AsyncLock took over."""
+        lock, claim = self.lock, self._claim
+        assert lock is not None
+        if claim is not None:
+            await claim.settle_in_release(lock, self._state, done_ttl)
+        await lock.__aexit__(None, None, None)
+
+    def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
+        claim_key = claim.key if claim is not None else None
+        result = release_now(self._state, self._line, self, claim_key, claim_ttl)
+        if _metrics._sink is not None:
+            held = asyncio.get_running_loop().time() - self.asked_at
+            _metrics.report("lock_released", self._line.key, held)
+        return result
