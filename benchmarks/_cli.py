@@ -104,7 +104,7 @@ python -m benchmarks sql-dispatcher     # ~1 min: EventDispatcher on PostgreSQL 
 python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
                                        # single Redis vs a private 3-master Redis Cluster
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
-python -m benchmarks held --write       # ~2-3 min: a pair alone vs with 10,000 locks held,
+python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
 ```
 

@@ -1,30 +1,25 @@
 """Scenario ``held``: the cost of a pair while the same task holds 10,000 other locks (#16).
 
-One task per backend takes ``HELD`` locks (one key each) and keeps them; the same task times
-uncontended acquire+release pairs, a new lock object per pair on 16 rotating keys (as
-``tests/unit/test_lock_scaling.py`` and ``tests/conformance/test_lock_scaling.py`` do), gives
-the locks back and times the same pairs alone. A round is:
+One task (the scenario's own) times uncontended acquire+release pairs, a new lock object per
+pair on 16 rotating keys (as ``tests/unit/test_lock_scaling.py`` and
+``tests/conformance/test_lock_scaling.py`` do), then takes ``HELD`` locks (one key each) and
+keeps them, times the same pairs *with them held*, gives them back and times the pairs alone
+again. Backends are run one after another (the starting one rotates every round), so while one
+is timed no other lock is held anywhere in the process, and a held timing sits between two alone
+timings of the same backend a few seconds apart: the ratio divides it by their mean, so a load
+that drifts over those seconds moves both sides alike. Taking and giving back the 10,000 is not
+timed (on MariaDB that is ~10 s each way, most of the scenario's run time).
 
-1. every backend's task takes its 10,000 locks, all backends at once (untimed: MariaDB's
-   10,000 acquires alone take ~10 s, and the run has to stay within a few minutes);
-2. each backend's pairs are timed in turn (the others wait), *with 10,000 held*;
-3. every backend gives its 10,000 back, at once;
-4. each backend's pairs are timed in turn, *alone*.
-
-So every "held" timing follows a burst of 10,000 acquires and every "alone" timing a burst of
-10,000 releases: what a server still does after such a burst (MariaDB's purge, PostgreSQL's
-autovacuum) falls on both sides, and the ratio held / alone is taken within the round. While one
-backend is timed with its locks held, the other backends' tasks hold theirs too: the process then
-holds ~60,000 locks (the target says "the same task or process").
-
-The garbage collector is paused while timing: with 60,000 lock objects alive, a collection that
-falls inside one timing would be counted as bookkeeping. The peer, in the same run: redis-py's
-asyncio ``Lock``, held and timed the same way on the same Redis server.
+Each timing is ``CHUNKS`` chunks of pairs back to back with the garbage collector paused (with
+10,000 lock objects alive, a collection inside one timing would be counted as bookkeeping); the
+fastest chunk is the headline (other work on the shared machine only ever adds time, in bursts:
+the tests take the lowest of five timings for the same reason), the mean of every chunk is kept
+beside it. The peer, in the same run: redis-py's asyncio ``Lock``, held and timed the same way on
+the same Redis server.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import os
@@ -48,13 +43,11 @@ if TYPE_CHECKING:
 
     #: ``(key, ttl)`` -> a new lock object with awaitable ``acquire()`` and ``release()``
     NewLock = Callable[[str, float], Any]
-    #: one of a :class:`Holder`'s steps, run in its task
-    Step = Callable[[], Awaitable[Metrics]]
 
 HELD = 10_000
 PAIR_KEYS = 16
 #: the held locks must outlive a round (take, every timing, give) on a loaded machine
-HELD_TTL = 600.0
+HELD_TTL = 180.0
 PAIR_TTL = 30.0
 WARMUP = 50
 #: each timing is this many chunks of pairs (see ``Holder.timed``)
@@ -79,10 +72,10 @@ ASYNCLOCK_ROWS = (
 
 
 class Holder:
-    """One backend's task: it takes the ``HELD`` locks, times pairs and gives the locks back.
+    """One backend's row: how to make its locks, how many pairs a chunk has, how to close it.
 
-    Every step runs in the one task :meth:`start` creates, so the pairs are timed in the task
-    that holds the locks (asynclock keeps its bookkeeping per task).
+    Every method runs in the caller's task, so the pairs are timed in the task that holds the
+    locks (asynclock keeps its bookkeeping per task).
     """
 
     def __init__(
@@ -97,29 +90,8 @@ class Holder:
         self.held_keys = [f"{prefix}held-{n}" for n in range(HELD)]
         self.pair_keys = [f"{prefix}pair-{n}" for n in range(PAIR_KEYS)]
         self.held: list[Any] = []
-        self.steps: asyncio.Queue[tuple[Step, asyncio.Future[Metrics]]] = asyncio.Queue()
-        self.task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._serve(), name=f"held: {_tag(self.name)}")
-
-    async def _serve(self) -> None:
-        while True:
-            step, done = await self.steps.get()
-            try:
-                done.set_result(await step())
-            except Exception as exc:  # noqa: BLE001 (handed to the caller, which drops the row)
-                done.set_exception(exc)
-            if step == self._stop:
-                return
-
-    async def run(self, step: Step) -> Metrics:
-        """Run ``step`` (one of the methods below) in this holder's task; what it measured."""
-        done: asyncio.Future[Metrics] = asyncio.get_running_loop().create_future()
-        await self.steps.put((step, done))
-        return await done
-
-    async def take(self) -> Metrics:
+    async def take(self) -> float:
         """Acquire the ``HELD`` locks; the seconds it took."""
         new, t0 = self.new_lock, time.perf_counter()
         for key in self.held_keys:
@@ -127,34 +99,28 @@ class Holder:
             if not await lock.acquire():
                 raise RuntimeError(f"{key!r} refused while taking the {HELD:,} locks")
             self.held.append(lock)
-        return {"take_s": time.perf_counter() - t0}
+        return time.perf_counter() - t0
 
-    async def give(self) -> Metrics:
+    async def give(self) -> float:
         """Release every held lock; the seconds it took."""
         t0 = time.perf_counter()
         while self.held:
             await self.held.pop().release()
-        return {"give_s": time.perf_counter() - t0}
+        return time.perf_counter() - t0
 
-    async def warm(self) -> Metrics:
+    async def warm(self) -> None:
         """Connections, scripts, schema and code paths, before anything is timed."""
-        return {"us": await self._pairs(WARMUP)}
+        await self._pairs(WARMUP)
 
-    async def timed(self) -> Metrics:
-        """µs per pair: the fastest of ``CHUNKS`` runs of ``self.pairs`` pairs (``us``), and
-        over all of them (``us_all``); the garbage collector paused.
-
-        Other work on the shared machine only ever adds time, and it comes in bursts: the
-        fastest chunk is the pair's cost with the least of it (the tests take the lowest of
-        five timings for the same reason); ``us_all`` keeps what the bursts cost.
-        """
+    async def timed(self) -> tuple[float, float]:
+        """µs per pair: the fastest of ``CHUNKS`` chunks and the mean over all of them."""
         gc.collect()
         gc.disable()
         try:
             chunks = [await self._pairs(self.pairs) for _ in range(CHUNKS)]
         finally:
             gc.enable()
-        return {"us": min(chunks), "us_all": sum(chunks) / CHUNKS}
+        return min(chunks), sum(chunks) / CHUNKS
 
     async def _pairs(self, n: int) -> float:
         new, keys, misses = self.new_lock, self.pair_keys, 0
@@ -169,20 +135,31 @@ class Holder:
             raise RuntimeError(f"{misses} of {n} uncontended acquires refused")
         return wall / n * 1e6
 
-    async def _stop(self) -> Metrics:
-        return await self.give()
+    async def cycle(self) -> Metrics:
+        """One round: alone, take the locks, held, give them back, alone again."""
+        before, before_all = await self.timed()
+        take_s = await self.take()
+        held, held_all = await self.timed()
+        give_s = await self.give()
+        after, after_all = await self.timed()
+        alone, alone_all = (before + after) / 2, (before_all + after_all) / 2
+        return {
+            "us_alone": alone,
+            "us_held": held,
+            "ratio": held / alone,
+            "ratio_all": held_all / alone_all,
+            "us_before": before,
+            "us_after": after,
+            "take_s": take_s,
+            "give_s": give_s,
+        }
 
     async def stop(self) -> None:
-        """Give back what is still held (after a failure), end the task, close the client."""
+        """Give back what is still held (after a failure) and close the client."""
         try:
-            if self.task is not None and not self.task.done():
-                await self.run(self._stop)
+            await self.give()
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
             log(f"held: {_tag(self.name)}: giving the locks back failed: {exc!r}")
-        if self.task is not None:
-            self.task.cancel()  # ended already unless the give-back failed
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
         try:
             await self.close()
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
@@ -258,73 +235,32 @@ def _holders(cfg: Config, api: Asynclock, prefix: str, cluster: str | None) -> l
     return holders
 
 
-async def _each(
-    holders: list[Holder],
-    step: Callable[[Holder], Step],
-    *,
-    together: bool,
-) -> dict[Holder, Metrics | BaseException]:
-    """``step`` of every holder, all at once or one after another; what it measured or why it
-    failed, each."""
-    if together:
-        done = await asyncio.gather(*(h.run(step(h)) for h in holders), return_exceptions=True)
-        return dict(zip(holders, done, strict=True))
-    out: dict[Holder, Metrics | BaseException] = {}
-    for holder in holders:
-        try:
-            out[holder] = await holder.run(step(holder))
-        except Exception as exc:  # noqa: BLE001, PERF203 (the row is dropped, the run goes on)
-            out[holder] = exc
-    return out
-
-
-async def _drop_failed(
-    results: dict[Holder, Metrics | BaseException], live: list[Holder], rounds: Rounds, what: str
-) -> dict[Holder, Metrics]:
-    """The metrics of ``results``; a holder whose step failed is skipped, stopped, dropped."""
-    ok: dict[Holder, Metrics] = {}
-    for holder, value in results.items():
-        if isinstance(value, BaseException):
-            reason = f"{what}: {type(value).__name__}: {value}".splitlines()[0]
-            rounds.skip(holder.name, reason)
-            log(f"held: {_tag(holder.name)} dropped ({reason})")
-            live.remove(holder)
-            await holder.stop()
-        else:
-            ok[holder] = value
-    return ok
-
-
 def _tag(name: str) -> str:
     """A row's backend, for progress lines."""
     return dict(ASYNCLOCK_ROWS).get(name, short(name))
 
 
+async def _drop(
+    holder: Holder, live: list[Holder], rounds: Rounds, what: str, exc: Exception
+) -> None:
+    reason = f"{what}: {type(exc).__name__}: {exc}".splitlines()[0]
+    rounds.skip(holder.name, reason)
+    log(f"held: {_tag(holder.name)} dropped ({reason})")
+    live.remove(holder)  # a row that failed once is not run again
+    await holder.stop()
+
+
 async def _round(live: list[Holder], rounds: Rounds, r: int) -> None:
-    metrics: dict[Holder, Metrics] = {h: {} for h in live}
-    # (step, suffix of its metrics' names, all holders at once)
-    steps: list[tuple[Callable[[Holder], Step], str, bool]] = [
-        (lambda h: h.take, "", True),
-        (lambda h: h.timed, "_held", False),
-        (lambda h: h.give, "", True),
-        (lambda h: h.timed, "_alone", False),
-    ]
-    for step, suffix, together in steps:
-        order = live if together else rotated(live, r)
-        what = f"round {r + 1}" + (f", timing{suffix.replace('_', ' ')}" if suffix else "")
-        done = await _drop_failed(await _each(order, step, together=together), live, rounds, what)
-        for holder, measured in done.items():
-            metrics[holder].update({k + suffix: v for k, v in measured.items()})
-    for holder in live:
-        m = metrics[holder]
-        m["ratio"] = m["us_held"] / m["us_alone"]
-        m["ratio_all"] = m["us_all_held"] / m["us_all_alone"]
+    parts = []
+    for holder in rotated(live, r):
+        try:
+            m = await holder.cycle()
+        except Exception as exc:  # noqa: BLE001 (the row is dropped, the run goes on)
+            await _drop(holder, live, rounds, f"round {r + 1}", exc)
+            continue
         rounds.add(holder.name, m)
-    summary = ", ".join(
-        f"{_tag(h.name)}: {metrics[h]['us_alone']:,.0f} -> {metrics[h]['us_held']:,.0f} µs"
-        for h in live
-    )
-    log(f"held round {r + 1}: {summary}")
+        parts.append(f"{_tag(holder.name)}: {m['us_alone']:,.0f} -> {m['us_held']:,.0f} µs")
+    log(f"held round {r + 1}: {', '.join(parts)}")
 
 
 async def run(cfg: Config, api: Asynclock | str) -> Section:
@@ -349,10 +285,11 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         else:
             live = _holders(cfg, api, prefix, cluster)
         try:
-            for holder in live:
-                holder.start()
-            warm = await _each(live, lambda h: h.warm, together=False)
-            await _drop_failed(warm, live, rounds, "warm-up")
+            for holder in list(live):
+                try:
+                    await holder.warm()
+                except Exception as exc:  # noqa: BLE001, PERF203 (the row is dropped)
+                    await _drop(holder, live, rounds, "warm-up", exc)
             with _progress.step("held rounds", rounds_n) as bar:
                 for r in range(rounds_n):
                     if not live:
@@ -400,22 +337,20 @@ def _section(rounds: Rounds, rounds_n: int, facts: list[tuple[str, str]], starte
         "",
         (
             f"Scenario `held` (#16: a pair must cost the same however many locks the task holds, "
-            f"<= {TARGET}x with {HELD:,} held). Per backend one task takes {HELD:,} locks (one "
-            f"key each, TTL {HELD_TTL:.0f} s) and keeps them, then times uncontended "
-            f"acquire+release pairs on {PAIR_KEYS} rotating keys, a new lock object per pair "
-            f"(TTL {PAIR_TTL:.0f} s); it gives the {HELD:,} back and times the same pairs alone. "
-            f"{rounds_n} rounds of: every backend takes its locks (all backends at once, "
-            "untimed), each backend's pairs timed in turn *with the locks held*, every backend "
-            "gives its locks back (at once), each backend's pairs timed in turn *alone*; the "
-            "starting backend rotates. So each held timing follows 10,000 acquires and each "
-            "alone timing 10,000 releases, and the ratio is taken within the round. While one "
-            "backend is timed, the others' tasks hold their locks too (the process holds "
-            f"~60,000). Each timing is {CHUNKS} chunks of pairs back to back, the garbage "
-            "collector paused; the µs columns and *held ÷ alone* use each timing's fastest "
-            "chunk (the shared machine's other load only ever adds time, in bursts: the "
-            "lowest of several timings, as in the tests), the last column the mean over all "
-            "its chunks. Cells: median (min-max) over the rounds, ratios taken within each "
-            f"round. Started {started}."
+            f"<= {TARGET}x with {HELD:,} held). Per backend and round, one task times "
+            f"uncontended acquire+release pairs on {PAIR_KEYS} rotating keys, a new lock object "
+            f"per pair (TTL {PAIR_TTL:.0f} s), *alone*; takes {HELD:,} locks (one key each, TTL "
+            f"{HELD_TTL:.0f} s, untimed) and keeps them; times the same pairs *with the "
+            f"{HELD:,} held*; gives them back (untimed) and times the pairs *alone* again. "
+            "*alone* is the mean of the two timings around the held one, so a load that drifts "
+            "over those seconds moves both sides alike. Backends run one after another, the "
+            "starting one rotating each round: nothing else is held in the process meanwhile. "
+            f"Each timing is {CHUNKS} chunks of pairs back to back, the garbage collector "
+            "paused; the µs columns and *held ÷ alone* use each timing's fastest chunk (the "
+            "shared machine's other load only ever adds time, in bursts: the lowest of several "
+            "timings, as in the tests), the last column the mean over all chunks. "
+            f"{rounds_n} round{'s' if rounds_n > 1 else ''}; cells: median (min-max) over the "
+            f"rounds, ratios taken within each round. Started {started}."
         ),
         "",
         kv_table(facts),
