@@ -30,7 +30,16 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 
 from benchmarks import _cluster, _progress
-from benchmarks._env import KEY_ROOT, Asynclock, Config, is_loopback_url, log, now_utc, short
+from benchmarks._env import (
+    KEY_ROOT,
+    Asynclock,
+    Config,
+    background_rate,
+    is_loopback_url,
+    log,
+    now_utc,
+    short,
+)
 from benchmarks._report import Column, Headlines, Metrics, Rounds, Section, kv_table, table
 from benchmarks._rounds import rotated
 from benchmarks._sql import _general_facts
@@ -271,6 +280,12 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     rounds.declare(REDISPY)
     started, t0, load = now_utc(), time.monotonic(), os.getloadavg()
     facts = await _general_facts(cfg, api)
+    monitor = redis.asyncio.Redis.from_url(cfg.url)
+    try:  # the Redis server is shared: other clients' traffic moves the Redis rows
+        others = f"{await background_rate(monitor):,.0f} commands/s"
+    finally:
+        await monitor.aclose()
+    facts.append(("Redis server load from other clients before the run", others))
     prefix = f"{KEY_ROOT}:{cfg.run_id}:held:"  # every key and row of this run starts with it
     live: list[Holder] = []
     with contextlib.ExitStack() as stack:
