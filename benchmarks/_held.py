@@ -1,14 +1,14 @@
 """Scenario ``held``: the cost of a pair while the same task holds 10,000 other locks (#16).
 
-One task (the scenario's own) times uncontended acquire+release pairs, a new lock object per
-pair on 16 rotating keys (as ``tests/unit/test_lock_scaling.py`` and
-``tests/conformance/test_lock_scaling.py`` do), then takes ``HELD`` locks (one key each) and
-keeps them, times the same pairs *with them held*, gives them back and times the pairs alone
-again. Backends are run one after another (the starting one rotates every round), so while one
-is timed no other lock is held anywhere in the process, and a held timing sits between two alone
-timings of the same backend a few seconds apart: the ratio divides it by their mean, so a load
-that drifts over those seconds moves both sides alike. Taking and giving back the 10,000 is not
-timed (on MariaDB that is ~10 s each way, most of the scenario's run time).
+One task (the scenario's own) takes ``HELD`` locks (one key each) and keeps them, times
+uncontended acquire+release pairs, a new lock object per pair on 16 rotating keys (as
+``tests/unit/test_lock_scaling.py`` and ``tests/conformance/test_lock_scaling.py`` do), *with
+them held*, gives them back and times the same pairs *alone*; round after round, so the
+timings alternate held, alone, held, alone. Both timings of a round follow a burst of 10,000
+round trips of the same backend (the acquires, the releases), seconds apart. Backends are run
+one after another (the starting one rotates every round): while one is timed, nothing else is
+held in the process. Taking and giving back the 10,000 is not timed (on MariaDB that is ~5 s
+each way, most of the scenario's run time).
 
 Each timing is ``CHUNKS`` chunks of pairs back to back with the garbage collector paused (with
 10,000 lock objects alive, a collection inside one timing would be counted as bookkeeping); the
@@ -145,20 +145,22 @@ class Holder:
         return wall / n * 1e6
 
     async def cycle(self) -> Metrics:
-        """One round: alone, take the locks, held, give them back, alone again."""
-        before, before_all = await self.timed()
+        """One round: take the locks, time the pairs held, give the locks back, time alone.
+
+        Both timings follow a burst of ``HELD`` round trips of the same backend (the acquires,
+        the releases): a timing that followed other work instead (another backend's, or
+        nothing) would run in another state of the machine (a loopback round trip after a
+        burst of them was measured at ~2x one after the SQL rows' slower traffic).
+        """
         take_s = await self.take()
         held, held_all = await self.timed()
         give_s = await self.give()
-        after, after_all = await self.timed()
-        alone, alone_all = (before + after) / 2, (before_all + after_all) / 2
+        alone, alone_all = await self.timed()
         return {
             "us_alone": alone,
             "us_held": held,
             "ratio": held / alone,
             "ratio_all": held_all / alone_all,
-            "us_before": before,
-            "us_after": after,
             "take_s": take_s,
             "give_s": give_s,
         }
@@ -352,18 +354,21 @@ def _section(rounds: Rounds, rounds_n: int, facts: list[tuple[str, str]], starte
         "",
         (
             f"Scenario `held` (#16: a pair must cost the same however many locks the task holds, "
-            f"<= {TARGET}x with {HELD:,} held). Per backend and round, one task times "
+            f"<= {TARGET}x with {HELD:,} held). Per backend and round, one task takes {HELD:,} "
+            f"locks (one key each, TTL {HELD_TTL:.0f} s, untimed) and keeps them; times "
             f"uncontended acquire+release pairs on {PAIR_KEYS} rotating keys, a new lock object "
-            f"per pair (TTL {PAIR_TTL:.0f} s), *alone*; takes {HELD:,} locks (one key each, TTL "
-            f"{HELD_TTL:.0f} s, untimed) and keeps them; times the same pairs *with the "
-            f"{HELD:,} held*; gives them back (untimed) and times the pairs *alone* again. "
-            "*alone* is the mean of the two timings around the held one, so a load that drifts "
-            "over those seconds moves both sides alike. Backends run one after another, the "
-            "starting one rotating each round: nothing else is held in the process meanwhile. "
-            f"Each timing is {CHUNKS} chunks of pairs back to back, the garbage collector "
-            "paused; the µs columns and *held ÷ alone* use each timing's fastest chunk (the "
-            "shared machine's other load only ever adds time, in bursts: the lowest of several "
-            "timings, as in the tests), the last column the mean over all chunks. "
+            f"per pair (TTL {PAIR_TTL:.0f} s), *with the {HELD:,} held*; gives them back "
+            "(untimed) and times the same pairs *alone*. So the timings alternate held, alone, "
+            "held, alone, and each follows a burst of 10,000 round trips of its own backend "
+            "(the acquires, the releases): a first version that also timed the pairs before "
+            "taking the locks found that timing in another state of the machine (after the "
+            "previous backend's work, redis-py's pair took 120 µs, after a burst of its own "
+            "260 µs, held or not). Backends run one after another, the starting one rotating "
+            "each round: nothing else is held in the process meanwhile. Each timing is "
+            f"{CHUNKS} chunks of pairs back to back, the garbage collector paused; the µs "
+            "columns and *held ÷ alone* use each timing's fastest chunk (the shared machine's "
+            "other load only ever adds time, in bursts: the lowest of several timings, as in "
+            "the tests), the last column the mean over all chunks. "
             f"{rounds_n} round{'s' if rounds_n > 1 else ''}; cells: median (min-max) over the "
             f"rounds, ratios taken within each round. Started {started}."
         ),
