@@ -390,7 +390,10 @@ def _section(rounds: Rounds, rounds_n: int, facts: list[tuple[str, str]], starte
         ),
         (
             "- The machine's 2 vCPUs are shared with the servers and, during this run, other "
-            "work (the load average above): single timings move by ±30%, read the ratios."
+            "work (the load average above): a loopback round trip switches between two speeds "
+            "(about 2x apart) from one second to the next, so a single round of a server row "
+            "can read 0.5x or 2x. The redis-py row keeps no record per task and so should read "
+            "1.0x: its spread is the noise; read the medians against it."
         ),
     ]
     headlines = Headlines()
