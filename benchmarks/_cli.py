@@ -16,6 +16,7 @@ from benchmarks import (
     _dedupe,
     _dispatcher,
     _growth,
+    _held,
     _inbox,
     _memory,
     _plots,
@@ -59,8 +60,18 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox": _inbox.run,
     "inbox-sql": _sql_inbox.run,
     "sql-dispatcher": _sql_dispatcher.run,
+    "held": _held.run,
 }
-NEEDS_REDIS = {"uncontended", "contended", "dispatcher", "sql", "dedupe", "cluster", "inbox"}
+NEEDS_REDIS = {
+    "uncontended",
+    "contended",
+    "dispatcher",
+    "sql",
+    "dedupe",
+    "cluster",
+    "inbox",
+    "held",
+}
 
 PREAMBLE = """# Benchmarks
 
@@ -93,6 +104,8 @@ python -m benchmarks sql-dispatcher     # ~1 min: EventDispatcher on PostgreSQL 
 python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
                                        # single Redis vs a private 3-master Redis Cluster
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
+python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
+                                        # every backend and redis-py's Lock
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -249,9 +262,9 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql, cluster and inbox blocks carry their own environment (servers, drivers,
+        # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
         # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"])
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

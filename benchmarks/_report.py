@@ -170,6 +170,7 @@ _ORDER = (
     "cluster",
     "inbox",
     "inbox-sql",
+    "held",
 )
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
