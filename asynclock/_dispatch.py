@@ -34,8 +34,14 @@ from asynclock._owner import new_owner
 from asynclock._slots import RetrySlots
 from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock._waiters import line_for
-from asynclock.state._protocol import ClaimingState, DedupeReading, InboxState, State
-from asynclock.state.memory import MemoryState, own_steps
+from asynclock.state._protocol import (
+    ClaimingState,
+    DedupeReading,
+    ImmediateSteps,
+    InboxState,
+    State,
+    immediate_steps,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -209,8 +215,8 @@ class EventDispatcher:
         self._done_ttl = self._dedupe_ttl + self._lock_ttl
         self._freeing = FreeingEstimate()
         self._slots = RetrySlots(state)
-        #: the state, if it is exactly MemoryState: the lean path (``_lean.py``) may serve it
-        self._lean = state if type(state) is MemoryState else None
+        #: the state, if its steps need no await (MemoryState): the lean path (``_lean.py``)
+        self._lean = immediate_steps(state)
         #: the state as a ClaimingState, if it is one
         self._claiming = state if isinstance(state, ClaimingState) else None
         self._scope = lock_scope
@@ -485,7 +491,7 @@ class EventDispatcher:
             lean is not None
             and self._policy != "concurrent"
             and granted_reason() is None
-            and own_steps()
+            and lean._steps_are_own()
         ):
             line = line_for(lean, check_key(lock_key))
             if line.member is None and not line.waiters:
@@ -570,7 +576,7 @@ class EventDispatcher:
 
     async def _route_lean(
         self,
-        lean: MemoryState,
+        lean: ImmediateSteps,
         line: Line,
         event: Event,
         lock_key: str,

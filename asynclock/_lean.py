@@ -14,7 +14,7 @@ as ``async with`` does) and the claim's lease renewal. From that moment on the e
 general path would have it, so every guarantee is the general path's.
 
 Invariants: the lean path runs only for exactly :class:`MemoryState` with its own steps
-(:func:`asynclock.state.memory.own_steps`), a key nobody of this process is in line for, and
+(:class:`asynclock.state._protocol.ImmediateSteps`, its ``_steps_are_own()``), a key nobody of this process is in line for, and
 never touches the state before its yield; a busy key (held from another thread's loop, or by a
 direct state call) records nothing and hands the ticket, still first in line, to the general
 path.
@@ -39,8 +39,7 @@ if TYPE_CHECKING:
     from asynclock._claim import EventClaim
     from asynclock._timers import Bucket
     from asynclock._waiters import Line
-    from asynclock.state._protocol import Release
-    from asynclock.state.memory import MemoryState
+    from asynclock.state._protocol import ImmediateSteps, Release
 
 logger = logging.getLogger("asynclock")
 
@@ -66,7 +65,7 @@ class LeanHold(Ticket):
     due: float
     callback: Callable[[], None]
 
-    def __init__(self, state: MemoryState, line: Line, owner: str, ttl: float) -> None:
+    def __init__(self, state: ImmediateSteps, line: Line, owner: str, ttl: float) -> None:
         Ticket.__init__(self, owner, ttl)
         self._state = state
         self._line = line

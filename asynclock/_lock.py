@@ -38,8 +38,7 @@ from asynclock._waiters import (
     release_now,
     wait_for_turn,
 )
-from asynclock.state._protocol import Grant
-from asynclock.state.memory import MemoryState, own_steps
+from asynclock.state._protocol import Grant, immediate_steps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -194,9 +193,9 @@ class AsyncLock:
         self._timeout = timeout
         self._max_lifetime = max_lifetime
         self._state = state
-        # the lean path (docs/decisions.md): exactly MemoryState, whose steps need no await, so
-        # the lock yields once itself and acts at once; a subclass may override the async steps
-        self._lean = state if type(state) is MemoryState else None
+        # the lean path (docs/decisions.md): a state whose steps need no await (MemoryState),
+        # so the lock yields once itself and acts at once
+        self._lean = immediate_steps(state)
         self._blocking = blocking
         self._auto_renew = auto_renew
         self._owner = ""
@@ -326,7 +325,7 @@ class AsyncLock:
                 and lean is not None
                 and self._first_attempt is None
                 and current_turn() is None
-                and own_steps()
+                and lean._steps_are_own()
             ):
                 # the lean path: the line's member at once, one yield, one step
                 line.member = ticket
@@ -618,7 +617,7 @@ class AsyncLock:
             self._report(False, placed_at)
             return False
         lean = self._lean
-        if lean is not None and current_turn() is None and own_steps():
+        if lean is not None and current_turn() is None and lean._steps_are_own():
             # the lean path: one yield, then the first attempt as one step, without an await
             first, self._first_attempt_now = self._first_attempt_now, None
             self._first_attempt = None
@@ -822,7 +821,7 @@ class AsyncLock:
             if (
                 lean is not None
                 and (ticket.release_with is None or ticket.release_now)
-                and own_steps()
+                and lean._steps_are_own()
             ):
                 try:
                     await asyncio.sleep(0)  # the yield rule

@@ -31,8 +31,7 @@ from asynclock._cancel import clean_up
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from asynclock.state._protocol import Release, State
-    from asynclock.state.memory import MemoryState
+    from asynclock.state._protocol import ImmediateSteps, Release, State
 
     #: a release to send instead of the state's: ``(key, owner, successor, successor_ttl)``
     ReleaseStep: TypeAlias = Callable[[str, str, str | None, float | None], Awaitable[Release]]
@@ -208,7 +207,11 @@ async def wait_for_turn(future: asyncio.Future[int | None], until: float) -> Non
 
 
 def release_now(
-    state: MemoryState, line: Line, ticket: Ticket, claim: str | None = None, claim_ttl: float = 0.0
+    state: ImmediateSteps,
+    line: Line,
+    ticket: Ticket,
+    claim: str | None = None,
+    claim_ttl: float = 0.0,
 ) -> Release:
     """:func:`release_chain` on MemoryState's lean path, without an await: the caller yielded.
 

@@ -239,6 +239,22 @@ class MemoryState(ClosesOnExit):
     # this class (see docs/decisions.md, "A lean path on MemoryState"). Same atomicity: each is
     # one step under the mutex.
 
+    def _steps_are_own(self) -> bool:
+        """Whether this class's async steps are MemoryState's own (see ImmediateSteps).
+
+        Instrumentation (a test's spy, a fault injected for a test) replaces them on the class,
+        and a subclass may override them; the lean path must then go through them like every
+        other path.
+        """
+        cls = type(self)
+        acquire, acquire_claimed, release, release_claimed = _OWN_STEPS
+        return (
+            cls.acquire is acquire
+            and cls.acquire_claimed is acquire_claimed
+            and cls.release is release
+            and cls.release_claimed is release_claimed
+        )
+
     def _acquire_now(self, key: str, owner: str, ttl: float) -> Grant:
         """``acquire(key, owner, ttl)`` without its yield (the caller yielded)."""
         with self._mutex:
@@ -721,19 +737,3 @@ _OWN_STEPS = (
     MemoryState.release,
     MemoryState.release_claimed,
 )
-
-
-def own_steps() -> bool:
-    """Whether MemoryState's async steps are still its own, so the lean path may skip them.
-
-    Instrumentation (a test's spy, a fault injected for a test) replaces them on the class; the
-    lean path must then go through them like every other path.
-    """
-    cls = MemoryState
-    acquire, acquire_claimed, release, release_claimed = _OWN_STEPS
-    return (
-        cls.acquire is acquire
-        and cls.acquire_claimed is acquire_claimed
-        and cls.release is release
-        and cls.release_claimed is release_claimed
-    )
