@@ -14,6 +14,10 @@ Vocabulary used in every docstring below:
 * **owner**: an opaque string unique per acquisition (see ``asynclock._owner``).
 * **token**: the fencing token: an ``int`` that is strictly greater than every token issued
   before for the same key by the same backend.
+
+Size: over 500 lines, nearly all of them docstrings: this module is the contract, one
+protocol per capability, and every method states what is atomic, against whom, and which
+clock decides. Splitting it would scatter the one page a backend author reads.
 """
 
 from __future__ import annotations
