@@ -550,20 +550,24 @@ class TestWakeKill:
         await bounded(holding.wait(), "the holder's acquire", CALL_BOUND)
         served = asyncio.create_task(serve(AsyncLock(b, key, ttl=self.HOLD_TTL)))
 
-        async def bell_holds() -> bool:
-            return await sql.lock_holder(name) is not None
+        sessions: dict[str, int] = {}
 
-        async def ear_listens() -> bool:
-            return bool(await sql.running("IS_FREE_LOCK"))
-
-        await until(bell_holds, "the bell to hold the wake name", within=3.0)
-        await until(ear_listens, "the ear to wait on the wake name", within=3.0)
-        if victim == "ear":
-            (session,) = await sql.running("IS_FREE_LOCK")
-        else:
+        async def bell_holds_and_ear_listens() -> bool:
+            # both seen in one look: the sessions killed below are the ones seen here, so
+            # a bell that dropped and took the name again meanwhile is not mistaken for none
             bell = await sql.lock_holder(name)
-            assert bell is not None
-            session = bell
+            ears = await sql.running("IS_FREE_LOCK")
+            if bell is None or len(ears) != 1:
+                return False
+            sessions["bell"], (sessions["ear"],) = bell, ears
+            return True
+
+        await until(
+            bell_holds_and_ear_listens,
+            "the bell to hold the wake name and the ear to wait on it",
+            within=3.0,
+        )
+        session = sessions[victim]
         await sql.kill(session)
         go.set()
         released_at = await bounded(held, "the holder's release", CALL_BOUND)
