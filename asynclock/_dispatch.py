@@ -494,8 +494,14 @@ class EventDispatcher:
             and lean._steps_are_own()
         ):
             line = line_for(lean, check_key(lock_key))
-            if line.member is None and not line.waiters:
-                return self._route_lean(lean, line, event, lock_key, claim, submitted=submitted)
+            if line.member is None:
+                if not line.waiters:
+                    return self._route_lean(lean, line, event, lock_key, claim, submitted=submitted)
+            elif self._policy == "queue" and self._queue_timeout is None:
+                # busy in this loop: wait in its line, lean too (no timeout to time)
+                return self._route_lean(
+                    lean, line, event, lock_key, claim, submitted=submitted, queued=True
+                )
         return self._route(event, lock_key, claim, submitted=submitted)
 
     async def _route(
@@ -583,11 +589,14 @@ class EventDispatcher:
         claim: EventClaim | None,
         *,
         submitted: bool,
+        queued: bool = False,
     ) -> Outcome:
-        """:meth:`_route` for a key nobody of this process is in line for, on MemoryState.
+        """:meth:`_route` for a key nobody of this process is in line for, on MemoryState;
+        ``queued``: for a key busy in this loop, under the ``queue`` policy (no timeout).
 
-        One yield, one step to claim the event and take the lock, the handlers, one step to
-        release the lock and mark the claim done: see ``_lean.py``.
+        One yield (a queued event: its wait in the key's line), one step to claim the event and
+        take the lock (a queued event: the lock was handed over, the claim is taken then), the
+        handlers, one step to release the lock and mark the claim done: see ``_lean.py``.
         """
         ttl = self._lock_ttl
         loop = asyncio.get_running_loop()
@@ -595,28 +604,45 @@ class EventDispatcher:
         if task is None:
             raise RuntimeError("dispatch() must run in an asyncio task")
         hold = LeanHold(lean, line, new_owner(task), ttl)
-        line.member = hold  # the event's place in the key's line, taken on arrival
-        hold.asked_at = loop.time()
-        try:
-            await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
-        except BaseException:
-            line.leave(hold)
-            raise
+        arrived = hold.asked_at = loop.time()
         owner = hold.owner
         claim_key = claim.key if claim is not None else None
-        token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
-        if token is None:
-            line.leave(hold)
-            return _DUPLICATE
+        if queued:
+            try:
+                await hold.queue(loop)
+            except BaseException:
+                hold.left_queue()
+                raise
+            handed = hold.handed()
+            token = handed
+            if handed is not None and claim_key is not None:
+                # the claim, in the step right after the handover (the lock is ours: only the
+                # claim can refuse, a delivery of another loop having recorded it meanwhile)
+                token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
+                if token is None:
+                    hold._release(None, 0.0)
+                    return _DUPLICATE
+        else:
+            line.member = hold  # the event's place in the key's line, taken on arrival
+            try:
+                await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
+            except BaseException:
+                line.leave(hold)
+                raise
+            token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
+            if token is None:
+                line.leave(hold)
+                return _DUPLICATE
         if not token:  # held from elsewhere (another thread's loop, a direct state call)
             placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
             placed._adopt_place(line, hold)
-            return await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
+            outcome = await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
+            return Outcome.QUEUED if queued and outcome is _HANDLED else outcome
         if claim is not None:
             claim.recorded_by(owner)
         hold.held(token, claim, task)
         if _metrics._sink is not None:
-            _metrics.report("lock_acquired", lock_key, loop.time() - hold.asked_at, False)
+            _metrics.report("lock_acquired", lock_key, loop.time() - arrived, queued)
         handlers, with_context = self._handlers.with_context(event.type)
         handled = False
         try:
@@ -644,7 +670,7 @@ class EventDispatcher:
             if handled and claim is not None:
                 claim.release_failed()
             raise
-        return _HANDLED
+        return Outcome.QUEUED if queued else _HANDLED
 
     async def _claim_alone(self, claim: EventClaim) -> bool:
         """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""

@@ -82,6 +82,49 @@ class LeanHold(Ticket):
         self._entered = body_entered(task)  # for the BodyCanceller, made only when due
         arm(self, self.ttl / 3, self._due)
 
+    def queue(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int | None]:
+        """Wait in the key's line behind its member: the lean queued path (policy ``queue``).
+
+        The place is taken now, on arrival, at the end of the line (FIFO with every other waiter
+        of this loop, lean or not). Awaiting the returned future is the wait: no AsyncLock, no
+        loop timer (the member of this loop always hands the lock over or passes its turn on
+        when it releases, so no expiry needs watching), and the claim is taken only when the
+        lock is handed over. The future resolves to the handed-over token, or to ``None``: the
+        event is the member now and must contend (see :meth:`left_queue`).
+        """
+        future: asyncio.Future[int | None] = loop.create_future()
+        self.future = future
+        self._line.join(self)
+        return future
+
+    def handed(self) -> int | None:
+        """After the wait: the token handed over (the line's bookkeeping was done by the
+        releaser), or ``None``: promoted to contend, the ticket now the member without a lock."""
+        future = self.future
+        assert future is not None
+        self.future = None
+        token = future.result()
+        if token is not None:
+            self.asked_at = self.expires - self.ttl  # the releaser timed the handoff (Line.hold)
+        return token
+
+    def left_queue(self) -> None:
+        """The queued event was cancelled: leave the line, passing on what it was just given.
+
+        A lock handed over just before the cancellation is passed to the next waiter (or
+        released) at once, without an await, so the key is never left to a task that is gone.
+        """
+        future = self.future
+        self.future = None
+        if future is None or not future.done() or future.cancelled():
+            if future is not None:
+                future.cancel()
+            self._line.drop_waiter(self)
+        elif future.result() is None:  # promoted to contend, nothing on the state yet
+            self._line.leave(self)
+        else:
+            self._release(None, 0.0)
+
     def _due(self) -> None:
         """A long handler: from now on an AsyncLock renews the lock, and the claim's lease too."""
         lock = AsyncLock._ttl_checked(self._state, self._line.key, self.ttl, auto_renew=True)
