@@ -88,7 +88,7 @@ async def test_a_cancelled_queued_event_leaves_its_place_and_is_not_claimed() ->
         assert middle.cancelled()
         assert len(bot.waiting()) == 2
         bot.gate.set()
-        assert await asyncio.gather(holder, first, last) == [
+        assert list(await asyncio.gather(holder, first, last)) == [
             Outcome.HANDLED,
             Outcome.QUEUED,
             Outcome.QUEUED,
@@ -115,7 +115,7 @@ class _CancelOnRelease:
 
 async def test_cancelled_just_after_the_handover_passes_the_lock_on() -> None:
     sink = _CancelOnRelease()
-    previous = asynclock_metrics.set_metrics(sink)  # type: ignore[arg-type]
+    previous = asynclock_metrics.set_metrics(sink)
     try:
         async with MemoryState() as state:
             bot = Bot(state)
@@ -140,7 +140,7 @@ async def test_a_duplicate_arriving_while_queued_is_answered_at_once() -> None:
         assert await asyncio.wait_for(bot.dispatcher.dispatch(ev("q")), 5) is Outcome.DUPLICATE
         assert not queued.done()
         bot.gate.set()
-        assert await asyncio.gather(holder, queued) == [Outcome.HANDLED, Outcome.QUEUED]
+        assert list(await asyncio.gather(holder, queued)) == [Outcome.HANDLED, Outcome.QUEUED]
         assert bot.seen == ["h", "q"]
 
 
@@ -152,7 +152,7 @@ async def test_a_claim_recorded_elsewhere_while_queued_makes_a_duplicate_at_the_
         assert claim is not None
         assert await state.dedupe_add(claim.key, 60.0)  # as a delivery in another loop would
         bot.gate.set()
-        outcomes = await asyncio.wait_for(asyncio.gather(holder, taken, after), 5)
+        outcomes = list(await asyncio.wait_for(asyncio.gather(holder, taken, after), 5))
         assert outcomes == [Outcome.HANDLED, Outcome.DUPLICATE, Outcome.QUEUED]
         assert bot.seen == ["h", "z"]
         assert await state.inspect(KEY) is None
@@ -201,4 +201,4 @@ async def test_a_patched_state_keeps_the_general_path() -> None:
         holder, queued = await bot.start("h", "q")
         assert not any(type(w) is LeanHold for w in bot.waiting())
         bot.gate.set()
-        assert await asyncio.gather(holder, queued) == [Outcome.HANDLED, Outcome.QUEUED]
+        assert list(await asyncio.gather(holder, queued)) == [Outcome.HANDLED, Outcome.QUEUED]
