@@ -249,6 +249,18 @@ class EventClaim:
         if self._keeper is not None:
             await self._keeper.stop()
 
+    @property
+    def keeping(self) -> bool:
+        """Whether a lease renewal was started (so the done mark must wait for :meth:`stop_keeping`)."""
+        return self._keeper is not None
+
+    async def stop_keeping(self) -> None:
+        """Stop renewing the lease (none is on the wire once this returned); a later
+        :meth:`keep` starts again."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()
+
     async def finish(self, state: State, ttl: float) -> bool:
         """Handled: remember the event for the full dedupe ``ttl``; ``False`` if that failed."""
         await self._stop_keeping()

@@ -540,7 +540,8 @@ class EventDispatcher:
                 if self._claiming is not None:
                     # only the line's member asks the state now; a waiter's claim is recorded on
                     # its own below, so a waiter promoted later must not claim again with its lock
-                    if lock._first_in_line():
+                    if lock._first_in_line() and not claim.recorded:
+                        # (a lean queued event promoted to contend recorded its claim already)
                         claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
                 elif not await self._claim_alone(claim):  # duplicates are found before locking
                     await lock._leave_place()
@@ -594,9 +595,9 @@ class EventDispatcher:
         """:meth:`_route` for a key nobody of this process is in line for, on MemoryState;
         ``queued``: for a key busy in this loop, under the ``queue`` policy (no timeout).
 
-        One yield (a queued event: its wait in the key's line), one step to claim the event and
-        take the lock (a queued event: the lock was handed over, the claim is taken then), the
-        handlers, one step to release the lock and mark the claim done: see ``_lean.py``.
+        One yield, one step to claim the event and take the lock (a queued event: to record its
+        claim, then its wait in the key's line until the lock is handed over), the handlers,
+        one step to release the lock and mark the claim done: see ``_lean.py``.
         """
         ttl = self._lock_ttl
         loop = asyncio.get_running_loop()
@@ -606,23 +607,25 @@ class EventDispatcher:
         hold = LeanHold(lean, line, new_owner(task), ttl)
         arrived = hold.asked_at = loop.time()
         owner = hold.owner
-        claim_key = claim.key if claim is not None else None
         if queued:
+            turn = hold.queue(loop)  # the event's place in the key's line, taken on arrival
             try:
-                await hold.queue(loop)
+                await asyncio.sleep(0)  # the yield rule
+                if claim is not None:
+                    # recorded now, on arrival, as the general path records a waiter's claim:
+                    # a redelivery meanwhile (another dispatcher, another loop) is a duplicate
+                    if not lean._claim_now(claim.key, owner, ttl):
+                        hold.left_queue()
+                        return _DUPLICATE
+                    claim.recorded_by(owner)
+                    hold.lease_while_queued(claim)
+                await turn
             except BaseException:
                 hold.left_queue()
                 raise
-            handed = hold.handed()
-            token = handed
-            if handed is not None and claim_key is not None:
-                # the claim, in the step right after the handover (the lock is ours: only the
-                # claim can refuse, a delivery of another loop having recorded it meanwhile)
-                token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
-                if token is None:
-                    hold._release(None, 0.0)
-                    return _DUPLICATE
+            token = hold.handed()
         else:
+            claim_key = claim.key if claim is not None else None
             line.member = hold  # the event's place in the key's line, taken on arrival
             try:
                 await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
@@ -633,13 +636,13 @@ class EventDispatcher:
             if token is None:
                 line.leave(hold)
                 return _DUPLICATE
+            if token and claim is not None:
+                claim.recorded_by(owner)
         if not token:  # held from elsewhere (another thread's loop, a direct state call)
             placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
             placed._adopt_place(line, hold)
             outcome = await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
             return Outcome.QUEUED if queued and outcome is _HANDLED else outcome
-        if claim is not None:
-            claim.recorded_by(owner)
         hold.held(token, claim, task)
         if _metrics._sink is not None:
             _metrics.report("lock_acquired", lock_key, loop.time() - arrived, queued)

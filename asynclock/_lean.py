@@ -53,6 +53,7 @@ class LeanHold(Ticket):
         "_bucket",
         "_claim",
         "_entered",
+        "_leasing",
         "_line",
         "_state",
         "callback",
@@ -71,6 +72,7 @@ class LeanHold(Ticket):
         self._line = line
         self.token = 0
         self._claim: EventClaim | None = None
+        self._leasing = False  # armed (as a timer entry) to renew a queued event's claim
         #: the AsyncLock that took the acquisition over, once the first renewal was due
         self.lock: AsyncLock | None = None
 
@@ -86,20 +88,37 @@ class LeanHold(Ticket):
         """Wait in the key's line behind its member: the lean queued path (policy ``queue``).
 
         The place is taken now, on arrival, at the end of the line (FIFO with every other waiter
-        of this loop, lean or not). Awaiting the returned future is the wait: no AsyncLock, no
-        loop timer (the member of this loop always hands the lock over or passes its turn on
-        when it releases, so no expiry needs watching), and the claim is taken only when the
-        lock is handed over. The future resolves to the handed-over token, or to ``None``: the
-        event is the member now and must contend (see :meth:`left_queue`).
+        of this loop, lean or not). Awaiting the returned future is the wait: no AsyncLock and
+        no loop timer of its own (the member of this loop always hands the lock over or passes
+        its turn on when it releases, so no expiry needs watching). The future resolves to the
+        handed-over token, or to ``None``: the event is the member now and must contend.
         """
         future: asyncio.Future[int | None] = loop.create_future()
         self.future = future
         self._line.join(self)
         return future
 
+    def lease_while_queued(self, claim: EventClaim) -> None:
+        """The queued event's claim is recorded: renew its lease from ``lock_ttl / 3`` on, for
+        as long as the event waits (the hold is that timer; a LeaseKeeper only once it fires)."""
+        self._claim = claim
+        self._leasing = True
+        arm(self, self.ttl / 3, self._lease_due)
+
+    def _lease_due(self) -> None:
+        self._leasing = False
+        assert self._claim is not None
+        self._claim.keep(self._state, self.ttl, due_now=True)
+
+    def _stop_lease_timer(self) -> None:
+        if self._leasing:
+            self._leasing = False
+            disarm(self)
+
     def handed(self) -> int | None:
         """After the wait: the token handed over (the line's bookkeeping was done by the
         releaser), or ``None``: promoted to contend, the ticket now the member without a lock."""
+        self._stop_lease_timer()
         future = self.future
         assert future is not None
         self.future = None
@@ -109,11 +128,13 @@ class LeanHold(Ticket):
         return token
 
     def left_queue(self) -> None:
-        """The queued event was cancelled: leave the line, passing on what it was just given.
+        """The queued event leaves (cancelled, or a duplicate): give its place up, passing on
+        what it was just given.
 
-        A lock handed over just before the cancellation is passed to the next waiter (or
-        released) at once, without an await, so the key is never left to a task that is gone.
+        A lock handed over meanwhile is passed to the next waiter (or released) at once, without
+        an await, so the key is never left to a task that is gone.
         """
+        self._stop_lease_timer()
         future = self.future
         self.future = None
         if future is None or not future.done() or future.cancelled():
@@ -156,10 +177,10 @@ class LeanHold(Ticket):
             LockLostError: the lock had expired before the release (the claim is then still
                 to be marked done by a call of its own).
         """
-        if self.lock is not None:
+        claim = self._claim
+        if self.lock is not None or (claim is not None and claim.keeping):
             return False
         disarm(self)
-        claim = self._claim
         if not self._release(claim, done_ttl).owned:
             raise LockLostError(self._line.key, self.owner)
         if claim is not None:
@@ -167,8 +188,17 @@ class LeanHold(Ticket):
         return True
 
     async def handled(self, done_ttl: float) -> None:
-        """:meth:`handled_at_once` for an acquisition an AsyncLock took over."""
+        """:meth:`handled_at_once` for an acquisition an AsyncLock took over, or whose claim's
+        lease was renewed while it waited in line."""
         lock, claim = self.lock, self._claim
+        if lock is None:
+            assert claim is not None
+            disarm(self)  # the release follows the lease's stop at once: no renewal is due
+            await claim.stop_keeping()
+            if not self._release(claim, done_ttl).owned:
+                raise LockLostError(self._line.key, self.owner)
+            claim.done_in_release()
+            return
         assert lock is not None
         if claim is not None:
             await claim.settle_in_release(lock, self._state, done_ttl)

@@ -307,6 +307,13 @@ class MemoryState(ClosesOnExit):
                 return held.token
             return self._grant(key, owner, now + ttl, sweep=False)
 
+    def _claim_now(self, claim: str, owner: str, ttl: float) -> bool:
+        """``dedupe_add`` of ``owner``'s claim (``forget_claimed`` can undo it) without its yield."""
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            return self._add(claim, now, ttl, owner)
+
     def _release_now(
         self,
         key: str,

@@ -144,18 +144,42 @@ async def test_a_duplicate_arriving_while_queued_is_answered_at_once() -> None:
         assert bot.seen == ["h", "q"]
 
 
-async def test_a_claim_recorded_elsewhere_while_queued_makes_a_duplicate_at_the_handover() -> None:
+async def test_a_claim_recorded_elsewhere_makes_a_queued_event_a_duplicate_at_once() -> None:
     async with MemoryState() as state:
         bot = Bot(state)
-        holder, taken, after = await bot.start("h", "t", "z")
+        (holder,) = await bot.start("h")
         claim = EventClaim.of(ev("t"), KEY)
         assert claim is not None
         assert await state.dedupe_add(claim.key, 60.0)  # as a delivery in another loop would
+        taken, after = await bot.start("t", "z")
+        assert await asyncio.wait_for(taken, 5) is Outcome.DUPLICATE  # not after the holder
+        assert not holder.done()
+        assert [type(w) for w in bot.waiting()] == [LeanHold]
         bot.gate.set()
-        outcomes = list(await asyncio.wait_for(asyncio.gather(holder, taken, after), 5))
-        assert outcomes == [Outcome.HANDLED, Outcome.DUPLICATE, Outcome.QUEUED]
+        assert list(await asyncio.wait_for(asyncio.gather(holder, after), 5)) == [
+            Outcome.HANDLED,
+            Outcome.QUEUED,
+        ]
         assert bot.seen == ["h", "z"]
         assert await state.inspect(KEY) is None
+
+
+async def test_a_queued_event_keeps_its_claim_leased_while_it_waits() -> None:
+    async with MemoryState() as state:
+        bot = Bot(state, lock_ttl=0.3)
+        holder, queued = await bot.start("h", "q")
+        claim = EventClaim.of(ev("q"), KEY)
+        assert claim is not None
+        await asyncio.sleep(0.75)  # two and a half leases
+        assert await state.dedupe_remaining(claim.key) is not None
+        other = EventDispatcher(state, on_lock_conflict="queue", lock_ttl=0.3)
+        assert await other.dispatch(ev("q")) is Outcome.DUPLICATE
+        bot.gate.set()
+        assert list(await asyncio.gather(holder, queued)) == [Outcome.HANDLED, Outcome.QUEUED]
+        remaining = await state.dedupe_remaining(claim.key)
+        assert remaining is not None
+        assert remaining > 1.0  # marked done (the dedupe TTL), not a lease
+        assert bot.seen == ["h", "q"]
 
 
 async def test_a_handler_outliving_a_third_of_the_ttl_keeps_the_lock_while_others_queue() -> None:
