@@ -595,8 +595,9 @@ class EventDispatcher:
         """:meth:`_route` for a key nobody of this process is in line for, on MemoryState;
         ``queued``: for a key busy in this loop, under the ``queue`` policy (no timeout).
 
-        One yield, one step to claim the event and take the lock (a queued event: to record its
-        claim, then its wait in the key's line until the lock is handed over), the handlers,
+        One yield, one step to claim the event and take the lock (a queued event: one step to
+        record its claim, then its wait in the key's line, the yield, until the lock is handed
+        over), the handlers,
         one step to release the lock and mark the claim done: see ``_lean.py``.
         """
         ttl = self._lock_ttl
@@ -610,15 +611,17 @@ class EventDispatcher:
         if queued:
             turn = hold.queue(loop)  # the event's place in the key's line, taken on arrival
             try:
-                await asyncio.sleep(0)  # the yield rule
                 if claim is not None:
                     # recorded now, on arrival, as the general path records a waiter's claim:
                     # a redelivery meanwhile (another dispatcher, another loop) is a duplicate
                     if not lean._claim_now(claim.key, owner, ttl):
                         hold.left_queue()
+                        await asyncio.sleep(0)  # the yield rule (the wait below is skipped)
                         return _DUPLICATE
                     claim.recorded_by(owner)
                     hold.lease_while_queued(claim)
+                # the yield rule: the line's member is ahead, so this always suspends (nothing
+                # ran since the place was taken that could have handed the lock over)
                 await turn
             except BaseException:
                 hold.left_queue()

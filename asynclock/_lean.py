@@ -82,7 +82,13 @@ class LeanHold(Ticket):
         self._claim = claim
         self.expires = self.asked_at + self.ttl  # as Line.hold: never later than the state's
         self._entered = body_entered(task)  # for the BodyCanceller, made only when due
-        arm(self, self.ttl / 3, self._due)
+        if self._leasing:
+            # a queued event's lease timer, armed on arrival, becomes the renewal timer: due
+            # earlier than the lock needs (harmless), when the claim's lease needs it anyway
+            self._leasing = False
+            self.callback = self._due
+        else:
+            arm(self, self.ttl / 3, self._due)
 
     def queue(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int | None]:
         """Wait in the key's line behind its member: the lean queued path (policy ``queue``).
@@ -118,12 +124,13 @@ class LeanHold(Ticket):
     def handed(self) -> int | None:
         """After the wait: the token handed over (the line's bookkeeping was done by the
         releaser), or ``None``: promoted to contend, the ticket now the member without a lock."""
-        self._stop_lease_timer()
         future = self.future
         assert future is not None
         self.future = None
         token = future.result()
-        if token is not None:
+        if token is None:
+            self._stop_lease_timer()
+        else:
             self.asked_at = self.expires - self.ttl  # the releaser timed the handoff (Line.hold)
         return token
 
