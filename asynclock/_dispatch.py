@@ -25,7 +25,7 @@ from asynclock._errors import InboxFullError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._freeing import FreeingEstimate
 from asynclock._grant import granted_reason
-from asynclock._handlers import Handler, HandlerTable, Registered, call_all
+from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
 from asynclock._inbox import Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
 from asynclock._lean import LeanHold
@@ -630,14 +630,12 @@ class EventDispatcher:
         else:
             claim_key = claim.key if claim is not None else None
             line.member = hold  # the event's place in the key's line, taken on arrival
-            try:
-                await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
-            except BaseException:
-                line.leave(hold)
-                raise
+            # no yield first: the handlers' first suspension is the dispatch's yield (the yield
+            # rule; one of its own only if none suspends), which spares a loop pass per event
             token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
             if token is None:
                 line.leave(hold)
+                await asyncio.sleep(0)  # the yield rule
                 return _DUPLICATE
             if token and claim is not None:
                 claim.recorded_by(owner)
@@ -655,10 +653,21 @@ class EventDispatcher:
             try:
                 began = loop.time()
                 ctx = HandlerContext(lock_key, token) if with_context else _NONE
+                suspended = False
                 for handler in handlers:  # call_all, one frame less at every resumption
                     result = handler.start(event, ctx)
-                    if type(result) is types.CoroutineType or inspect.isawaitable(result):
+                    if type(result) is types.CoroutineType:
+                        try:
+                            first = result.send(None)
+                        except StopIteration:
+                            continue  # done without suspending
+                        suspended = True
+                        await resume(result, first)
+                    elif inspect.isawaitable(result):
+                        suspended = True  # (at worst one yield more than needed)
                         await result
+                if not suspended:
+                    await asyncio.sleep(0)  # the yield rule: no handler yielded for us
                 handled = True
                 self._freeing.observe(lock_key, loop.time() - began)
                 if claim is not None:
