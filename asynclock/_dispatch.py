@@ -3,7 +3,8 @@
 Size: over 500 lines because the class carries the whole public surface of the dispatcher
 (``dispatch``, ``submit``, ``accept``, ``serve``, ``aclose``) and its outcome rules; its parts
 live beside it: the claim in ``_claim.py``, handlers in ``_handlers.py``, latest/debounce
-batches in ``_backlog.py``, the inbox's drain loop in ``_inbox.py``.
+batches in ``_backlog.py``, the inbox's drain loop in ``_inbox.py``, the lean path on MemoryState
+(fresh and queued events) in ``_lean.py``.
 """
 
 from __future__ import annotations
@@ -609,24 +610,9 @@ class EventDispatcher:
         arrived = hold.asked_at = loop.time()
         owner = hold.owner
         if queued:
-            turn = hold.queue(loop)  # the event's place in the key's line, taken on arrival
-            try:
-                if claim is not None:
-                    # recorded now, on arrival, as the general path records a waiter's claim:
-                    # a redelivery meanwhile (another dispatcher, another loop) is a duplicate
-                    if not lean._claim_now(claim.key, owner, ttl):
-                        hold.left_queue()
-                        await asyncio.sleep(0)  # the yield rule (the wait below is skipped)
-                        return _DUPLICATE
-                    claim.recorded_by(owner)
-                    hold.lease_while_queued(claim)
-                # the yield rule: the line's member is ahead, so this always suspends (nothing
-                # ran since the place was taken that could have handed the lock over)
-                await turn
-            except BaseException:
-                hold.left_queue()
-                raise
-            token = hold.handed()
+            token = await hold.wait_in_line(loop, claim)
+            if token is None:
+                return _DUPLICATE
         else:
             claim_key = claim.key if claim is not None else None
             line.member = hold  # the event's place in the key's line, taken on arrival
@@ -651,7 +637,8 @@ class EventDispatcher:
         handled = False
         try:
             try:
-                began = loop.time()
+                # (a fresh event's handling begins microseconds after it arrived: one clock read)
+                began = loop.time() if queued else arrived
                 ctx = HandlerContext(lock_key, token) if with_context else _NONE
                 suspended = False
                 for handler in handlers:  # call_all, one frame less at every resumption

@@ -55,8 +55,7 @@ class FreeingEstimate:
     def observe(self, key: str, seconds: float) -> None:
         """A handling of ``key`` took ``seconds`` (this process ran it)."""
         # on every handled event: the blends inline, and a known key moved rather than re-added
-        if seconds < 0.0:
-            seconds = 0.0
+        seconds = max(seconds, 0.0)
         handling = self._handling
         previous = handling.get(key)
         if previous is None:

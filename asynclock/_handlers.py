@@ -6,7 +6,7 @@ import inspect
 import types
 from collections.abc import Callable, Generator
 from types import CoroutineType
-from typing import Any, cast
+from typing import cast
 
 from asynclock._event import Event, HandlerContext
 from asynclock._validate import check_key
@@ -117,7 +117,9 @@ def _positional_count(function: Handler) -> int:
 
 
 @types.coroutine
-def resume(coro: CoroutineType[Any, Any, object], yielded: object) -> Generator[Any, Any, None]:
+def resume(
+    coro: CoroutineType[object, object, object], yielded: object
+) -> Generator[object, object, None]:
     """The rest of ``await coro`` once its first step (``coro.send(None)``, by the caller) has
     yielded ``yielded``: what ``yield from`` does, from there on.
 
@@ -128,7 +130,7 @@ def resume(coro: CoroutineType[Any, Any, object], yielded: object) -> Generator[
     while True:
         try:
             sent = yield yielded
-        except GeneratorExit:
+        except GeneratorExit:  # noqa: PERF203 - the loop is `yield from`'s: one try per resumption
             coro.close()
             raise
         except BaseException as exc:  # noqa: BLE001 - thrown in (a cancellation): passed on

@@ -1,11 +1,19 @@
 """The dispatcher's lean path on MemoryState: one record per event instead of a lock's machinery.
 
 The common case of an embedded dispatcher is a fresh event on a free key, handled in well under
-``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it yields
-once (the yield rule), then claims the event and takes the lock in one MemoryState step without
-an await, runs the handlers, and releases (marking the claim done) in one more step, which hands
-the lock to the next waiter of this process's line if there is one, as every release does. A
+``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it claims
+the event and takes the lock in one MemoryState step without an await, runs the handlers (the
+first suspension of one is the dispatch's yield, the yield rule; if none suspends it yields
+once itself), and releases (marking the claim done) in one more step, which hands the lock to
+the next waiter of this process's line if there is one, as every release does. A
 :class:`LeanHold` is all that exists meanwhile: the ticket in the key's line and one cheap timer.
+
+The queued path (policy ``queue`` without a ``queue_timeout``, a key busy in this loop): the
+event takes its place at the end of the key's line on arrival, records its claim in one step
+(a duplicate is answered at once), and waits on a bare future (:meth:`LeanHold.queue`): no
+AsyncLock, no loop timer of its own, the hold itself the timer that renews the claim's lease
+from ``lock_ttl / 3`` on. The holder's release hands the lock over in its own step; the woken
+event then runs as a fresh one would, its lease timer becoming the lock's renewal timer.
 
 What only a long handler needs is made when the timer fires at ``lock_ttl / 3``: an
 :class:`AsyncLock` that takes the acquisition over (:meth:`AsyncLock._adopt_held`: it renews the
@@ -14,10 +22,12 @@ as ``async with`` does) and the claim's lease renewal. From that moment on the e
 general path would have it, so every guarantee is the general path's.
 
 Invariants: the lean path runs only for exactly :class:`MemoryState` with its own steps
-(:class:`asynclock.state._protocol.ImmediateSteps`, its ``_steps_are_own()``), a key nobody of this process is in line for, and
-never touches the state before its yield; a busy key (held from another thread's loop, or by a
-direct state call) records nothing and hands the ticket, still first in line, to the general
-path.
+(:class:`asynclock.state._protocol.ImmediateSteps`, its ``_steps_are_own()``); a fresh event only
+on a key nobody of this process is in line for, a queued one only behind a member of this
+loop's line. A busy key (held from another thread's loop, or by a direct state call) records no
+lock and hands the ticket, still first in line, to the general path; so does a queued event
+promoted to contend (its holder's lock was lost, or a waiter of another loop goes first). A
+queued event that leaves (cancelled) passes on a lock handed to it meanwhile, at once.
 """
 
 from __future__ import annotations
@@ -103,6 +113,34 @@ class LeanHold(Ticket):
         self.future = future
         self._line.join(self)
         return future
+
+    async def wait_in_line(
+        self, loop: asyncio.AbstractEventLoop, claim: EventClaim | None
+    ) -> int | None:
+        """The queued path's arrival and wait: the place taken (:meth:`queue`), the claim
+        recorded in one step, then the wait until the lock is handed over.
+
+        Returns the token handed over, ``0`` when promoted to contend (the ticket is then the
+        line's member, with no lock), ``None`` for a duplicate (the place given up).
+        """
+        turn = self.queue(loop)  # the event's place in the key's line, taken on arrival
+        try:
+            if claim is not None:
+                # recorded now, on arrival, as the general path records a waiter's claim: a
+                # redelivery meanwhile (another dispatcher, another loop) is a duplicate
+                if not self._state._claim_now(claim.key, self.owner, self.ttl):
+                    self.left_queue()
+                    await asyncio.sleep(0)  # the yield rule (the wait below is skipped)
+                    return None
+                claim.recorded_by(self.owner)
+                self.lease_while_queued(claim)
+            # the yield rule: the line's member is ahead, so this always suspends (nothing ran
+            # since the place was taken that could have handed the lock over)
+            await turn
+        except BaseException:
+            self.left_queue()
+            raise
+        return self.handed() or 0
 
     def lease_while_queued(self, claim: EventClaim) -> None:
         """The queued event's claim is recorded: renew its lease from ``lock_ttl / 3`` on, for
