@@ -438,7 +438,8 @@ class EventDispatcher:
             self._freeing.stalled(lock_key, left)
 
     async def _dispatch_event(self, event: Event, *, submitted: bool) -> Outcome:
-        started = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             lock_key = self.lock_key(event)
         except Exception as error:  # a lock_scope function failed: still logged and counted
@@ -457,7 +458,7 @@ class EventDispatcher:
             self._claims_here.add(claim.key)
         try:
             try:
-                outcome = await self._choose_route(event, lock_key, claim, submitted=submitted)
+                outcome = await self._choose_route(event, lock_key, claim, loop, submitted=submitted)
             except asyncio.CancelledError:
                 if claim is not None:  # handled: keep it; not handled: let a redelivery through
                     await finish_despite_cancellation(
@@ -484,7 +485,13 @@ class EventDispatcher:
                 self._claims_here.discard(claim.key)
 
     def _choose_route(
-        self, event: Event, lock_key: str, claim: EventClaim | None, *, submitted: bool
+        self,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        submitted: bool,
     ) -> Awaitable[Outcome]:
         """The lean path (``_lean.py``) when it may serve ``event``, else :meth:`_route`."""
         lean = self._lean
@@ -494,14 +501,16 @@ class EventDispatcher:
             and granted_reason() is None
             and lean._steps_are_own()
         ):
-            line = line_for(lean, check_key(lock_key))
+            line = line_for(lean, check_key(lock_key), loop)
             if line.member is None:
                 if not line.waiters:
-                    return self._route_lean(lean, line, event, lock_key, claim, submitted=submitted)
+                    return self._route_lean(
+                        lean, line, event, lock_key, claim, loop, submitted=submitted
+                    )
             elif self._policy == "queue" and self._queue_timeout is None:
                 # busy in this loop: wait in its line, lean too (no timeout to time)
                 return self._route_lean(
-                    lean, line, event, lock_key, claim, submitted=submitted, queued=True
+                    lean, line, event, lock_key, claim, loop, submitted=submitted, queued=True
                 )
         return self._route(event, lock_key, claim, submitted=submitted)
 
@@ -589,6 +598,7 @@ class EventDispatcher:
         event: Event,
         lock_key: str,
         claim: EventClaim | None,
+        loop: asyncio.AbstractEventLoop,
         *,
         submitted: bool,
         queued: bool = False,
@@ -602,8 +612,7 @@ class EventDispatcher:
         one step to release the lock and mark the claim done: see ``_lean.py``.
         """
         ttl = self._lock_ttl
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("dispatch() must run in an asyncio task")
         hold = LeanHold(lean, line, new_owner(task), ttl)
@@ -630,7 +639,7 @@ class EventDispatcher:
             placed._adopt_place(line, hold)
             outcome = await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
             return Outcome.QUEUED if queued and outcome is _HANDLED else outcome
-        hold.held(token, claim, task)
+        hold.held(token, claim, task, loop)
         if _metrics._sink is not None:
             _metrics.report("lock_acquired", lock_key, loop.time() - arrived, queued)
         handlers, with_context = self._handlers.with_context(event.type)

@@ -86,7 +86,13 @@ class LeanHold(Ticket):
         #: the AsyncLock that took the acquisition over, once the first renewal was due
         self.lock: AsyncLock | None = None
 
-    def held(self, token: int, claim: EventClaim | None, task: asyncio.Task[object]) -> None:
+    def held(
+        self,
+        token: int,
+        claim: EventClaim | None,
+        task: asyncio.Task[object],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         """The lock was granted (``token``), to be renewed from ``lock_ttl / 3`` on."""
         self.token = token
         self._claim = claim
@@ -98,7 +104,7 @@ class LeanHold(Ticket):
             self._leasing = False
             self.callback = self._due
         else:
-            arm(self, self.ttl / 3, self._due)
+            arm(self, self.ttl / 3, self._due, loop)
 
     def queue(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int | None]:
         """Wait in the key's line behind its member: the lean queued path (policy ``queue``).
@@ -133,7 +139,7 @@ class LeanHold(Ticket):
                     await asyncio.sleep(0)  # the yield rule (the wait below is skipped)
                     return None
                 claim.recorded_by(self.owner)
-                self.lease_while_queued(claim)
+                self.lease_while_queued(claim, loop)
             # the yield rule: the line's member is ahead, so this always suspends (nothing ran
             # since the place was taken that could have handed the lock over)
             await turn
@@ -142,12 +148,12 @@ class LeanHold(Ticket):
             raise
         return self.handed() or 0
 
-    def lease_while_queued(self, claim: EventClaim) -> None:
+    def lease_while_queued(self, claim: EventClaim, loop: asyncio.AbstractEventLoop) -> None:
         """The queued event's claim is recorded: renew its lease from ``lock_ttl / 3`` on, for
         as long as the event waits (the hold is that timer; a LeaseKeeper only once it fires)."""
         self._claim = claim
         self._leasing = True
-        arm(self, self.ttl / 3, self._lease_due)
+        arm(self, self.ttl / 3, self._lease_due, loop)
 
     def _lease_due(self) -> None:
         self._leasing = False

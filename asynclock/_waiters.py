@@ -262,8 +262,9 @@ _registry: weakref.WeakKeyDictionary[State, dict[tuple[int, str], Line]] = (
 _recent: tuple[weakref.ref[State], dict[tuple[int, str], Line]] | None = None
 
 
-def line_for(state: State, key: str) -> Line:
-    """The line of ``key`` on ``state`` in the running event loop (created on demand)."""
+def line_for(state: State, key: str, loop: asyncio.AbstractEventLoop | None = None) -> Line:
+    """The line of ``key`` on ``state`` in the running event loop (created on demand);
+    ``loop``: the running loop, when the caller has it at hand already."""
     global _recent
     recent = _recent
     if recent is not None and recent[0]() is state:
@@ -274,7 +275,7 @@ def line_for(state: State, key: str) -> Line:
         except KeyError:
             lines = _registry.setdefault(state, {})
         _recent = (weakref.ref(state), lines)
-    index = (id(asyncio.get_running_loop()), key)
+    index = (id(loop or asyncio.get_running_loop()), key)
     line = lines.get(index)
     if line is None:
         line = lines[index] = Line(index, lines)
