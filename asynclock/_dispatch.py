@@ -458,7 +458,9 @@ class EventDispatcher:
             self._claims_here.add(claim.key)
         try:
             try:
-                outcome = await self._choose_route(event, lock_key, claim, loop, submitted=submitted)
+                outcome = await self._choose_route(
+                    event, lock_key, claim, loop, submitted=submitted
+                )
             except asyncio.CancelledError:
                 if claim is not None:  # handled: keep it; not handled: let a redelivery through
                     await finish_despite_cancellation(
