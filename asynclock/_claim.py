@@ -134,11 +134,13 @@ class EventClaim:
     @classmethod
     def of(cls, event: Event, lock_key: str) -> EventClaim | None:
         """The claim of ``event`` serialized on ``lock_key``; ``None`` if it has no dedupe key."""
-        dedupe_key = event.dedupe_key
+        dedupe_key = event.message_id or event.dedupe_key  # (the property's first answer)
         if dedupe_key is None:
             return None
-        # refused like any key (NUL, lone surrogates), on every backend alike
-        check_key(dedupe_key, "event dedupe key")
+        # refused like any key (NUL, lone surrogates), on every backend alike; the common
+        # ASCII key without NUL is passed here, without the call
+        if type(dedupe_key) is not str or not dedupe_key.isascii() or "\x00" in dedupe_key:
+            check_key(dedupe_key, "event dedupe key")
         # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
         return cls(f"event:{{{lock_key}}}:{event.adapter}:{dedupe_key}")
 

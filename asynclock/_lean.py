@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from asynclock import metrics as _metrics
@@ -77,7 +78,14 @@ class LeanHold(Ticket):
     callback: Callable[[], None]
 
     def __init__(self, state: ImmediateSteps, line: Line, owner: str, ttl: float) -> None:
-        Ticket.__init__(self, owner, ttl)
+        # Ticket.__init__, inline (one per event)
+        self.owner = owner
+        self.ttl = ttl
+        self.release_with = None
+        self.release_now = None
+        self.asked_at = 0.0
+        self.future = None
+        self.expires = math.inf
         self._state = state
         self._line = line
         self.token = 0
@@ -257,7 +265,13 @@ class LeanHold(Ticket):
 
     def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
         claim_key = claim.key if claim is not None else None
-        result = release_now(self._state, self._line, self, claim_key, claim_ttl)
+        line = self._line
+        if line.waiters or self.release_now is not None or line.member is not self:
+            result = release_now(self._state, line, self, claim_key, claim_ttl)
+        else:  # release_now's common case, inline: nobody to hand over to
+            self.release_with = None
+            result = self._state._release_now(line.key, self.owner, claim_key, claim_ttl)
+            line.promote()
         if _metrics._sink is not None:
             held = asyncio.get_running_loop().time() - self.asked_at
             _metrics.report("lock_released", self._line.key, held)

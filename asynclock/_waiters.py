@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 
 class Ticket:
-    """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on."""
+    """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on.
+
+    (``LeanHold.__init__`` sets these attributes inline: keep the two in step.)
+    """
 
     __slots__ = ("asked_at", "expires", "future", "owner", "release_now", "release_with", "ttl")
 

@@ -297,8 +297,13 @@ class MemoryState(ClosesOnExit):
         """
         with self._mutex:
             now = self._clock()
-            self._sweep(now)
-            held = self._live(key, now)
+            heap = self._heap
+            if heap and heap[0][0] <= now:  # (_sweep's own first check, without the call)
+                self._sweep(now)
+            held = self._locks.get(key)
+            if held is not None and held.expires_at <= now:  # (_live, inline)
+                del self._locks[key]
+                held = None
             if held is not None and held.owner != owner:
                 return 0
             if claim is not None and not self._add(claim, now, claim_ttl, owner, sweep=False):
