@@ -25,7 +25,7 @@ from asynclock._delivery import Delivery
 from asynclock._errors import InboxFullError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._freeing import FreeingEstimate
-from asynclock._grant import granted_reason
+from asynclock._grant import _granted, granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
 from asynclock._inbox import Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
@@ -500,7 +500,7 @@ class EventDispatcher:
         if (
             lean is not None
             and self._policy != "concurrent"
-            and granted_reason() is None
+            and _granted.get() is None  # granted_reason(), without the call
             and lean._steps_are_own()
         ):
             line = line_for(lean, check_key(lock_key), loop)

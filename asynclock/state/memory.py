@@ -432,7 +432,10 @@ class MemoryState(ClosesOnExit):
     def _release(
         self, key: str, owner: str, successor: str | None, ttl: float | None, now: float
     ) -> Release:
-        held = self._live(key, now)
+        held = self._locks.get(key)  # (_live, inline: on every release)
+        if held is not None and held.expires_at <= now:
+            del self._locks[key]
+            held = None
         if held is None or held.owner != owner:
             return _NOT_OWNED
         if successor is not None and held.flagged_by in (0, id(asyncio.get_running_loop())):
