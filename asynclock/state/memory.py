@@ -313,11 +313,16 @@ class MemoryState(ClosesOnExit):
             return self._grant(key, owner, now + ttl, sweep=False)
 
     def _claim_now(self, claim: str, owner: str, ttl: float) -> bool:
-        """``dedupe_add`` of ``owner``'s claim (``forget_claimed`` can undo it) without its yield."""
+        """``dedupe_add`` of ``owner``'s claim (``forget_claimed`` can undo it) without its yield.
+
+        Not put on the sweep's heap, as ``_claim_and_acquire_now``'s claim: the queued event
+        marks it done or forgets it before its dispatch returns, and a lease renewal schedules
+        what it extends.
+        """
         with self._mutex:
             now = self._clock()
             self._sweep(now)
-            return self._add(claim, now, ttl, owner)
+            return self._add(claim, now, ttl, owner, sweep=False)
 
     def _release_now(
         self,
