@@ -226,3 +226,21 @@ async def test_a_patched_state_keeps_the_general_path() -> None:
         assert not any(type(w) is LeanHold for w in bot.waiting())
         bot.gate.set()
         assert list(await asyncio.gather(holder, queued)) == [Outcome.HANDLED, Outcome.QUEUED]
+
+
+async def test_a_queued_event_promoted_after_the_holder_lost_its_lock_contends_and_runs() -> None:
+    async with MemoryState() as state:
+        bot = Bot(state)
+        holder, queued = await bot.start("h", "q")
+        assert [type(w) for w in bot.waiting()] == [LeanHold]
+        assert await state.force_release(KEY) is not None  # an operator frees the key
+        bot.gate.set()
+        # h's handlers returned: it stays handled though its release found the lock gone; q was
+        # promoted to contend (nothing handed over) and takes the lock on the general path
+        assert list(await asyncio.wait_for(asyncio.gather(holder, queued), 5)) == [
+            Outcome.HANDLED,
+            Outcome.QUEUED,
+        ]
+        assert bot.seen == ["h", "q"]
+        assert await state.inspect(KEY) is None
+        assert await bot.dispatcher.dispatch(ev("q")) is Outcome.DUPLICATE
