@@ -648,8 +648,9 @@ class EventDispatcher:
         handled = False
         try:
             try:
-                # (a fresh event's handling begins microseconds after it arrived: one clock read)
-                began = loop.time() if queued else arrived
+                # when the lock was taken (a fresh event: on arrival; a queued one: at the
+                # handover), microseconds before the handlers begin: no clock read of its own
+                began = hold.asked_at
                 ctx = HandlerContext(lock_key, token) if with_context else _NONE
                 suspended = False
                 for handler in handlers:  # call_all, one frame less at every resumption
