@@ -134,11 +134,13 @@ class EventClaim:
     @classmethod
     def of(cls, event: Event, lock_key: str) -> EventClaim | None:
         """The claim of ``event`` serialized on ``lock_key``; ``None`` if it has no dedupe key."""
-        dedupe_key = event.dedupe_key
+        dedupe_key = event.message_id or event.dedupe_key  # (the property's first answer)
         if dedupe_key is None:
             return None
-        # refused like any key (NUL, lone surrogates), on every backend alike
-        check_key(dedupe_key, "event dedupe key")
+        # refused like any key (NUL, lone surrogates), on every backend alike; the common
+        # ASCII key without NUL is passed here, without the call
+        if type(dedupe_key) is not str or not dedupe_key.isascii() or "\x00" in dedupe_key:
+            check_key(dedupe_key, "event dedupe key")
         # under the lock key's hash tag, so claim and lock fit one Redis Cluster script
         return cls(f"event:{{{lock_key}}}:{event.adapter}:{dedupe_key}")
 
@@ -248,6 +250,18 @@ class EventClaim:
     async def _stop_keeping(self) -> None:
         if self._keeper is not None:
             await self._keeper.stop()
+
+    @property
+    def keeping(self) -> bool:
+        """Whether a lease renewal was started (so the done mark must wait for :meth:`stop_keeping`)."""
+        return self._keeper is not None
+
+    async def stop_keeping(self) -> None:
+        """Stop renewing the lease (none is on the wire once this returned); a later
+        :meth:`keep` starts again."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()
 
     async def finish(self, state: State, ttl: float) -> bool:
         """Handled: remember the event for the full dedupe ``ttl``; ``False`` if that failed."""

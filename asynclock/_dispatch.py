@@ -3,7 +3,8 @@
 Size: over 500 lines because the class carries the whole public surface of the dispatcher
 (``dispatch``, ``submit``, ``accept``, ``serve``, ``aclose``) and its outcome rules; its parts
 live beside it: the claim in ``_claim.py``, handlers in ``_handlers.py``, latest/debounce
-batches in ``_backlog.py``, the inbox's drain loop in ``_inbox.py``.
+batches in ``_backlog.py``, the inbox's drain loop in ``_inbox.py``, the lean path on MemoryState
+(fresh and queued events) in ``_lean.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from asynclock._delivery import Delivery
 from asynclock._errors import InboxFullError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._freeing import FreeingEstimate
-from asynclock._grant import granted_reason
-from asynclock._handlers import Handler, HandlerTable, Registered, call_all
+from asynclock._grant import _granted, granted_reason
+from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
 from asynclock._inbox import Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
 from asynclock._lean import LeanHold
@@ -437,7 +438,8 @@ class EventDispatcher:
             self._freeing.stalled(lock_key, left)
 
     async def _dispatch_event(self, event: Event, *, submitted: bool) -> Outcome:
-        started = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             lock_key = self.lock_key(event)
         except Exception as error:  # a lock_scope function failed: still logged and counted
@@ -456,7 +458,9 @@ class EventDispatcher:
             self._claims_here.add(claim.key)
         try:
             try:
-                outcome = await self._choose_route(event, lock_key, claim, submitted=submitted)
+                outcome = await self._choose_route(
+                    event, lock_key, claim, loop, submitted=submitted
+                )
             except asyncio.CancelledError:
                 if claim is not None:  # handled: keep it; not handled: let a redelivery through
                     await finish_despite_cancellation(
@@ -483,19 +487,33 @@ class EventDispatcher:
                 self._claims_here.discard(claim.key)
 
     def _choose_route(
-        self, event: Event, lock_key: str, claim: EventClaim | None, *, submitted: bool
+        self,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        submitted: bool,
     ) -> Awaitable[Outcome]:
         """The lean path (``_lean.py``) when it may serve ``event``, else :meth:`_route`."""
         lean = self._lean
         if (
             lean is not None
             and self._policy != "concurrent"
-            and granted_reason() is None
+            and _granted.get() is None  # granted_reason(), without the call
             and lean._steps_are_own()
         ):
-            line = line_for(lean, check_key(lock_key))
-            if line.member is None and not line.waiters:
-                return self._route_lean(lean, line, event, lock_key, claim, submitted=submitted)
+            line = line_for(lean, check_key(lock_key), loop)
+            if line.member is None:
+                if not line.waiters:
+                    return self._route_lean(
+                        lean, line, event, lock_key, claim, loop, submitted=submitted
+                    )
+            elif self._policy == "queue" and self._queue_timeout is None:
+                # busy in this loop: wait in its line, lean too (no timeout to time)
+                return self._route_lean(
+                    lean, line, event, lock_key, claim, loop, submitted=submitted, queued=True
+                )
         return self._route(event, lock_key, claim, submitted=submitted)
 
     async def _route(
@@ -534,7 +552,8 @@ class EventDispatcher:
                 if self._claiming is not None:
                     # only the line's member asks the state now; a waiter's claim is recorded on
                     # its own below, so a waiter promoted later must not claim again with its lock
-                    if lock._first_in_line():
+                    if lock._first_in_line() and not claim.recorded:
+                        # (a lean queued event promoted to contend recorded its claim already)
                         claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
                 elif not await self._claim_alone(claim):  # duplicates are found before locking
                     await lock._leave_place()
@@ -581,52 +600,73 @@ class EventDispatcher:
         event: Event,
         lock_key: str,
         claim: EventClaim | None,
+        loop: asyncio.AbstractEventLoop,
         *,
         submitted: bool,
+        queued: bool = False,
     ) -> Outcome:
-        """:meth:`_route` for a key nobody of this process is in line for, on MemoryState.
+        """:meth:`_route` for a key nobody of this process is in line for, on MemoryState;
+        ``queued``: for a key busy in this loop, under the ``queue`` policy (no timeout).
 
-        One yield, one step to claim the event and take the lock, the handlers, one step to
-        release the lock and mark the claim done: see ``_lean.py``.
+        One yield, one step to claim the event and take the lock (a queued event: one step to
+        record its claim, then its wait in the key's line, the yield, until the lock is handed
+        over), the handlers,
+        one step to release the lock and mark the claim done: see ``_lean.py``.
         """
         ttl = self._lock_ttl
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("dispatch() must run in an asyncio task")
         hold = LeanHold(lean, line, new_owner(task), ttl)
-        line.member = hold  # the event's place in the key's line, taken on arrival
-        hold.asked_at = loop.time()
-        try:
-            await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
-        except BaseException:
-            line.leave(hold)
-            raise
+        arrived = hold.asked_at = loop.time()
         owner = hold.owner
-        claim_key = claim.key if claim is not None else None
-        token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
-        if token is None:
-            line.leave(hold)
-            return _DUPLICATE
+        if queued:
+            token = await hold.wait_in_line(loop, claim)
+            if token is None:
+                return _DUPLICATE
+        else:
+            claim_key = claim.key if claim is not None else None
+            line.member = hold  # the event's place in the key's line, taken on arrival
+            # no yield first: the handlers' first suspension is the dispatch's yield (the yield
+            # rule; one of its own only if none suspends), which spares a loop pass per event
+            token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
+            if token is None:
+                line.leave(hold)
+                await asyncio.sleep(0)  # the yield rule
+                return _DUPLICATE
+            if token and claim is not None:
+                claim.recorded_by(owner)
         if not token:  # held from elsewhere (another thread's loop, a direct state call)
             placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
             placed._adopt_place(line, hold)
-            return await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
-        if claim is not None:
-            claim.recorded_by(owner)
-        hold.held(token, claim, task)
+            outcome = await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
+            return Outcome.QUEUED if queued and outcome is _HANDLED else outcome
+        hold.held(token, claim, task, loop)
         if _metrics._sink is not None:
-            _metrics.report("lock_acquired", lock_key, loop.time() - hold.asked_at, False)
+            _metrics.report("lock_acquired", lock_key, loop.time() - arrived, queued)
         handlers, with_context = self._handlers.with_context(event.type)
         handled = False
         try:
             try:
-                began = loop.time()
+                # when the lock was taken (a fresh event: on arrival; a queued one: at the
+                # handover), microseconds before the handlers begin: no clock read of its own
+                began = hold.asked_at
                 ctx = HandlerContext(lock_key, token) if with_context else _NONE
+                suspended = False
                 for handler in handlers:  # call_all, one frame less at every resumption
                     result = handler.start(event, ctx)
-                    if type(result) is types.CoroutineType or inspect.isawaitable(result):
+                    if type(result) is types.CoroutineType:
+                        try:
+                            first = result.send(None)
+                        except StopIteration:
+                            continue  # done without suspending
+                        suspended = True
+                        await resume(result, first)
+                    elif inspect.isawaitable(result):
+                        suspended = True  # (at worst one yield more than needed)
                         await result
+                if not suspended:
+                    await asyncio.sleep(0)  # the yield rule: no handler yielded for us
                 handled = True
                 self._freeing.observe(lock_key, loop.time() - began)
                 if claim is not None:
@@ -644,7 +684,7 @@ class EventDispatcher:
             if handled and claim is not None:
                 claim.release_failed()
             raise
-        return _HANDLED
+        return Outcome.QUEUED if queued else _HANDLED
 
     async def _claim_alone(self, claim: EventClaim) -> bool:
         """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""

@@ -54,11 +54,19 @@ class FreeingEstimate:
 
     def observe(self, key: str, seconds: float) -> None:
         """A handling of ``key`` took ``seconds`` (this process ran it)."""
+        # on every handled event: the blends inline, and a known key moved rather than re-added
         seconds = max(seconds, 0.0)
-        previous = self._handling.pop(key, None)
-        self._handling[key] = seconds if previous is None else _blend(previous, seconds)
-        _trim(self._handling)
-        self._overall = seconds if self._overall is None else _blend(self._overall, seconds)
+        handling = self._handling
+        previous = handling.get(key)
+        if previous is None:
+            handling[key] = seconds
+            if len(handling) > MAX_KEYS:
+                _trim(handling)
+        else:
+            handling[key] = previous + ALPHA * (seconds - previous)
+            handling.move_to_end(key)
+        overall = self._overall
+        self._overall = seconds if overall is None else overall + ALPHA * (seconds - overall)
 
     def stalled(self, key: str, lapses_in: float) -> None:
         """``key``'s holder stopped renewing its lock (dead or stuck): it lapses in ``lapses_in``.

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Generator
 from types import CoroutineType
 from typing import cast
 
@@ -113,3 +114,32 @@ def _positional_count(function: Handler) -> int:
         if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
             count += 1
     return count
+
+
+@types.coroutine
+def resume(
+    coro: CoroutineType[object, object, object], yielded: object
+) -> Generator[object, object, None]:
+    """The rest of ``await coro`` once its first step (``coro.send(None)``, by the caller) has
+    yielded ``yielded``: what ``yield from`` does, from there on.
+
+    The dispatcher's lean path starts a handler's coroutine itself to learn whether it
+    suspends: if it does, that suspension is the dispatch's yield (the yield rule), so no
+    extra loop pass is spent on one of its own.
+    """
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:  # noqa: PERF203 - the loop is `yield from`'s: one try per resumption
+            coro.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - thrown in (a cancellation): passed on
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration:
+                return

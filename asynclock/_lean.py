@@ -1,11 +1,19 @@
 """The dispatcher's lean path on MemoryState: one record per event instead of a lock's machinery.
 
 The common case of an embedded dispatcher is a fresh event on a free key, handled in well under
-``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it yields
-once (the yield rule), then claims the event and takes the lock in one MemoryState step without
-an await, runs the handlers, and releases (marking the claim done) in one more step, which hands
-the lock to the next waiter of this process's line if there is one, as every release does. A
+``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it claims
+the event and takes the lock in one MemoryState step without an await, runs the handlers (the
+first suspension of one is the dispatch's yield, the yield rule; if none suspends it yields
+once itself), and releases (marking the claim done) in one more step, which hands the lock to
+the next waiter of this process's line if there is one, as every release does. A
 :class:`LeanHold` is all that exists meanwhile: the ticket in the key's line and one cheap timer.
+
+The queued path (policy ``queue`` without a ``queue_timeout``, a key busy in this loop): the
+event takes its place at the end of the key's line on arrival, records its claim in one step
+(a duplicate is answered at once), and waits on a bare future (:meth:`LeanHold.queue`): no
+AsyncLock, no loop timer of its own, the hold itself the timer that renews the claim's lease
+from ``lock_ttl / 3`` on. The holder's release hands the lock over in its own step; the woken
+event then runs as a fresh one would, its lease timer becoming the lock's renewal timer.
 
 What only a long handler needs is made when the timer fires at ``lock_ttl / 3``: an
 :class:`AsyncLock` that takes the acquisition over (:meth:`AsyncLock._adopt_held`: it renews the
@@ -14,16 +22,19 @@ as ``async with`` does) and the claim's lease renewal. From that moment on the e
 general path would have it, so every guarantee is the general path's.
 
 Invariants: the lean path runs only for exactly :class:`MemoryState` with its own steps
-(:class:`asynclock.state._protocol.ImmediateSteps`, its ``_steps_are_own()``), a key nobody of this process is in line for, and
-never touches the state before its yield; a busy key (held from another thread's loop, or by a
-direct state call) records nothing and hands the ticket, still first in line, to the general
-path.
+(:class:`asynclock.state._protocol.ImmediateSteps`, its ``_steps_are_own()``); a fresh event only
+on a key nobody of this process is in line for, a queued one only behind a member of this
+loop's line. A busy key (held from another thread's loop, or by a direct state call) records no
+lock and hands the ticket, still first in line, to the general path; so does a queued event
+promoted to contend (its holder's lock was lost, or a waiter of another loop goes first). A
+queued event that leaves (cancelled) passes on a lock handed to it meanwhile, at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from asynclock import metrics as _metrics
@@ -53,6 +64,7 @@ class LeanHold(Ticket):
         "_bucket",
         "_claim",
         "_entered",
+        "_leasing",
         "_line",
         "_state",
         "callback",
@@ -66,21 +78,132 @@ class LeanHold(Ticket):
     callback: Callable[[], None]
 
     def __init__(self, state: ImmediateSteps, line: Line, owner: str, ttl: float) -> None:
-        Ticket.__init__(self, owner, ttl)
+        # Ticket.__init__, inline (one per event)
+        self.owner = owner
+        self.ttl = ttl
+        self.release_with = None
+        self.release_now = None
+        self.asked_at = 0.0
+        self.future = None
+        self.expires = math.inf
         self._state = state
         self._line = line
         self.token = 0
         self._claim: EventClaim | None = None
+        self._leasing = False  # armed (as a timer entry) to renew a queued event's claim
         #: the AsyncLock that took the acquisition over, once the first renewal was due
         self.lock: AsyncLock | None = None
 
-    def held(self, token: int, claim: EventClaim | None, task: asyncio.Task[object]) -> None:
+    def held(
+        self,
+        token: int,
+        claim: EventClaim | None,
+        task: asyncio.Task[object],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         """The lock was granted (``token``), to be renewed from ``lock_ttl / 3`` on."""
         self.token = token
         self._claim = claim
         self.expires = self.asked_at + self.ttl  # as Line.hold: never later than the state's
         self._entered = body_entered(task)  # for the BodyCanceller, made only when due
-        arm(self, self.ttl / 3, self._due)
+        if self._leasing:
+            # a queued event's lease timer, armed on arrival, becomes the renewal timer: due
+            # earlier than the lock needs (harmless), when the claim's lease needs it anyway
+            self._leasing = False
+            self.callback = self._due
+        else:
+            arm(self, self.ttl / 3, self._due, loop)
+
+    def queue(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int | None]:
+        """Wait in the key's line behind its member: the lean queued path (policy ``queue``).
+
+        The place is taken now, on arrival, at the end of the line (FIFO with every other waiter
+        of this loop, lean or not). Awaiting the returned future is the wait: no AsyncLock and
+        no loop timer of its own (the member of this loop always hands the lock over or passes
+        its turn on when it releases, so no expiry needs watching). The future resolves to the
+        handed-over token, or to ``None``: the event is the member now and must contend.
+        """
+        future: asyncio.Future[int | None] = loop.create_future()
+        self.future = future
+        self._line.join(self)
+        return future
+
+    async def wait_in_line(
+        self, loop: asyncio.AbstractEventLoop, claim: EventClaim | None
+    ) -> int | None:
+        """The queued path's arrival and wait: the place taken (:meth:`queue`), the claim
+        recorded in one step, then the wait until the lock is handed over.
+
+        Returns the token handed over, ``0`` when promoted to contend (the ticket is then the
+        line's member, with no lock), ``None`` for a duplicate (the place given up).
+        """
+        turn = self.queue(loop)  # the event's place in the key's line, taken on arrival
+        try:
+            if claim is not None:
+                # recorded now, on arrival, as the general path records a waiter's claim: a
+                # redelivery meanwhile (another dispatcher, another loop) is a duplicate
+                if not self._state._claim_now(claim.key, self.owner, self.ttl):
+                    self.left_queue()
+                    await asyncio.sleep(0)  # the yield rule (the wait below is skipped)
+                    return None
+                claim.recorded_by(self.owner)
+                self.lease_while_queued(claim, loop)
+            # the yield rule: the line's member is ahead, so this always suspends (nothing ran
+            # since the place was taken that could have handed the lock over)
+            await turn
+        except BaseException:
+            self.left_queue()
+            raise
+        return self.handed() or 0
+
+    def lease_while_queued(self, claim: EventClaim, loop: asyncio.AbstractEventLoop) -> None:
+        """The queued event's claim is recorded: renew its lease from ``lock_ttl / 3`` on, for
+        as long as the event waits (the hold is that timer; a LeaseKeeper only once it fires)."""
+        self._claim = claim
+        self._leasing = True
+        arm(self, self.ttl / 3, self._lease_due, loop)
+
+    def _lease_due(self) -> None:
+        self._leasing = False
+        assert self._claim is not None
+        self._claim.keep(self._state, self.ttl, due_now=True)
+
+    def _stop_lease_timer(self) -> None:
+        if self._leasing:
+            self._leasing = False
+            disarm(self)
+
+    def handed(self) -> int | None:
+        """After the wait: the token handed over (the line's bookkeeping was done by the
+        releaser), or ``None``: promoted to contend, the ticket now the member without a lock."""
+        future = self.future
+        assert future is not None
+        self.future = None
+        token = future.result()
+        if token is None:
+            self._stop_lease_timer()
+        else:
+            self.asked_at = self.expires - self.ttl  # the releaser timed the handoff (Line.hold)
+        return token
+
+    def left_queue(self) -> None:
+        """The queued event leaves (cancelled, or a duplicate): give its place up, passing on
+        what it was just given.
+
+        A lock handed over meanwhile is passed to the next waiter (or released) at once, without
+        an await, so the key is never left to a task that is gone.
+        """
+        self._stop_lease_timer()
+        future = self.future
+        self.future = None
+        if future is None or not future.done() or future.cancelled():
+            if future is not None:
+                future.cancel()
+            self._line.drop_waiter(self)
+        elif future.result() is None:  # promoted to contend, nothing on the state yet
+            self._line.leave(self)
+        else:
+            self._release(None, 0.0)
 
     def _due(self) -> None:
         """A long handler: from now on an AsyncLock renews the lock, and the claim's lease too."""
@@ -113,10 +236,10 @@ class LeanHold(Ticket):
             LockLostError: the lock had expired before the release (the claim is then still
                 to be marked done by a call of its own).
         """
-        if self.lock is not None:
+        claim = self._claim
+        if self.lock is not None or (claim is not None and claim.keeping):
             return False
         disarm(self)
-        claim = self._claim
         if not self._release(claim, done_ttl).owned:
             raise LockLostError(self._line.key, self.owner)
         if claim is not None:
@@ -124,8 +247,17 @@ class LeanHold(Ticket):
         return True
 
     async def handled(self, done_ttl: float) -> None:
-        """:meth:`handled_at_once` for an acquisition an AsyncLock took over."""
+        """:meth:`handled_at_once` for an acquisition an AsyncLock took over, or whose claim's
+        lease was renewed while it waited in line."""
         lock, claim = self.lock, self._claim
+        if lock is None:
+            assert claim is not None
+            disarm(self)  # the release follows the lease's stop at once: no renewal is due
+            await claim.stop_keeping()
+            if not self._release(claim, done_ttl).owned:
+                raise LockLostError(self._line.key, self.owner)
+            claim.done_in_release()
+            return
         assert lock is not None
         if claim is not None:
             await claim.settle_in_release(lock, self._state, done_ttl)
@@ -133,7 +265,13 @@ class LeanHold(Ticket):
 
     def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
         claim_key = claim.key if claim is not None else None
-        result = release_now(self._state, self._line, self, claim_key, claim_ttl)
+        line = self._line
+        if line.waiters or self.release_now is not None or line.member is not self:
+            result = release_now(self._state, line, self, claim_key, claim_ttl)
+        else:  # release_now's common case, inline: nobody to hand over to
+            self.release_with = None
+            result = self._state._release_now(line.key, self.owner, claim_key, claim_ttl)
+            line.promote()
         if _metrics._sink is not None:
             held = asyncio.get_running_loop().time() - self.asked_at
             _metrics.report("lock_released", self._line.key, held)

@@ -127,10 +127,17 @@ def call_later(delay: float, callback: Callable[[], None]) -> Timer:
     return timer
 
 
-def arm(timer: TimerEntry, delay: float, callback: Callable[[], None]) -> None:
-    """:func:`call_later` with ``timer`` as the handle (an entry not armed at the moment)."""
+def arm(
+    timer: TimerEntry,
+    delay: float,
+    callback: Callable[[], None],
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> None:
+    """:func:`call_later` with ``timer`` as the handle (an entry not armed at the moment);
+    ``loop``: the running loop, when the caller has it at hand already."""
     global _recent
-    loop = asyncio.get_running_loop()
+    if loop is None:
+        loop = asyncio.get_running_loop()
     recent = _recent
     if recent is not None and recent[0]() is loop:
         buckets = recent[1]

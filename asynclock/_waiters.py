@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 
 class Ticket:
-    """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on."""
+    """One acquisition attempt: its owner id, TTL, and the future a waiter sleeps on.
+
+    (``LeanHold.__init__`` sets these attributes inline: keep the two in step.)
+    """
 
     __slots__ = ("asked_at", "expires", "future", "owner", "release_now", "release_with", "ttl")
 
@@ -262,8 +265,9 @@ _registry: weakref.WeakKeyDictionary[State, dict[tuple[int, str], Line]] = (
 _recent: tuple[weakref.ref[State], dict[tuple[int, str], Line]] | None = None
 
 
-def line_for(state: State, key: str) -> Line:
-    """The line of ``key`` on ``state`` in the running event loop (created on demand)."""
+def line_for(state: State, key: str, loop: asyncio.AbstractEventLoop | None = None) -> Line:
+    """The line of ``key`` on ``state`` in the running event loop (created on demand);
+    ``loop``: the running loop, when the caller has it at hand already."""
     global _recent
     recent = _recent
     if recent is not None and recent[0]() is state:
@@ -274,7 +278,7 @@ def line_for(state: State, key: str) -> Line:
         except KeyError:
             lines = _registry.setdefault(state, {})
         _recent = (weakref.ref(state), lines)
-    index = (id(asyncio.get_running_loop()), key)
+    index = (id(loop or asyncio.get_running_loop()), key)
     line = lines.get(index)
     if line is None:
         line = lines[index] = Line(index, lines)

@@ -244,7 +244,10 @@ def _dispatcher_rows(view: View) -> list[list[str]]:
         if mode == "burst":
             lost = view.spread(sc, mine, "dropped")
             dropped = view.spread(sc, peer, "dropped")
+            handled = view.spread(sc, mine, "xh_chat")
             measured += f"; dropped {_s(lost, 0)} (chat-sdk {_s(dropped, 0)})"
+            if handled.count:
+                measured += f"; handled events/s {_s(handled, 2)}x chat-sdk's"
             if lost.count and lost.high > 0:
                 verdict = NOT_MET + " (events dropped)"
         rows.append([target, measured, verdict])

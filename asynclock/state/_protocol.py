@@ -532,6 +532,11 @@ class ImmediateSteps(State, ClaimingState, Protocol):
         busy (nothing recorded), ``None`` for a duplicate claim."""
         ...
 
+    def _claim_now(self, claim: str, owner: str, ttl: float) -> bool:
+        """``dedupe_add(claim, ttl)`` recorded as ``owner``'s (as ``acquire_claimed`` records
+        it), without its yield; ``False``: a duplicate."""
+        ...
+
     def _release_now(
         self,
         key: str,

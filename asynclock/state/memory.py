@@ -297,8 +297,13 @@ class MemoryState(ClosesOnExit):
         """
         with self._mutex:
             now = self._clock()
-            self._sweep(now)
-            held = self._live(key, now)
+            heap = self._heap
+            if heap and heap[0][0] <= now:  # (_sweep's own first check, without the call)
+                self._sweep(now)
+            held = self._locks.get(key)
+            if held is not None and held.expires_at <= now:  # (_live, inline)
+                del self._locks[key]
+                held = None
             if held is not None and held.owner != owner:
                 return 0
             if claim is not None and not self._add(claim, now, claim_ttl, owner, sweep=False):
@@ -306,6 +311,18 @@ class MemoryState(ClosesOnExit):
             if held is not None:
                 return held.token
             return self._grant(key, owner, now + ttl, sweep=False)
+
+    def _claim_now(self, claim: str, owner: str, ttl: float) -> bool:
+        """``dedupe_add`` of ``owner``'s claim (``forget_claimed`` can undo it) without its yield.
+
+        Not put on the sweep's heap, as ``_claim_and_acquire_now``'s claim: the queued event
+        marks it done or forgets it before its dispatch returns, and a lease renewal schedules
+        what it extends.
+        """
+        with self._mutex:
+            now = self._clock()
+            self._sweep(now)
+            return self._add(claim, now, ttl, owner, sweep=False)
 
     def _release_now(
         self,
@@ -420,7 +437,10 @@ class MemoryState(ClosesOnExit):
     def _release(
         self, key: str, owner: str, successor: str | None, ttl: float | None, now: float
     ) -> Release:
-        held = self._live(key, now)
+        held = self._locks.get(key)  # (_live, inline: on every release)
+        if held is not None and held.expires_at <= now:
+            del self._locks[key]
+            held = None
         if held is None or held.owner != owner:
             return _NOT_OWNED
         if successor is not None and held.flagged_by in (0, id(asyncio.get_running_loop())):
