@@ -625,6 +625,10 @@ class EventDispatcher:
             if token is None:
                 return _DUPLICATE
         else:
+            if task.cancelling():
+                # a cancellation requested already (the task cancelled itself, or one it
+                # swallowed): let it land before the event is claimed, as the yield rule has it
+                await asyncio.sleep(0)
             claim_key = claim.key if claim is not None else None
             line.member = hold  # the event's place in the key's line, taken on arrival
             # no yield first: the handlers' first suspension is the dispatch's yield (the yield

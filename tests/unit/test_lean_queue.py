@@ -244,3 +244,24 @@ async def test_a_queued_event_promoted_after_the_holder_lost_its_lock_contends_a
         assert bot.seen == ["h", "q"]
         assert await state.inspect(KEY) is None
         assert await bot.dispatcher.dispatch(ev("q")) is Outcome.DUPLICATE
+
+
+async def test_a_cancellation_requested_before_the_dispatch_lands_before_the_claim() -> None:
+    # The lean path acts before its first suspension; a cancellation the task already asked
+    # for must still land first: no handler starts, no claim is left to make the
+    # redelivery a duplicate.
+    state = MemoryState()
+    bot = Bot(state)
+
+    async def cancelled_then_dispatch() -> Outcome:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        return await bot.dispatcher.dispatch(ev("m1"))
+
+    attempt = asyncio.create_task(cancelled_then_dispatch())
+    await asyncio.wait((attempt,))
+    assert attempt.cancelled()
+    assert bot.seen == []
+    assert await bot.dispatcher.dispatch(ev("m1")) is Outcome.HANDLED
+    assert bot.seen == ["m1"]
