@@ -622,9 +622,18 @@ class EventDispatcher:
         arrived = hold.asked_at = loop.time()
         owner = hold.owner
         if queued:
-            token = await hold.wait_in_line(loop, claim)
-            if token is None:
+            turn = hold.arrive(loop, claim)
+            if turn is None:
+                await asyncio.sleep(0)  # the yield rule (the wait is skipped)
                 return _DUPLICATE
+            try:
+                # the yield rule: the line's member is ahead, so this always suspends (nothing
+                # ran since the place was taken that could have handed the lock over)
+                await turn
+            except BaseException:
+                hold.left_queue()
+                raise
+            token = hold.handed() or 0
         else:
             if sys.version_info < (3, 11) or task.cancelling():
                 # a cancellation requested already (the task cancelled itself, or one it

@@ -73,6 +73,7 @@ class LeanHold(Ticket):
         "token",
     )
 
+    swept = False  # a lock handed over to it is released or renewed by the lean path itself
     _bucket: Bucket
     due: float
     callback: Callable[[], None]
@@ -128,33 +129,33 @@ class LeanHold(Ticket):
         self._line.join(self)
         return future
 
-    async def wait_in_line(
+    def arrive(
         self, loop: asyncio.AbstractEventLoop, claim: EventClaim | None
-    ) -> int | None:
-        """The queued path's arrival and wait: the place taken (:meth:`queue`), the claim
-        recorded in one step, then the wait until the lock is handed over.
+    ) -> asyncio.Future[int | None] | None:
+        """The queued path's arrival: the place taken (:meth:`queue`), the claim recorded in
+        one step. Returns the future to await for the turn (then :meth:`handed`; on any error
+        of that await, :meth:`left_queue`), or ``None`` for a duplicate (the place given up).
 
-        Returns the token handed over, ``0`` when promoted to contend (the ticket is then the
-        line's member, with no lock), ``None`` for a duplicate (the place given up).
+        Not a coroutine: the caller awaits the future itself, one frame less at every
+        resumption of a queued event (and one coroutine less to make per event).
         """
         turn = self.queue(loop)  # the event's place in the key's line, taken on arrival
+        if claim is None:
+            return turn
         try:
-            if claim is not None:
-                # recorded now, on arrival, as the general path records a waiter's claim: a
-                # redelivery meanwhile (another dispatcher, another loop) is a duplicate
-                if not self._state._claim_now(claim.key, self.owner, self.ttl):
-                    self.left_queue()
-                    await asyncio.sleep(0)  # the yield rule (the wait below is skipped)
-                    return None
+            # recorded now, on arrival, as the general path records a waiter's claim: a
+            # redelivery meanwhile (another dispatcher, another loop) is a duplicate
+            fresh = self._state._claim_now(claim.key, self.owner, self.ttl)
+            if fresh:
                 claim.recorded_by(self.owner)
                 self.lease_while_queued(claim, loop)
-            # the yield rule: the line's member is ahead, so this always suspends (nothing ran
-            # since the place was taken that could have handed the lock over)
-            await turn
         except BaseException:
             self.left_queue()
             raise
-        return self.handed() or 0
+        if not fresh:
+            self.left_queue()
+            return None
+        return turn
 
     def lease_while_queued(self, claim: EventClaim, loop: asyncio.AbstractEventLoop) -> None:
         """The queued event's claim is recorded: renew its lease from ``lock_ttl / 3`` on, for

@@ -47,6 +47,10 @@ class Ticket:
 
     __slots__ = ("asked_at", "expires", "future", "owner", "release_now", "release_with", "ttl")
 
+    #: whether a lock handed to this ticket by :func:`release_now` goes on MemoryState's sweep
+    #: heap (a LeanHold's does not: the lean path releases or renews it itself)
+    swept = True
+
     def __init__(self, owner: str, ttl: float) -> None:
         self.owner = owner
         self.ttl = ttl
@@ -224,12 +228,13 @@ def release_now(
     still waiting when it gets it, and none of release_chain's passing on or undoing is needed.
     """
     successor = line.next_waiter() if line.member is ticket and line.waiters else None
-    owner, ttl, sent = None, None, 0.0
+    owner, ttl, sent, swept = None, None, 0.0, True
     if successor is not None:
-        owner, ttl, sent = successor.owner, successor.ttl, asyncio.get_running_loop().time()
+        owner, ttl, swept = successor.owner, successor.ttl, successor.swept
+        sent = asyncio.get_running_loop().time()
     step, ticket.release_now, ticket.release_with = ticket.release_now, None, None
     if step is None:
-        result = state._release_now(line.key, ticket.owner, claim, claim_ttl, owner, ttl)
+        result = state._release_now(line.key, ticket.owner, claim, claim_ttl, owner, ttl, swept)
     else:
         result = step(line.key, ticket.owner, owner, ttl)
     if successor is None:

@@ -545,8 +545,10 @@ class ImmediateSteps(State, ClaimingState, Protocol):
         claim_ttl: float = 0.0,
         successor: str | None = None,
         ttl: float | None = None,
+        swept: bool = True,
     ) -> Release:
-        """``release`` (``release_claimed`` with ``claim``) without its yield."""
+        """``release`` (``release_claimed`` with ``claim``) without its yield; ``swept=False``:
+        the successor's lock needs no expiry sweep (the lean path releases it itself)."""
         ...
 
 

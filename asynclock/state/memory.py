@@ -332,13 +332,16 @@ class MemoryState(ClosesOnExit):
         claim_ttl: float = 0.0,
         successor: str | None = None,
         ttl: float | None = None,
+        swept: bool = True,
     ) -> Release:
-        """``release`` (``release_claimed`` with ``claim``) without its yield."""
+        """``release`` (``release_claimed`` with ``claim``) without its yield; ``swept=False``:
+        the successor's lock is not put on the sweep's heap (a lean hold's, released or
+        renewed by the lean path itself, as ``_claim_and_acquire_now``'s)."""
         with self._mutex:
             now = self._clock()
             if claim is not None:
                 self._keep(claim, now, now + claim_ttl)
-            return self._release(key, owner, successor, ttl, now)
+            return self._release(key, owner, successor, ttl, now, swept)
 
     async def acquire_claimed(
         self, key: str, owner: str, ttl: float, *, claim: str, claim_ttl: float
@@ -435,7 +438,13 @@ class MemoryState(ClosesOnExit):
             return self._release(key, owner, successor, ttl, now)
 
     def _release(
-        self, key: str, owner: str, successor: str | None, ttl: float | None, now: float
+        self,
+        key: str,
+        owner: str,
+        successor: str | None,
+        ttl: float | None,
+        now: float,
+        swept: bool = True,
     ) -> Release:
         held = self._locks.get(key)  # (_live, inline: on every release)
         if held is not None and held.expires_at <= now:
@@ -443,9 +452,10 @@ class MemoryState(ClosesOnExit):
             held = None
         if held is None or held.owner != owner:
             return _NOT_OWNED
-        if successor is not None and held.flagged_by in (0, id(asyncio.get_running_loop())):
+        flagged = held.flagged_by  # (the loop is looked up only once a loop flagged it)
+        if successor is not None and (flagged == 0 or flagged == id(asyncio.get_running_loop())):
             assert ttl is not None
-            return Release(True, self._grant(key, successor, now + ttl))
+            return Release(True, self._grant(key, successor, now + ttl, sweep=swept))
         del self._locks[key]
         watchers = self._watchers.get(key)
         if watchers:
