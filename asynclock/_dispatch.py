@@ -633,7 +633,7 @@ class EventDispatcher:
             except BaseException:
                 hold.left_queue()
                 raise
-            token = hold.handed() or 0
+            token: int | None = hold.handed() or 0
         else:
             if sys.version_info < (3, 11) or task.cancelling():
                 # a cancellation requested already (the task cancelled itself, or one it
