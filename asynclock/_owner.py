@@ -15,7 +15,6 @@ import re
 import secrets
 import socket
 import threading
-import weakref
 
 # The Redis scripts split lock values on " " and "|"; keep those out of ids.
 _HOST = re.sub(r"[\s|]", "_", socket.gethostname()) or "localhost"
@@ -66,14 +65,17 @@ def new_owner(task: asyncio.Task[object] | None = None) -> str:
     if task is None:
         return f"{_prefix}:0:{_random_part()}"
     recent = _recent
-    if recent is None or recent[0]() is not task or recent[1] != _prefix:
-        # one task acquiring lock after lock formats its part once (the prefix changes on fork)
-        recent = _recent = (weakref.ref(task), _prefix, f"{_prefix}:{id(task):x}:")
+    task_id = id(task)
+    if recent is None or recent[0] != task_id or recent[1] != _prefix:
+        # one task acquiring lock after lock formats its part once (the prefix changes on
+        # fork). Keyed by the id alone, no weak reference (a third of a miss, as in a burst
+        # of one task per event): a later task with the same id has the same part anyway
+        recent = _recent = (task_id, _prefix, f"{_prefix}:{task_id:x}:")
     return recent[2] + _random_part()
 
 
-#: the last task's ``"<host>:<pid>:<task id>:"``, with the prefix it was made from
-_recent: tuple[weakref.ref[asyncio.Task[object]], str, str] | None = None
+#: the last task's id and its ``"<host>:<pid>:<task id>:"``, with the prefix it was made from
+_recent: tuple[int, str, str] | None = None
 
 
 def new_process_id() -> str:
