@@ -107,6 +107,7 @@ def retry_on_lock_conflict(
     )
     if schedule_source is not None and not isinstance(schedule_source, ScheduleSource):
         raise TypeError(f"schedule_source must be a taskiq ScheduleSource, got {schedule_source!r}")
+    _check_list_prefix(schedule_source)
 
     def decorate(
         function: Callable[P, Coroutine[object, object, R]],
@@ -152,6 +153,26 @@ def _context_of(function: object, args: tuple[object, ...], kwargs: dict[str, ob
         "add a parameter `context: Context = TaskiqDepends()` to the task (and run it in a "
         "taskiq worker)"
     )
+
+
+def _check_list_prefix(source: ScheduleSource | None) -> None:
+    """Refuse a taskiq-redis ``ListRedisScheduleSource`` whose prefix holds a ``:``.
+
+    It keeps timed schedules in one list per minute and reads a *past* minute's list back by
+    splitting its key on ``:`` (``_parse_time_key``, taskiq-redis 1.0-1.2): under a prefix
+    with a colon that parse fails, so a retry that was not fetched within its own minute (one
+    due just before a minute boundary) is never sent, and the job is lost silently.
+    """
+    if type(source).__name__ != "ListRedisScheduleSource":
+        return
+    prefix = getattr(source, "_prefix", None)
+    if isinstance(prefix, str) and ":" in prefix:
+        raise ValueError(
+            f"schedule_source: a ListRedisScheduleSource with prefix {prefix!r} loses retries "
+            "due across a minute boundary (taskiq-redis splits its keys on ':' to read past "
+            "minutes back); use a prefix without ':', e.g. "
+            f"{prefix.replace(':', '-')!r}"
+        )
 
 
 async def _kick_later(

@@ -29,7 +29,12 @@ def make_broker(namespace: str | None = None, url: str = bodies.REDIS_URL) -> Re
 
 
 broker = make_broker()
-source = ListRedisScheduleSource(bodies.REDIS_URL, prefix=f"{bodies.queue_name('taskiq')}:schedule")
+# no ':' in the prefix: taskiq-redis reads a past minute's schedules back by splitting the key
+# on ':' (ListRedisScheduleSource._parse_time_key), so a retry due just before a minute
+# boundary would never be sent (retry_on_lock_conflict refuses such a source)
+source = ListRedisScheduleSource(
+    bodies.REDIS_URL, prefix=bodies.queue_name("taskiq").replace(":", "-") + "-schedule"
+)
 scheduler = TaskiqScheduler(broker, sources=[source])
 
 

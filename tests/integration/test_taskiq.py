@@ -147,6 +147,17 @@ async def test_fairness_against_plain_taskiq_retries(
 
 
 class TestStartupCheck:
+    def test_a_list_schedule_source_with_a_colon_in_its_prefix_is_refused(self) -> None:
+        # taskiq-redis splits its time keys on ':' to read a past minute back: under such a
+        # prefix a retry due across a minute boundary is never sent (found in this suite)
+        from taskiq_redis import ListRedisScheduleSource
+
+        colon = ListRedisScheduleSource(REDIS.url, prefix="app:schedule")
+        with pytest.raises(ValueError, match=r"'app:schedule'.*'app-schedule'"):
+            retry_on_lock_conflict(wait=1.0, attempts=2, schedule_source=colon)
+        plain = ListRedisScheduleSource(REDIS.url, prefix="app-schedule")
+        assert callable(retry_on_lock_conflict(wait=1.0, attempts=2, schedule_source=plain))
+
     def test_too_few_tries_is_a_value_error_naming_both_numbers(self) -> None:
         from taskiq import InMemoryBroker
 
