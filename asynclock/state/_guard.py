@@ -144,10 +144,6 @@ class OperationGuard:
         """The StateUnavailableError for ``exc`` (chain it: ``raise guard.error(exc) from exc``)."""
         return unavailable_error(exc, self.where, self.op_timeout)
 
-    def maps(self, exc: BaseException) -> bool:
-        """Whether ``exc`` means the server is unavailable (what the guard maps)."""
-        return isinstance(exc, self._mapped)
-
 
 class _Operation:
     """One guarded operation: its deadline entry, and the mapping on the way out."""
