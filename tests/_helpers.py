@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-    from asynclock import AsyncLock
+    from asynclock.state import State
 
+from asynclock import AsyncLock
 from asynclock.state import MemoryState
 
 T = TypeVar("T")
@@ -148,3 +149,17 @@ class LocksOnly:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+async def pair_seconds(state: State, key_prefix: str, pairs: int) -> float:
+    """Seconds per uncontended acquire+release by the calling task, over ``pairs`` pairs.
+
+    A new :class:`AsyncLock` per pair on 16 rotating keys ``<key_prefix>pair-<n>``, as a
+    request handler makes them: what the lock-scaling tests time.
+    """
+    t0 = time.perf_counter()
+    for n in range(pairs):
+        lock = AsyncLock(state, f"{key_prefix}pair-{n % 16}", ttl=60.0)
+        await lock.acquire()
+        await lock.release()
+    return (time.perf_counter() - t0) / pairs

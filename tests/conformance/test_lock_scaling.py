@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 from typing import TYPE_CHECKING
 
 import pytest
 
 from asynclock import AsyncLock
+from tests._helpers import pair_seconds
 
 if TYPE_CHECKING:
     from asynclock.state import State
@@ -33,16 +33,6 @@ BATCHES = 12
 BOUND = 1.5
 
 
-async def _batch(state: State, key: str) -> float:
-    """Seconds per pair over ``PAIRS`` acquire+release pairs by the calling task."""
-    t0 = time.perf_counter()
-    for n in range(PAIRS):
-        lock = AsyncLock(state, f"{key}:pair-{n % 16}", ttl=60.0)
-        await lock.acquire()
-        await lock.release()
-    return (time.perf_counter() - t0) / PAIRS
-
-
 async def test_a_pair_costs_the_same_with_10000_locks_held_by_the_task(
     server_state: State, key: str
 ) -> None:
@@ -53,9 +43,11 @@ async def test_a_pair_costs_the_same_with_10000_locks_held_by_the_task(
     gc.disable()  # a full collection with 10,000 locks alive is not what is measured
     try:
         for _ in range(BATCHES):
-            holder = min(holder, await _batch(server_state, key))
+            holder = min(holder, await pair_seconds(server_state, f"{key}:", PAIRS))
             # another task of this process, holding nothing
-            fresh = min(fresh, await asyncio.create_task(_batch(server_state, key)))
+            fresh = min(
+                fresh, await asyncio.create_task(pair_seconds(server_state, f"{key}:", PAIRS))
+            )
     finally:
         gc.enable()
         for lock in held:
