@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Sequence
 
+    from asynclock._claim import WaitingClaims
     from asynclock._handlers import HandlerTable, Registered
 
 #: an event of a latest/debounce backlog and the future its dispatch waits on
@@ -71,13 +72,16 @@ def settle(entries: list[Waiting], error: BaseException) -> None:
 class Backlog:
     """Events of one busy key waiting under ``latest``/``debounce`` in this process."""
 
-    __slots__ = ("debounce", "drainer", "entries", "last_arrival")
+    __slots__ = ("claims", "debounce", "drainer", "entries", "last_arrival")
 
     def __init__(self, debounce: bool) -> None:
         self.debounce = debounce
         self.entries: list[Waiting] = []
         self.drainer: asyncio.Task[object] | None = None
         self.last_arrival = 0.0
+        #: the claims of the events that joined on MemoryState's lean path, until each has its
+        #: outcome (made by the first of them)
+        self.claims: WaitingClaims | None = None
 
 
 def fold(batch: Sequence[Event], handlers: HandlerTable) -> list[BatchCall]:

@@ -5,6 +5,8 @@ mark it done only once it was handled: a worker that dies mid-event hides the pl
 redelivery for at most the lease, never for the whole dedupe TTL.
 
 * :class:`LeaseKeeper` renews an in-progress record until the work ends.
+* :class:`WaitingClaims`: the records of events that wait together (a ``latest`` backlog on
+  MemoryState's lean path), one timer for all of them until a renewal is due.
 * :class:`EventClaim` is one dispatch's claim on an event, moving through :class:`Phase`. It
   composes with the event's :class:`AsyncLock` only through the lock's two generic hooks
   (``_arm_first_attempt`` and ``_arm_release``): on a :class:`ClaimingState` the claim rides on
@@ -20,14 +22,15 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from asynclock._errors import StateUnavailableError
-from asynclock._timers import Timer, call_later
+from asynclock._timers import Timer, arm, call_later, disarm
 from asynclock._validate import check_key
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
     from asynclock._event import Event
     from asynclock._lock import AsyncLock
+    from asynclock._timers import Bucket
     from asynclock._waiters import ReleaseStep
     from asynclock.state._protocol import ClaimingState, Grant, Release, State
 
@@ -92,6 +95,51 @@ class LeaseKeeper:
         await asyncio.wait({task})
 
 
+class WaitingClaims:
+    """In-progress claims of events that wait together, renewed by one timer, not one each.
+
+    A :class:`LeaseKeeper` per waiting event costs a timer per event; a burst of events folded
+    into one handler call (``latest``) is mostly waiting. Here a claim :meth:`add`-ed (just
+    recorded, with a lease of ``lease`` seconds) costs a dict entry. The group's one timer is
+    armed when its first claim comes in; when it fires (``lease/3`` later) every claim still in
+    the group gets a keeper of its own, due at once (:meth:`EventClaim.keep`), and leaves it.
+
+    Invariant: a claim added is renewed no later than ``lease/3`` after it was added, for as
+    long as it is not :meth:`remove`-d; a claim that left the group is never touched by it.
+    """
+
+    __slots__ = ("_bucket", "_claims", "_lease", "_state", "callback", "due")
+
+    _bucket: Bucket
+    due: float
+    callback: Callable[[], None]
+
+    def __init__(self, state: State, lease: float) -> None:
+        self._state = state
+        self._lease = lease
+        self._claims: dict[EventClaim, None] = {}
+
+    def add(self, claim: EventClaim, loop: asyncio.AbstractEventLoop) -> None:
+        """``claim`` was just recorded: renew it from ``lease/3`` on, until :meth:`remove`."""
+        claims = self._claims
+        if not claims:
+            arm(self, self._lease / 3, self._due, loop)
+        claims[claim] = None
+
+    def remove(self, claim: EventClaim) -> None:
+        """Stop renewing ``claim`` here (a keeper it was given goes on: see ``claim.keeping``)."""
+        claims = self._claims
+        if claim in claims:
+            del claims[claim]
+            if not claims:
+                disarm(self)  # armed when the group filled, not fired since (that empties it)
+
+    def _due(self) -> None:
+        claims, self._claims = self._claims, {}
+        for claim in claims:
+            claim.keep(self._state, self._lease, due_now=True)
+
+
 class Phase(enum.Enum):
     """Where one dispatch's claim on an event stands."""
 
@@ -102,7 +150,7 @@ class Phase(enum.Enum):
     IN_PROGRESS = "in progress"
     #: the handlers returned; the done mark is still to be written
     HANDLED = "handled"
-    #: handled, and the done mark rides on the lock's release
+    #: handled, and the done mark rode on the lock's release (or a lean step of its own)
     DONE_IN_RELEASE = "done in release"
     #: forgotten, so the platform's redelivery is processed
     FORGOTTEN = "forgotten"
@@ -207,6 +255,11 @@ class EventClaim:
 
     def done_in_release(self) -> None:
         """Handled, and the release that just went through marked the claim done."""
+        self.phase = _DONE_IN_RELEASE
+
+    def done_at_once(self) -> None:
+        """Concluded (handled, or folded into a handler call), and marked done just now by a
+        step without an await (MemoryState's lean path): nothing is left to write."""
         self.phase = _DONE_IN_RELEASE
 
     def handled_now(self) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 from asynclock import metrics as _metrics
 from asynclock._backlog import Backlog, BatchCall, Waiting, conclude, fold, settle
 from asynclock._cancel import finish_despite_cancellation
-from asynclock._claim import EventClaim
+from asynclock._claim import EventClaim, WaitingClaims
 from asynclock._delivery import Delivery
 from asynclock._errors import InboxFullError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
@@ -515,6 +515,10 @@ class EventDispatcher:
                 return self._route_lean(
                     lean, line, event, lock_key, claim, loop, submitted=submitted, queued=True
                 )
+            elif self._policy == "latest" or self._policy == "debounce":
+                # busy in this loop: the general path would not ask the state for the lock
+                # either (the line's member is ahead), but join the backlog
+                return self._fold_lean(lean, event, lock_key, claim, loop)
         return self._route(event, lock_key, claim, submitted=submitted)
 
     async def _route(
@@ -701,6 +705,42 @@ class EventDispatcher:
             raise
         return Outcome.QUEUED if queued else _HANDLED
 
+    async def _fold_lean(
+        self,
+        lean: ImmediateSteps,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Outcome:
+        """:meth:`_route` for a key busy in this loop under ``latest``/``debounce``, on
+        MemoryState: one step records the claim (a duplicate is answered at once), the event
+        joins the key's backlog, where its claim's lease is renewed with the backlog's
+        (:class:`WaitingClaims`, no timer of its own), and one more step marks the claim done as
+        its outcome comes back. The wait for the outcome is the dispatch's yield."""
+        ttl = self._lock_ttl
+        if claim is not None:
+            owner = new_owner(asyncio.current_task(loop))
+            if not lean._claim_now(claim.key, owner, ttl):
+                await asyncio.sleep(0)  # the yield rule
+                return _DUPLICATE
+            claim.recorded_by(owner)
+        backlog, outcome = self._backlog_entry(event, lock_key, self._policy == "debounce", loop)
+        if claim is None:
+            return await outcome
+        claims = backlog.claims
+        if claims is None:
+            claims = backlog.claims = WaitingClaims(lean, ttl)
+        claims.add(claim, loop)
+        try:
+            concluded = await outcome
+        finally:
+            claims.remove(claim)
+        if not claim.keeping:  # (else its keeper is stopped first, by the general finish)
+            lean._keep_now(claim.key, self._done_ttl)
+            claim.done_at_once()
+        return concluded
+
     async def _claim_alone(self, claim: EventClaim) -> bool:
         """Record ``claim`` in progress by a call of its own; ``False``: it is a duplicate."""
         if not await self._state.dedupe_add(claim.key, self._lock_ttl):
@@ -826,6 +866,13 @@ class EventDispatcher:
 
     async def _join_backlog(self, event: Event, lock_key: str, *, debounce: bool) -> Outcome:
         loop = asyncio.get_running_loop()
+        return await self._backlog_entry(event, lock_key, debounce, loop)[1]
+
+    def _backlog_entry(
+        self, event: Event, lock_key: str, debounce: bool, loop: asyncio.AbstractEventLoop
+    ) -> tuple[Backlog, asyncio.Future[Outcome]]:
+        """Append ``event`` to ``lock_key``'s backlog (starting its drainer if none runs): the
+        backlog, and the future of the event's outcome."""
         backlog = self._backlogs.get(lock_key)
         if backlog is None:
             backlog = self._backlogs[lock_key] = Backlog(debounce)
@@ -834,7 +881,7 @@ class EventDispatcher:
         backlog.last_arrival = loop.time()
         if backlog.drainer is None:
             backlog.drainer = self._spawn(self._drain(lock_key, backlog), f"drain {lock_key!r}")
-        return await future
+        return backlog, future
 
     async def _drain(self, lock_key: str, backlog: Backlog) -> None:
         """Serve a backlog: take the lock, handle each thread's newest event, the rest skipped.

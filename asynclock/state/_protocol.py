@@ -501,10 +501,11 @@ class ImmediateSteps(State, ClaimingState, Protocol):
     and the names stay private because nothing outside the package should call them.
 
     Invariants: each ``_*_now`` method is one atomic step with the effect of its async
-    namesake (``acquire``, ``acquire_claimed``, ``release``, ``release_claimed``), its
-    arguments already checked by the caller. ``_steps_are_own()`` is False whenever those async
-    steps were replaced (a subclass, a test's spy, an injected fault): the caller must then go
-    through them, so whatever replaced them sees every operation.
+    namesake (``acquire``, ``acquire_claimed``, ``release``, ``release_claimed``,
+    ``dedupe_add``, ``dedupe_keep``), its arguments already checked by the caller.
+    ``_steps_are_own()`` is False whenever those async steps were replaced (a subclass, a
+    test's spy, an injected fault): the caller must then go through them, so whatever
+    replaced them sees every operation.
     """
 
     def _steps_are_own(self) -> bool:
@@ -535,6 +536,10 @@ class ImmediateSteps(State, ClaimingState, Protocol):
     def _claim_now(self, claim: str, owner: str, ttl: float) -> bool:
         """``dedupe_add(claim, ttl)`` recorded as ``owner``'s (as ``acquire_claimed`` records
         it), without its yield; ``False``: a duplicate."""
+        ...
+
+    def _keep_now(self, claim: str, ttl: float) -> None:
+        """``dedupe_keep(claim, ttl)`` without its yield."""
         ...
 
     def _release_now(

@@ -247,12 +247,14 @@ class MemoryState(ClosesOnExit):
         other path.
         """
         cls = type(self)
-        acquire, acquire_claimed, release, release_claimed = _OWN_STEPS
+        acquire, acquire_claimed, release, release_claimed, dedupe_add, dedupe_keep = _OWN_STEPS
         return (
             cls.acquire is acquire
             and cls.acquire_claimed is acquire_claimed
             and cls.release is release
             and cls.release_claimed is release_claimed
+            and cls.dedupe_add is dedupe_add
+            and cls.dedupe_keep is dedupe_keep
         )
 
     def _acquire_now(self, key: str, owner: str, ttl: float) -> Grant:
@@ -323,6 +325,13 @@ class MemoryState(ClosesOnExit):
             now = self._clock()
             self._sweep(now)
             return self._add(claim, now, ttl, owner, sweep=False)
+
+    def _keep_now(self, claim: str, ttl: float) -> None:
+        """``dedupe_keep`` without its yield: the claim of a folded (``latest``) event marked
+        done by its dispatch as it returns."""
+        with self._mutex:
+            now = self._clock()
+            self._keep(claim, now, now + ttl)
 
     def _release_now(
         self,
@@ -766,4 +775,6 @@ _OWN_STEPS = (
     MemoryState.acquire_claimed,
     MemoryState.release,
     MemoryState.release_claimed,
+    MemoryState.dedupe_add,  # (as _claim_now)
+    MemoryState.dedupe_keep,  # (as _keep_now)
 )

@@ -1106,6 +1106,33 @@ class TestTwoPhaseClaims:
         assert await soon(waiter) is Outcome.QUEUED
         assert gate.ids == ["m1", "m2"]
 
+    @pytest.mark.parametrize("waits", [3, 0], ids=["through-leases", "briefly"])
+    async def test_folded_events_keep_their_claims_while_they_wait(
+        self, state: State, waits: int
+    ) -> None:
+        # latest: the waiting events' claims are renewed (on MemoryState by their backlog's one
+        # timer), and each is remembered as done once its outcome is in, skipped or handled
+        gate = Gate()
+        bot = bot_with(state, gate, lock_ttl=self.LEASE, on_lock_conflict="latest")
+        conflicts = Conflicts("queue")
+        other = bot_with(state, gate, lock_ttl=self.LEASE, on_lock_conflict=conflicts)
+        holder = await hold_key(bot, gate, ev("m1"))
+        waiters = [asyncio.create_task(bot.dispatch(ev(m))) for m in ("m2", "m3")]
+        await asyncio.sleep(waits * self.LEASE)
+        for m in ("m2", "m3"):
+            assert await other.dispatch(ev(m)) is Outcome.DUPLICATE
+        assert not conflicts.seen  # duplicates before any lock
+        gate.open()
+        assert await soon(holder) is Outcome.HANDLED
+        # (which of the two is the newer depends on the state: a server's claims race)
+        outcomes = dict(zip(("m2", "m3"), await soon(asyncio.gather(*waiters)), strict=True))
+        assert sorted(outcomes.values()) == [Outcome.QUEUED, Outcome.SKIPPED]
+        await asyncio.sleep(2 * self.LEASE)  # past the lease: remembered for good
+        for m in ("m2", "m3"):
+            assert await other.dispatch(ev(m)) is Outcome.DUPLICATE
+        handled = [m for m, outcome in outcomes.items() if outcome is Outcome.QUEUED]
+        assert gate.ids == ["m1", *handled]
+
     async def test_a_failed_event_is_forgotten_and_a_handled_one_kept(self, state: State) -> None:
         fail = {"m1"}
 
