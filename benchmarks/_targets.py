@@ -470,5 +470,32 @@ def markdown(view: View) -> str:
         ),
         "",
         *_table(rows16),
+        "",
+        _why_burst(view),
     ]
     return "\n".join(lines)
+
+
+def _why_burst(view: View) -> str:
+    """Why the burst rows stay below chat-sdk's dispatch calls per second (docs/decisions.md)."""
+    sc = "dispatcher"
+    plain = view.spread(sc, _dispatcher.M_CHAT_B, "x_plain")
+    plain_text = (
+        f" (this run: chat-sdk at {_s(plain, 2)}x the plain baseline)" if plain.count else ""
+    )
+    dropped = view.spread(sc, _dispatcher.M_CHAT_B, "dropped")
+    lost = (
+        f" ({fmt(dropped.median, 0)} of the run's events fell out of its queue)"
+        if dropped.count
+        else ""
+    )
+    return (
+        "**Why the burst rows stay below chat-sdk's call rate.** The ratio is of dispatch calls "
+        "per second, and what sets it is the event-loop passes a call needs. chat-sdk answers a "
+        "call whose thread is busy after one: it appends the message to its queue and returns, "
+        f"the caller never told what became of it{lost}. asynclock's `dispatch` returns the "
+        "event's outcome (SPEC section 5), so a folded event (`latest`) needs two passes and a "
+        "queued one three, as many as the plain `dict` of `asyncio.Lock` that runs every "
+        f"event{plain_text}. What that leaves for asynclock's own steps per event, and what "
+        'they measure: docs/decisions.md, "`latest` on `MemoryState`".'
+    )
