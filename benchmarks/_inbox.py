@@ -120,6 +120,61 @@ async def _drain(api: Any, cfg: Config, n: int) -> tuple[float, float]:
     return n / elapsed, sends.sends / n
 
 
+#: how many workers share the inbox in the ``workers`` measurement (each on a client of its own)
+WORKERS = (1, 3, 6)
+#: accepts in flight at once there (a webhook server's concurrent requests)
+IN_FLIGHT = 50
+
+
+async def _workers(api: Any, cfg: Config, n: int, m: int, tag: str) -> tuple[float, float]:
+    """(seconds, round trips per event) for ``n`` events accepted ``IN_FLIGHT`` at a time while
+    ``m`` workers drain them, each ``serve()`` on a client of its own (as processes have) and its
+    handler taking 1 ms; every client's sends counted, the accepts' included."""
+    prefix = cfg.key("inbox", "workers", tag) + ":"
+    handled, target = 0, 1  # the first event warms every worker's path up
+    done = asyncio.Event()
+
+    async def handler(e: Any) -> None:
+        nonlocal handled
+        handled += 1
+        if handled == target:
+            done.set()
+        await asyncio.sleep(0.001)
+
+    def dispatcher() -> Any:
+        state = api.module.RedisState.from_url(cfg.url, prefix=prefix)
+        bot = api.module.EventDispatcher(state, on_lock_conflict="queue", max_pending=10**6)
+        bot.add_handler("*", handler)
+        return bot
+
+    producer, workers = dispatcher(), [dispatcher() for _ in range(m)]
+    serving = [asyncio.create_task(bot.serve()) for bot in workers]
+    event = api.module.Event
+    await producer.accept(event("message", "bench", "C", "warm", f"{tag}-warm"))
+    await asyncio.wait_for(done.wait(), 30)
+    handled, target = 0, n
+    done.clear()
+    gate = asyncio.Semaphore(IN_FLIGHT)
+
+    async def accept(i: int) -> None:
+        async with gate:
+            await producer.accept(event("message", "bench", "C", f"T{i % KEYS}", f"{tag}-{i}"))
+
+    sends = SendCounter()
+    with sends.counting():
+        t0 = time.perf_counter()
+        await asyncio.gather(*(accept(i) for i in range(n)))
+        await asyncio.wait_for(done.wait(), 120)
+        elapsed = time.perf_counter() - t0
+    bots = (*workers, producer)
+    for bot in bots:
+        await bot.aclose()
+    await asyncio.gather(*serving)  # every serve() done before its state is closed
+    for bot in bots:
+        await bot.state.aclose()
+    return elapsed, sends.sends / n
+
+
 async def _latency(api: Any, cfg: Config, n: int, *, loaded: bool) -> list[float]:
     """Seconds from calling accept() until the handler starts, one event at a time."""
     tag = "loaded" if loaded else "idle"
@@ -237,6 +292,11 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         chat_store.append(await peer.adapter_enqueue_rate(sdk, cfg, n, NAMES, f"s{r}"))
     log("inbox: drain and latency")
     drain_rate, drain_trips = await _drain(api, cfg, n)
+    shared: dict[int, list[tuple[float, float]]] = {m: [] for m in WORKERS}
+    for r in range(rounds):
+        log(f"inbox: workers round {r + 1}/{rounds}")
+        for m in WORKERS:
+            shared[m].append(await _workers(api, cfg, n, m, f"w{r}-{m}"))
     probes = 100 if cfg.quick else 300
     idle = await _latency(api, cfg, probes, loaded=False)
     loaded = await _latency(api, cfg, probes, loaded=True)
@@ -284,6 +344,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             ),
         ],
         drain=(drain_rate, drain_trips),
+        shared=shared,
         latencies=[
             ("**asynclock** `accept` -> `serve()` handler", idle, loaded),
             (
@@ -322,6 +383,7 @@ def _body(
     rounds: int,
     throughput: list[tuple[str, list[float], list[float], list[float], list[float]]],
     drain: tuple[float, float],
+    shared: dict[int, list[tuple[float, float]]],
     latencies: list[tuple[str, list[float], list[float]]],
     bursts: dict[tuple[str, float], list[peer.Burst]],
 ) -> str:
@@ -384,6 +446,25 @@ def _body(
             (
                 f"Drain: one `serve()` handles {n} accepted events at {fmt(drain[0], 0)} events/s, "
                 f"{drain[1]:.2f} round trips per event (lock, steps, subscription, rescans)."
+            ),
+            (
+                f"**Workers sharing the inbox**: {n} events over the {KEYS} keys accepted "
+                f"{IN_FLIGHT} at a time while 1, 3 or 6 workers drain them (each `serve()` on a "
+                "client of its own, as processes have; the handler takes 1 ms), so the keys "
+                "are mostly busy. An accept for a key whose lock is held publishes nothing (its "
+                "holder's next step takes the entry), so the workers do not rescan or try locks "
+                "another worker holds. Round trips: every client's sends, the accepts' included:"
+            ),
+            _table(
+                ("workers", "seconds until all handled", "round trips / event"),
+                [
+                    (
+                        str(m),
+                        fmt_spread(Spread.of(t for t, _ in results), 2),
+                        fmt_spread(Spread.of(p for _, p in results), 2),
+                    )
+                    for m, results in shared.items()
+                ],
             ),
             (
                 "**From the call until the handler starts**, one event at a time, p50 / p99 ms "

@@ -354,8 +354,8 @@ class InboxState(Protocol):
         Atomic against every process: if ``claim`` is recorded (not expired) nothing is appended
         (``"duplicate"``); if ``max_pending`` entries are pending nothing is appended
         (``"full"``); else the entry is appended, ``claim`` is recorded for ``claim_ttl``
-        seconds, the key is marked as having work and inbox watchers are woken. Returns once the
-        server confirmed the write.
+        seconds, the key is marked as having work and inbox watchers are woken (unless the key's
+        lock is held: see :meth:`inbox_watch`). Returns once the server confirmed the write.
         """
         ...
 
@@ -416,7 +416,13 @@ class InboxState(Protocol):
         ...
 
     def inbox_watch(self) -> AbstractAsyncContextManager[Watch]:
-        """A watch woken whenever an entry is accepted, for any key."""
+        """A watch woken whenever an entry is accepted, for any key.
+
+        A backend may leave it asleep for an entry accepted while the key's lock is held: the
+        holder drains the key, and its next :meth:`inbox_step` (atomic with the accept) hands
+        the entry out, or a release-if-empty that came first left the lock free for this
+        accept to see. So only a key nobody drains wakes every worker to try its lock.
+        """
         ...
 
     async def inbox_keys(self) -> list[InboxKey]:

@@ -623,7 +623,8 @@ class MemoryState(ClosesOnExit):
                 inbox = self._inboxes[key] = _Inbox()
             inbox.entries.append(_Entry(inbox.next_id, 0, payload, now))
             inbox.next_id += 1
-            self._wake(self._inbox_watchers)
+            if self._live(key, now) is None:  # a holder's next step takes it (inbox_watch)
+                self._wake(self._inbox_watchers)
             return InboxAccepted("accepted", pending + 1)
 
     async def inbox_step(

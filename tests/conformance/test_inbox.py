@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import (
+    AsyncLock,
     Event,
     EventDispatcher,
     HandlerContext,
@@ -27,7 +28,7 @@ from asynclock import (
 )
 from asynclock.state._protocol import InboxState
 from tests._helpers import LocksOnly
-from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
+from tests._matrix import INBOX_STATES, PUSH_INBOX_STATES, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -89,6 +90,7 @@ class Recorder:
         self.per_key: defaultdict[str, list[str | None]] = defaultdict(list)
         self.inside: Counter[str] = Counter()
         self.overlaps = 0
+        self.most_at_once = 0  # handlers running at the same time, over every key
         self.pause = pause
         self.tokens: defaultdict[str, list[int]] = defaultdict(list)
 
@@ -96,6 +98,7 @@ class Recorder:
         self.inside[ctx.lock_key] += 1
         if self.inside[ctx.lock_key] > 1:
             self.overlaps += 1
+        self.most_at_once = max(self.most_at_once, sum(self.inside.values()))
         try:
             self.calls.append((ctx.lock_key, event.message_id, ctx.attempt))
             self.per_key[ctx.lock_key].append(event.message_id)
@@ -189,16 +192,15 @@ class TestServe:
         bot = bot_on(state, recorder)
         for n in range(30):
             await bot.accept(ev(n, thread=f"T{n % 3}"))
-        started = time.monotonic()
         task = await serving(bot)
         await until(lambda: len(recorder.calls) == 30, "all 30 handled")
-        elapsed = time.monotonic() - started
         await stop(bot, task)
         for t in range(3):
             assert recorder.per_key[f"slack:C1:T{t}"] == [f"m{n}" for n in range(t, 30, 3)]
         assert recorder.overlaps == 0
         assert all(attempt == 1 for _, _, attempt in recorder.calls)
-        assert elapsed < 30 * 0.01 * 0.9, f"keys were not drained in parallel ({elapsed:.2f} s)"
+        # (a wall-clock bound said the same, until a loaded machine made it fail now and then)
+        assert recorder.most_at_once >= 2, "the keys were not drained in parallel"
         assert await state.inbox_ready() == []  # type: ignore[attr-defined]
         for t in range(3):  # release-if-empty freed every key
             assert await state.inspect(f"slack:C1:T{t}") is None
@@ -286,6 +288,55 @@ class TestServe:
         task = await serving(worker)
         await until(lambda: len(recorder.calls) == 5, "the backlog handled")
         await stop(worker, task)
+
+
+@pytest.mark.parametrize("space", PUSH_INBOX_STATES, indirect=True)
+class TestWakeUps:
+    """Who an accept wakes: the workers, unless the key's lock is held (its holder drains it)."""
+
+    # how long an absent wake-up is waited for: a pushed one takes about a millisecond here
+    QUIET = 0.3
+
+    async def test_an_accept_for_a_held_key_wakes_no_worker(self, space: Namespace) -> None:
+        state, worker = space.open(), space.open()  # the worker: another process's client
+        assert isinstance(worker, InboxState)
+        bot = bot_on(state, Recorder())
+        try:
+            async with worker.inbox_watch() as watch:
+                async with AsyncLock(state, "slack:C1:T1", 5.0):  # as a drainer holds it
+                    watch.reset()
+                    assert await bot.accept(ev(1)) is Outcome.ACCEPTED
+                    assert not await watch.wait(self.QUIET), "woken for a held key"
+                watch.reset()
+                assert await bot.accept(ev(2, thread="T2")) is Outcome.ACCEPTED
+                assert await watch.wait(SOON), "not woken for a key nobody holds"
+            # the entry accepted under the held lock is there for whoever takes the key next
+            assert sorted(await worker.inbox_ready()) == ["slack:C1:T1", "slack:C1:T2"]
+        finally:
+            await bot.aclose()
+            await _close(state, worker)
+
+    async def test_the_holders_next_step_takes_what_was_accepted(self, space: Namespace) -> None:
+        # a worker draining a key hears of nothing new, yet hands out each entry in turn
+        state, worker = space.open(), space.open()
+        recorder = Recorder(pause=0.02)
+        producer = bot_on(state, Recorder())
+        bot = bot_on(worker, recorder)
+        task = await serving(bot)
+        try:
+            for n in range(20):
+                assert await producer.accept(ev(n)) is Outcome.ACCEPTED
+            await until(lambda: len(recorder.calls) == 20, "all 20 handled")
+            assert recorder.per_key["slack:C1:T1"] == [f"m{n}" for n in range(20)]
+        finally:
+            await stop(bot, task)
+            await producer.aclose()
+            await _close(state, worker)
+
+
+async def _close(*states: State) -> None:
+    for opened in {id(s): s for s in states}.values():  # (memory: one object twice)
+        await opened.aclose()
 
 
 class TestFailures:

@@ -278,13 +278,14 @@ RETURNING 1
 -- inbox_accept --
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
 -- entries are pending ("full"); record the claim for claim_ttl_ms, mark the key as having work
--- and NOTIFY the inbox channel (payload: the prefix's id in hex). Answers (status, pending).
--- Atomic: one call of inbox_accept_v2 (schema.sql), one transaction that first locks the key's
+-- and NOTIFY the inbox channel (payload: the prefix's id in hex) unless the key's lock is held
+-- (its holder's next step takes the entry). Answers (status, pending).
+-- Atomic: one call of inbox_accept_v3 (schema.sql), one transaction that first locks the key's
 -- inboxes row, so concurrent accepts and drain steps of one key run one after the other.
 SELECT status, pending
-FROM {prefix}inbox_accept_v2(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
+FROM {prefix}inbox_accept_v3(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
                              %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s, %(channel)s,
-                             %(wake)s)
+                             %(wake)s, false)
 
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the

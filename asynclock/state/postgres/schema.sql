@@ -116,10 +116,14 @@ $$;
 -- record, so two accepts of one event id never both succeed, even across keys; a record taken
 -- over loses its owner, so the late forget_claimed of the dispatch whose claim lapsed cannot
 -- delete it (v1 kept the owner). The NOTIFY reaches the listeners when the transaction commits.
--- Versioned name: a later change adds _v3.
-CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v2(
+-- v3: the NOTIFY goes out only while nobody holds the key's lock (unless p_wake_always): a holder
+-- drains the key, and its next step, serialized with this accept on the inboxes row, takes the
+-- entry, so waking every worker to try the lock would only cost them a failed try each.
+-- Versioned name: a later change adds _v4.
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v3(
     p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
-    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text
+    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text,
+    p_wake_always boolean
 ) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
 DECLARE
     v_pending integer;
@@ -155,9 +159,23 @@ BEGIN
     RETURNING i.last_id, i.pending INTO v_id, v_pending;
     INSERT INTO {prefix}inbox_entries (inbox, id, attempts, accepted_at, payload)
     VALUES (p_id, v_id, 0, now(), p_payload);
-    PERFORM pg_notify(p_channel, p_wake);
+    IF p_wake_always OR NOT EXISTS (
+        SELECT 1 FROM {prefix}locks l
+        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
+    ) THEN
+        PERFORM pg_notify(p_channel, p_wake);
+    END IF;
     RETURN QUERY SELECT 'accepted'::text, v_pending;
 END
+$$;
+
+-- inbox_accept_v2: v3 waking the workers at every accept (what the release before v3 calls).
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v2(
+    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
+    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text
+) RETURNS TABLE (status text, pending integer) LANGUAGE sql AS $$
+    SELECT * FROM {prefix}inbox_accept_v3(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                         p_claim_ttl_ms, p_max_pending, p_channel, p_wake, true)
 $$;
 
 -- inbox_step: as the lock's owner, finish the head (done: delete it; with dead: make it a dead

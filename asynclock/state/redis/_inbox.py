@@ -95,7 +95,7 @@ class RedisInbox:
         reply = await self._eval_listing(
             "inbox_accept",
             lock_key,
-            (entries, seq, ready, claim_key, mark),
+            (entries, seq, ready, claim_key, mark, lock_key),
             (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
             lambda reply: isinstance(reply, list) and text(reply[0]) == "unlisted",
             f"an event for {key!r} was accepted",
