@@ -81,8 +81,9 @@ async def _floor(cfg: Config, n: int, tag: str) -> float:
     ready, mark, wake = f"{prefix}:ready", f"{prefix}:listed", f"{prefix}:wake"
     t0 = time.perf_counter()
     for i in range(n):
-        base = f"{prefix}:{{k{i % KEYS}}}:inbox"
-        keys = [base, f"{base}:seq", ready, f"{base}:claim:{i}", mark]
+        lock = f"{prefix}:{{k{i % KEYS}}}"
+        base = f"{lock}:inbox"
+        keys = [base, f"{base}:seq", ready, f"{base}:claim:{i}", mark, lock]
         # listing '': one server has one set of keys with work, always listed (_listed.lua)
         args: list[str | int] = [f'{{"n":{i}}}', 10**6, 600_000, f"k{i % KEYS}", "1", "", wake]
         await script(keys=keys, args=args)
