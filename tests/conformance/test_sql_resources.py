@@ -36,9 +36,11 @@ OWN_QUERIES = {"asynclock.state.postgres": {"forget_claimed"}, "asynclock.state.
 TABLES = ("locks", "dedupe", "inboxes", "inbox_entries")
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
-    # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none)
+    # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
+    # the workers only for a key nobody holds, and v2 (older releases call it) is v3 waking always
     "asynclock.state.postgres": (
         *_SHARED_ROUTINES,
+        "inbox_accept_v3",
         "inbox_accept_v2",
         "inbox_step_v2",
         "inbox_requeue_v1",
