@@ -1118,6 +1118,8 @@ class TestTwoPhaseClaims:
         other = bot_with(state, gate, lock_ttl=self.LEASE, on_lock_conflict=conflicts)
         holder = await hold_key(bot, gate, ev("m1"))
         waiters = [asyncio.create_task(bot.dispatch(ev(m))) for m in ("m2", "m3")]
+        # in the backlog, so their claims are recorded (on a server, a round trip after arrival)
+        await until(lambda: backlog_size(bot, KEY) == 2, "both events waiting in the backlog")
         await asyncio.sleep(waits * self.LEASE)
         for m in ("m2", "m3"):
             assert await other.dispatch(ev(m)) is Outcome.DUPLICATE
