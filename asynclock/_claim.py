@@ -199,7 +199,8 @@ class EventClaim:
 
     @property
     def marked_done(self) -> bool:
-        """Whether the release marked the claim done (no renewal is left on the wire then)."""
+        """Whether a step marked the claim done (see :meth:`done_in_step`; no renewal is left on
+        the wire then)."""
         return self.phase is _DONE_IN_RELEASE
 
     @property
@@ -253,13 +254,10 @@ class EventClaim:
         self.phase = _IN_PROGRESS
         self.owner = owner
 
-    def done_in_release(self) -> None:
-        """Handled, and the release that just went through marked the claim done."""
-        self.phase = _DONE_IN_RELEASE
-
-    def done_at_once(self) -> None:
-        """Concluded (handled, or folded into a handler call), and marked done just now by a
-        step without an await (MemoryState's lean path): nothing is left to write."""
+    def done_in_step(self) -> None:
+        """Concluded (handled, or folded into a handler call), and the step that just went
+        through marked the claim done: the lock's release, or a lean step of its own
+        (MemoryState's fold path). Nothing is left to write."""
         self.phase = _DONE_IN_RELEASE
 
     def handled_now(self) -> None:

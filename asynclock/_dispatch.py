@@ -738,7 +738,7 @@ class EventDispatcher:
             claims.remove(claim)
         if not claim.keeping:  # (else its keeper is stopped first, by the general finish)
             lean._keep_now(claim.key, self._done_ttl)
-            claim.done_at_once()
+            claim.done_in_step()
         return concluded
 
     async def _claim_alone(self, claim: EventClaim) -> bool:

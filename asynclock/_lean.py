@@ -244,7 +244,7 @@ class LeanHold(Ticket):
         if not self._release(claim, done_ttl).owned:
             raise LockLostError(self._line.key, self.owner)
         if claim is not None:
-            claim.done_in_release()
+            claim.done_in_step()
         return True
 
     async def handled(self, done_ttl: float) -> None:
@@ -257,7 +257,7 @@ class LeanHold(Ticket):
             await claim.stop_keeping()
             if not self._release(claim, done_ttl).owned:
                 raise LockLostError(self._line.key, self.owner)
-            claim.done_in_release()
+            claim.done_in_step()
             return
         assert lock is not None
         if claim is not None:
