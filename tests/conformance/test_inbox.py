@@ -126,6 +126,12 @@ async def stop(bot: EventDispatcher, task: asyncio.Task[None]) -> None:
     await asyncio.wait_for(task, SOON)
 
 
+async def close_all(*states: State) -> None:
+    """Close each of ``states`` once (on memory, a namespace's clients are one object)."""
+    for opened in {id(s): s for s in states}.values():
+        await opened.aclose()
+
+
 class TestAccept:
     async def test_accept_stores_and_never_runs_the_handler(self, state: State) -> None:
         recorder = Recorder()
@@ -272,8 +278,7 @@ class TestServe:
         await until(lambda: len(recorder.calls) == 120, "all 120 handled", within=30.0)
         for bot, task in zip(bots, tasks, strict=True):
             await stop(bot, task)
-        for s in set(map(id, states)):
-            await next(x for x in states if id(x) == s).aclose()
+        await close_all(*states)
         assert recorder.overlaps == 0
         assert sorted(m or "" for _, m, _ in recorder.calls) == sorted(f"m{n}" for n in range(120))
         for t in range(4):
@@ -314,7 +319,7 @@ class TestWakeUps:
             assert sorted(await worker.inbox_ready()) == ["slack:C1:T1", "slack:C1:T2"]
         finally:
             await bot.aclose()
-            await _close(state, worker)
+            await close_all(state, worker)
 
     async def test_the_holders_next_step_takes_what_was_accepted(self, space: Namespace) -> None:
         # a worker draining a key hears of nothing new, yet hands out each entry in turn
@@ -331,12 +336,7 @@ class TestWakeUps:
         finally:
             await stop(bot, task)
             await producer.aclose()
-            await _close(state, worker)
-
-
-async def _close(*states: State) -> None:
-    for opened in {id(s): s for s in states}.values():  # (memory: one object twice)
-        await opened.aclose()
+            await close_all(state, worker)
 
 
 class TestFailures:
