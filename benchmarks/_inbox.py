@@ -51,6 +51,29 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class Countdown:
+    """A handler that counts its calls and sets ``done`` at the ``target``-th; each call then
+    yields ``pause`` seconds (``None``: returns without an await)."""
+
+    def __init__(self, target: int, pause: float | None = None) -> None:
+        self.handled = 0
+        self.target = target
+        self.pause = pause
+        self.done = asyncio.Event()
+
+    def expect(self, target: int) -> None:
+        """Count afresh, up to ``target``."""
+        self.handled, self.target = 0, target
+        self.done.clear()
+
+    async def __call__(self, event: Any) -> None:
+        self.handled += 1
+        if self.handled == self.target:
+            self.done.set()
+        if self.pause is not None:
+            await asyncio.sleep(self.pause)
+
+
 async def _accepts(api: Any, cfg: Config, n: int, tag: str) -> tuple[float, float]:
     """(accepts per second, sends per accept) of ``n`` serial accepts."""
     state = api.module.RedisState.from_url(cfg.url, prefix=cfg.key("inbox", tag) + ":")
@@ -99,21 +122,13 @@ async def _drain(api: Any, cfg: Config, n: int) -> tuple[float, float]:
     event = api.module.Event
     for i in range(n):
         await bot.accept(event("message", "bench", "C", f"T{i % KEYS}", f"d-{i}"))
-    done = asyncio.Event()
-    handled = 0
-
-    async def handler(e: Any) -> None:
-        nonlocal handled
-        handled += 1
-        if handled == n:
-            done.set()
-
+    handler = Countdown(n)
     bot.add_handler("*", handler)
     sends = SendCounter()
     with sends.counting():
         t0 = time.perf_counter()
         task = asyncio.create_task(bot.serve())
-        await asyncio.wait_for(done.wait(), 120)
+        await asyncio.wait_for(handler.done.wait(), 120)
         elapsed = time.perf_counter() - t0
         await bot.aclose()
         await task
@@ -132,15 +147,7 @@ async def _workers(api: Any, cfg: Config, n: int, m: int, tag: str) -> tuple[flo
     ``m`` workers drain them, each ``serve()`` on a client of its own (as processes have) and its
     handler taking 1 ms; every client's sends counted, the accepts' included."""
     prefix = cfg.key("inbox", "workers", tag) + ":"
-    handled, target = 0, 1  # the first event warms every worker's path up
-    done = asyncio.Event()
-
-    async def handler(e: Any) -> None:
-        nonlocal handled
-        handled += 1
-        if handled == target:
-            done.set()
-        await asyncio.sleep(0.001)
+    handler = Countdown(1, pause=0.001)  # the first event warms every worker's path up
 
     def dispatcher() -> Any:
         state = api.module.RedisState.from_url(cfg.url, prefix=prefix)
@@ -152,9 +159,8 @@ async def _workers(api: Any, cfg: Config, n: int, m: int, tag: str) -> tuple[flo
     serving = [asyncio.create_task(bot.serve()) for bot in workers]
     event = api.module.Event
     await producer.accept(event("message", "bench", "C", "warm", f"{tag}-warm"))
-    await asyncio.wait_for(done.wait(), 30)
-    handled, target = 0, n
-    done.clear()
+    await asyncio.wait_for(handler.done.wait(), 30)
+    handler.expect(n)
     gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def accept(i: int) -> None:
@@ -165,7 +171,7 @@ async def _workers(api: Any, cfg: Config, n: int, m: int, tag: str) -> tuple[flo
     with sends.counting():
         t0 = time.perf_counter()
         await asyncio.gather(*(accept(i) for i in range(n)))
-        await asyncio.wait_for(done.wait(), 120)
+        await asyncio.wait_for(handler.done.wait(), 120)
         elapsed = time.perf_counter() - t0
     bots = (*workers, producer)
     for bot in bots:
@@ -222,16 +228,7 @@ async def _burst(api: Any, cfg: Config, n: int, tag: str, spread: float) -> peer
     bot = api.module.EventDispatcher(state, on_lock_conflict="queue", max_pending=10**6)
     event = api.module.Event
     events = [event("message", "bench", "C", NAMES[i % KEYS], f"{tag}-{i}") for i in range(n)]
-    done = asyncio.Event()
-    handled = 0
-
-    async def handler(e: Any) -> None:
-        nonlocal handled
-        handled += 1
-        if handled == n:
-            done.set()
-        await asyncio.sleep(0)
-
+    handler = Countdown(n, pause=0)
     bot.add_handler("*", handler)
     serving = asyncio.create_task(bot.serve())
     sends = SendCounter()
@@ -239,14 +236,16 @@ async def _burst(api: Any, cfg: Config, n: int, tag: str, spread: float) -> peer
         t0 = time.perf_counter()
         await peer.arriving([functools.partial(bot.accept, e) for e in events], spread)
         try:
-            await asyncio.wait_for(done.wait(), BURST_BOUND)
+            await asyncio.wait_for(handler.done.wait(), BURST_BOUND)
         except TimeoutError:
-            log(f"inbox: burst {tag}: {n - handled} events not handled within {BURST_BOUND} s")
+            left = n - handler.handled
+            log(f"inbox: burst {tag}: {left} events not handled within {BURST_BOUND} s")
         elapsed = time.perf_counter() - t0
         await bot.aclose()
         await serving
     await state.aclose()
     # accept() refuses rather than drops (InboxFullError), so nothing is dropped by design
+    handled = handler.handled
     return peer.Burst(n, elapsed, handled, 0, n - handled, 0, sends.sends / n)
 
 
