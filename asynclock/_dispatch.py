@@ -969,6 +969,8 @@ class EventDispatcher:
             claim=claim.key if claim is not None else None,
             claim_ttl=self._dedupe_ttl,
             max_pending=self._max_pending,
+            lock_ttl=self._lock_ttl,
+            with_entry=self._policy not in ("latest", "debounce"),
         )
         if result.status == "full":
             retry_after = self._retry_after(lock_key)

@@ -199,6 +199,35 @@ class SlotReadySets:
             removed = await router.call_each(forget, script=self._forget.text)
         return sum(int(_text(r)) for r in removed)
 
+    async def lock_values(self, lock_keys: list[str]) -> list[object]:
+        """See :meth:`ReadyIndex.lock_values` (one pipelined GET per key, the masters at once)."""
+        if not lock_keys:
+            return []
+        async with self._guard():
+            return await self._router.call_each([(slot_of(k), ("GET", k)) for k in lock_keys])
+
+    async def lane_for(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.lane_for`: the lane of the master owning the key's slot."""
+        async with self._guard():
+            address = await self._router.address_of(slot_of(lock_key))
+        return self._lane_of(address)
+
+    async def lanes(self) -> list[str]:
+        """See :meth:`ReadyIndex.lanes`: one per master of the slot map."""
+        async with self._guard():
+            await self._router.refresh()
+        return [self._lane_of(address) for address in self._router.masters]
+
+    def lane_moved(self) -> None:
+        """See :meth:`ReadyIndex.lane_moved`: read the slot map again before the next command."""
+        self._router.mark_stale()
+
+    def _lane_of(self, address: Address) -> str:
+        """``address``'s hand-out lane: a key in the lowest slot it serves, so a script of any
+        slot of that master reaches it (``_handout.lua``)."""
+        slot = self._router.first_slot(address)
+        return f"{self._prefix}{{{slot_tag(slot)}}}:inbox:lane"
+
     def wake_subscriber(self) -> Subscriber:
         """A plain (not sharded) subscriber on one master: the PUBLISH of any node reaches it."""
         if self._subscriber is None:
