@@ -34,6 +34,10 @@ return 1
 """
 
 
+#: tasks started by make_bot (kept referenced until the worker exits)
+_tasks: set[asyncio.Task[int]] = set()
+
+
 def make_bot() -> EventDispatcher:
     """The worker's dispatcher (``asynclock worker tests._inbox_app:make_bot``)."""
     prefix = os.environ["INBOX_TEST_PREFIX"]
@@ -47,6 +51,8 @@ def make_bot() -> EventDispatcher:
     )
     pause = os.environ.get("INBOX_TEST_PAUSE")
     inside, pid = f"{prefix}inside", os.getpid()
+    # the worker handles SIGTERM from here on (``asynclock worker`` listens before it loads us)
+    _tasks.add(asyncio.get_running_loop().create_task(effects.sadd(f"{prefix}ready", str(pid))))
 
     @bot.on("*")
     async def handle(event: Event, ctx: HandlerContext) -> None:

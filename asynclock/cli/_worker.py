@@ -54,11 +54,13 @@ async def dispatcher_of(target: str) -> EventDispatcher:
 
 async def run_worker(target: str) -> int:
     """Serve the dispatcher at ``target`` until SIGTERM/SIGINT, then close it."""
-    bot = await dispatcher_of(target)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    # before the user's module loads (it may take a while): a SIGTERM then still ends the worker
+    # cleanly, with nothing in hand
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, stop.set)
+    bot = await dispatcher_of(target)
     serving = asyncio.ensure_future(bot.serve())
     stopping = asyncio.ensure_future(stop.wait())
     try:

@@ -297,7 +297,6 @@ class TestServe:
         await stop(worker, task)
 
 
-@pytest.mark.parametrize("space", PUSH_INBOX_STATES, indirect=True)
 class TestHandOut:
     """Who gets a key: one worker, with its lock held for it, unless the lock is held already
     (its holder drains it)."""
