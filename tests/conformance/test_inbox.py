@@ -31,7 +31,7 @@ from asynclock import (
 from asynclock._inbox import encode
 from asynclock.state._protocol import InboxState
 from tests._helpers import LocksOnly
-from tests._matrix import INBOX_STATES, PUSH_INBOX_STATES, Backend, purge_namespace, require
+from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

@@ -22,10 +22,12 @@ starts or stops being listed, not per event. Invariants (``_listed.lua``):
   stays. A crash between the two steps leaves an entry listing an empty slot: one extra read per
   rescan until the slot is listed again, never a key missed.
 
-Workers hear of new work by a plain PUBLISH from the accept script: Redis Cluster broadcasts it on
-its bus to every node, so one subscription on any master hears every accept (a sharded SPUBLISH
-would have to go to a channel of the key's own slot, and a worker would have to subscribe on every
-slot). The broadcast costs each node one message per accept.
+Workers hear of new work through the hand-out (``_handout.lua``): a grant goes onto the lane of
+the key's master, a list in the lowest slot that master serves (:meth:`SlotReadySets.lane_for`),
+which a script of any slot of that master reaches (an undeclared key of another slot on the same
+node: allowed to scripts without flags). Each worker waits on every master's lane. When the
+slots move, a script that finds its lane elsewhere leaves the key to a rescan and the lanes are
+looked up again.
 """
 
 from __future__ import annotations
@@ -37,13 +39,10 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from asynclock.state.redis._cluster import SLOTS, slot_of
-from asynclock.state.redis._subscriber import Subscriber
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from contextlib import AbstractAsyncContextManager
-
-    from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state.redis._cluster import Address, ClusterRouter
     from asynclock.state.redis._transport import Script
@@ -101,14 +100,11 @@ class SlotReadySets:
         self._unlist = unlist
         self._forget = forget
         self._op_timeout = op_timeout
-        self.channel = f"{prefix}inbox:wake"
         self.directory = tuple(
             # never a name ending in "}": held_locks() takes those for locks
             f"{prefix}{{{prefix}inbox-{j}}}:inbox:slots"
             for j in range(DIRECTORY_SHARDS)
         )
-        self._subscriber: Subscriber | None = None
-        self._subscribed_at: Address | None = None
         self._pruned_at = time.monotonic()
         self._empty_at_last_prune: set[int] = set()
         self._known: set[int] = set()  # the slots the directory listed at the last read
@@ -228,26 +224,8 @@ class SlotReadySets:
         slot = self._router.first_slot(address)
         return f"{self._prefix}{{{slot_tag(slot)}}}:inbox:lane"
 
-    def wake_subscriber(self) -> Subscriber:
-        """A plain (not sharded) subscriber on one master: the PUBLISH of any node reaches it."""
-        if self._subscriber is None:
-            self._subscriber = Subscriber(self._connection, self._op_timeout, locate=self._locate)
-        return self._subscriber
-
-    async def _locate(self) -> None:
-        # before every (re)connection: the master may have failed over meanwhile
-        self._router.mark_stale()
-        self._subscribed_at = await self._router.address_of(slot_of(self.channel))
-
-    def _connection(self) -> AbstractConnection:
-        assert self._subscribed_at is not None  # _locate ran first
-        return self._router.new_connection(self._subscribed_at, protocol=2)
-
     async def aclose(self) -> None:
-        """Close the wake-up subscriber."""
-        subscriber, self._subscriber = self._subscriber, None
-        if subscriber is not None:
-            await subscriber.aclose()
+        """Nothing to close: the index opens no connection of its own."""
 
 
 def _text(value: object) -> str:

@@ -57,6 +57,7 @@ class LaneWorker:
     __slots__ = (
         "_adopt",
         "_connect",
+        "_connections",
         "_grants",
         "_lanes",
         "_lock_ttl",
@@ -89,6 +90,8 @@ class LaneWorker:
         self._grants: deque[InboxGrant] = deque()
         self._watch = EventWatch(asyncio.get_running_loop())
         self._poppers: dict[str, asyncio.Task[None]] = {}
+        #: each lane's connection now (tests kill them to see a popper come back)
+        self._connections: dict[str, AbstractConnection] = {}
         #: an upper bound of (server clock - loop clock) in ms, from the TIME round trips
         self._offset: float | None = None
 
@@ -124,7 +127,7 @@ class LaneWorker:
             while True:
                 try:
                     if conn is None:
-                        conn = await self._connect(lane)
+                        conn = self._connections[lane] = await self._connect(lane)
                     if loop.time() - clock_read_at >= CLOCK_EVERY:
                         await self._read_clock(conn)
                         clock_read_at = loop.time()

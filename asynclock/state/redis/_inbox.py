@@ -318,7 +318,7 @@ class RedisInbox:
         async for name in self._scan(pattern):
             keys.add(self._keys.key_of(name[: -len(":inbox:dead")]))
         found = []
-        now = await self._command(self._ready.channel, "TIME")  # the server's clock, once
+        now = await self._command(self._prefix, "TIME")  # the server's clock, once
         assert isinstance(now, list)
         now_ms = as_int(now[0]) * 1000 + as_int(now[1]) // 1000
         for key in sorted(keys):

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from asynclock.state.redis._subscriber import Subscriber
-
 
 class Command(Protocol):
     """The state's guarded command: ``command(key, *args)``, on the server owning ``key``."""
@@ -31,8 +29,6 @@ class ReadyIndex(Protocol):
 
     #: ``ARGV`` "listing" of an accept or requeue (``_listed.lua``): ``''`` never needs one
     listing: str
-    #: the channel ``accept`` and ``requeue`` PUBLISH the key on
-    channel: str
 
     def ready_key(self, lock_key: str) -> str:
         """The set of keys with work that ``lock_key``'s key joins (in its slot on a cluster)."""
@@ -66,10 +62,6 @@ class ReadyIndex(Protocol):
         """A script found its lane on another server (a cluster's slots moved): look again."""
         ...
 
-    def wake_subscriber(self) -> Subscriber | None:
-        """The subscriber of :attr:`channel` (``None``: the state's own)."""
-        ...
-
     async def aclose(self) -> None:
         """Close what the index opened."""
         ...
@@ -85,7 +77,6 @@ class ReadySet:
         """``command(key, *args)`` runs one command (the state's, under its deadline)."""
         self._key = f"{prefix}inbox:ready"
         self._lane = f"{prefix}inbox:lane"
-        self.channel = f"{prefix}inbox:wake"
         self._command = command
 
     def ready_key(self, lock_key: str) -> str:
@@ -124,10 +115,6 @@ class ReadySet:
 
     def lane_moved(self) -> None:
         """Never called: one server's lane cannot be elsewhere."""
-
-    def wake_subscriber(self) -> Subscriber | None:
-        """The state's own subscriber serves the wake-up channel."""
-        return None
 
     async def aclose(self) -> None:
         """Nothing to close."""
