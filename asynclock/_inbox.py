@@ -185,8 +185,15 @@ class Drainer:
             del self._keys[key]
 
     async def _rescan_every(self, interval: float, stopping: asyncio.Event) -> None:
-        """The safety net: every ``interval`` seconds, take the keys no hand-out reached."""
+        """The safety net: every ``interval`` seconds, take the keys no hand-out reached.
+
+        Not at once: a worker that starts gets the keys waiting for it through the hand-out
+        (grants queued for it, or its first claim), as their first delivery.
+        """
         while not stopping.is_set():
+            await _unless(asyncio.sleep(interval), stopping)
+            if stopping.is_set():
+                return
             try:
                 ready = await self._inbox.inbox_ready()
             except StateUnavailableError as exc:
@@ -195,7 +202,6 @@ class Drainer:
             for key in ready:
                 if key not in self._keys and not stopping.is_set():
                     self._start(key, self._take_over(key, stopping))
-            await _unless(asyncio.sleep(interval), stopping)
 
     async def _take_over(self, key: str, stopping: asyncio.Event) -> None:
         """Drain ``key`` found by a rescan: acquire its lock without waiting, then drain."""

@@ -98,7 +98,7 @@ BEGIN
     IF p_dead = 0 THEN
         DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
     ELSIF p_dead IS NOT NULL THEN
-        UPDATE {prefix}inboxes AS i SET ready_at = NULL, woken_at = NULL WHERE i.id = p_id;
+        UPDATE {prefix}inboxes AS i SET ready_at = NULL WHERE i.id = p_id;
     END IF;
     UPDATE {prefix}locks AS l
     SET owner = NULL,

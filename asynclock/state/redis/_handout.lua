@@ -28,15 +28,20 @@ local function free_token(lock)
   return token, now
 end
 
--- grant(entries, attempts, key, owner, token, now, ttl_ms, with_entry) -> the grant as JSON:
--- {key, owner, token, server ms, ttl ms[, head entry, its attempt count, entries pending]}; with
--- with_entry ('1') the head is handed out: its attempt count goes up by one
-local function grant(entries, attempts, key, owner, token, now, ttl_ms, with_entry)
+-- grant(entries, attempts, key, owner, token, now, ttl_ms, with_entry, counted) -> the grant as
+-- JSON: {key, owner, token, server ms, ttl ms[, head entry, its attempt count, entries pending]};
+-- with with_entry ('1') the head is handed out: its attempt count goes up by one, unless counted
+-- (an earlier grant of it counted it, and nobody delivered it since: see inbox_adopt.lua)
+local function grant(entries, attempts, key, owner, token, now, ttl_ms, with_entry, counted)
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local item = {key, owner, fmt(token), ms, ttl_ms}
   if with_entry == '1' then
     item[6] = redis.call('LINDEX', entries, 0)
-    item[7] = redis.call('INCR', attempts)
+    if counted then
+      item[7] = tonumber(redis.call('GET', attempts) or '0')
+    else
+      item[7] = redis.call('INCR', attempts)
+    end
     item[8] = redis.call('LLEN', entries)
   end
   return cjson.encode(item)
@@ -50,7 +55,7 @@ local function hand_out(lock, entries, attempts, lane, key, owner, ttl_ms, with_
   if not token then
     return 0
   end
-  local item = grant(entries, attempts, key, owner, token, now, ttl_ms, with_entry)
+  local item = grant(entries, attempts, key, owner, token, now, ttl_ms, with_entry, false)
   local pushed = redis.pcall('LPUSH', lane, item)
   if type(pushed) == 'table' and pushed.err then
     if with_entry == '1' then

@@ -73,14 +73,14 @@ class LaneWorker:
         *,
         lanes: Callable[[], Awaitable[list[str]]],
         connect: Callable[[str], Awaitable[AbstractConnection]],
-        adopt: Callable[[str, str, float, bool], Awaitable[object]],
+        adopt: Callable[[str, str, float, bool, InboxEntry | None], Awaitable[object]],
         lock_ttl: float,
         with_entry: bool,
         op_timeout: float,
     ) -> None:
         """``lanes()``: the lanes to wait on now; ``connect(lane)``: a new connection to the
-        server of ``lane``; ``adopt(key, owner, ttl, with_entry)``: ``inbox_adopt.lua``'s
-        reply for a grant that may have waited too long."""
+        server of ``lane``; ``adopt(key, owner, ttl, with_entry, handed)``: ``inbox_adopt.lua``'s
+        reply for a grant that may have waited too long (``handed``: the entry it handed out)."""
         self._lanes = lanes
         self._connect = connect
         self._adopt = adopt
@@ -168,14 +168,15 @@ class LaneWorker:
         has most of its TTL left, else after ``inbox_adopt.lua`` (``None``: nothing to drain)."""
         key, owner, token, pushed_ms, reserved_ms, *head = json.loads(item)
         loop = asyncio.get_running_loop()
+        handed = self._entry(head)
         if self._offset is not None:
             age = max(loop.time() * 1000.0 + self._offset - pushed_ms, 0.0)
             left = (reserved_ms - age) / 1000.0
             if left >= max(self._lock_ttl / 3, min(1.0, self._lock_ttl / 2)):
-                return InboxGrant(key, owner, int(token), left, self._entry(head))
+                return InboxGrant(key, owner, int(token), left, handed)
         sent = loop.time()
         try:
-            reply = await self._adopt(key, owner, self._lock_ttl, self._with_entry)
+            reply = await self._adopt(key, owner, self._lock_ttl, self._with_entry, handed)
         except Exception as exc:  # noqa: BLE001 - the key is left to its reservation's expiry
             logger.warning("asynclock: checking a grant of inbox %r failed: %r", key, exc)
             return None
@@ -183,7 +184,7 @@ class LaneWorker:
             return None  # another worker holds the key, or it was drained meanwhile
         left = self._lock_ttl - (loop.time() - sent)
         if text(reply) == "held":
-            return InboxGrant(key, owner, int(token), left, self._entry(head))
+            return InboxGrant(key, owner, int(token), left, handed)
         key, owner, token, _, _, *head = json.loads(text(reply))
         return InboxGrant(key, owner, int(token), left, self._entry(head))
 

@@ -298,8 +298,11 @@ class RedisInbox:
         finally:
             await worker.aclose()
 
-    async def _inbox_adopt(self, key: str, owner: str, ttl: float, with_entry: bool) -> object:
-        """``inbox_adopt.lua`` for a grant of ``key`` to ``owner`` (see ``_handout.py``)."""
+    async def _inbox_adopt(
+        self, key: str, owner: str, ttl: float, with_entry: bool, handed: InboxEntry | None
+    ) -> object:
+        """``inbox_adopt.lua`` for a grant of ``key`` to ``owner``, which handed out ``handed``
+        (see ``_handout.py``)."""
         entries, attempts, _, _ = self._inbox_keys(key)
         return await self._eval(
             "inbox_adopt",
@@ -308,6 +311,8 @@ class RedisInbox:
             ttl_ms(ttl),
             "1" if with_entry else "0",
             key,
+            "" if handed is None else str(handed.id),
+            "" if handed is None else str(handed.attempt),
         )
 
     async def inbox_keys(self) -> list[InboxKey]:
