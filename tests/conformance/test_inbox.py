@@ -314,7 +314,11 @@ class TestHandOut:
                     assert await bot.accept(ev(1)) is Outcome.ACCEPTED
                     assert await handout.next(self.QUIET) is None, "handed a held key"
                 assert await bot.accept(ev(2, thread="T2")) is Outcome.ACCEPTED
+                # T1 has work and nobody holds it any more: a backend may hand it out too (MySQL's
+                # ear looks for such keys whenever it waits again)
                 grant = await handout.next(SOON)
+                while grant is not None and grant.key == "slack:C1:T1":
+                    grant = await handout.next(SOON)
                 assert grant is not None, "a key nobody holds was not handed out"
                 assert grant.key == "slack:C1:T2"
                 assert grant.entry is not None
@@ -323,9 +327,12 @@ class TestHandOut:
                 info = await state.inspect("slack:C1:T2")  # the lock is held for the grant
                 assert info is not None
                 assert (info.owner, info.token) == (grant.owner, grant.token)
-            # the entry accepted under the held lock is there for whoever takes the key next;
-            # the other key is held by its grant, so a rescan leaves it out
-            assert await worker.inbox_ready() == ["slack:C1:T1"]
+            # the entry accepted under the held lock is there for whoever takes the key next
+            keys = await worker.inbox_keys()
+            assert sorted((k.key, k.pending) for k in keys) == [
+                ("slack:C1:T1", 1),
+                ("slack:C1:T2", 1),
+            ]
         finally:
             await bot.aclose()
             await close_all(state, worker)
