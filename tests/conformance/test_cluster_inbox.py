@@ -20,7 +20,6 @@ from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from asynclock import RedisState, StateUnavailableError, state_from_url
-from asynclock.state._protocol import InboxGrant
 from asynclock.state.redis._cluster_inbox import DIRECTORY_SHARDS, SlotReadySets, slot_tag
 from tests._helpers import reply
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
@@ -29,6 +28,8 @@ from tests.conftest import new_namespace
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
+
+    from asynclock.state._protocol import InboxGrant
 
 pytestmark = pytest.mark.redis
 
@@ -237,7 +238,7 @@ async def test_a_worker_waits_on_every_masters_lane_and_comes_back_after_a_kill(
         lane = lanes[0]
         await _eventually(lambda: lane in worker._connections)
         conn = worker._connections[lane]
-        host, port = conn._writer.get_extra_info("sockname")[:2]  # type: ignore[attr-defined]
+        host, port = conn._writer.get_extra_info("sockname")[:2]  # type: ignore[attr-defined,union-attr]
         master = node_client(*inbox.master_address(lane))
         try:
             assert await master.client_kill(f"{host}:{port}")
