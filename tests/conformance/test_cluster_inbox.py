@@ -238,7 +238,9 @@ async def test_a_worker_waits_on_every_masters_lane_and_comes_back_after_a_kill(
         lane = lanes[0]
         await _eventually(lambda: lane in worker._connections)
         conn = worker._connections[lane]
-        host, port = conn._writer.get_extra_info("sockname")[:2]  # type: ignore[attr-defined,union-attr]
+        writer = conn._writer
+        assert writer is not None
+        host, port = writer.get_extra_info("sockname")[:2]
         master = node_client(*inbox.master_address(lane))
         try:
             assert await master.client_kill(f"{host}:{port}")
