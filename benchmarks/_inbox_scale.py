@@ -1,7 +1,8 @@
 """Scenario ``inbox-scale`` (#24): the durable inbox with 1, 2, 4, 8 and 16 worker processes.
 
 Per series (asynclock on Redis, Redis Cluster, PostgreSQL, MariaDB; procrastinate with ``lock=``
-on PostgreSQL; a Redis Streams consumer group as the floor, ``_inbox_scale_sides.py``) and per
+on PostgreSQL; a Redis Streams consumer group as the floor: their processes are
+``_inbox_scale_sides.py``, the counting of their server work ``_inbox_scale_count.py``) and per
 worker count W, two workloads, each in a *cell* of its own (fresh worker processes, a fresh
 namespace):
 
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
+from benchmarks import _inbox_scale_count as count
 from benchmarks import _inbox_scale_sides as sides
 from benchmarks._cluster import _SETTINGS, DEFAULT_CLUSTER_URL
 from benchmarks._env import REPO, _git, log, now_utc
@@ -74,6 +76,9 @@ WARM = 20
 SETTLE = 0.3
 PRODUCERS, LISTENING = 8, 4
 RESULTS = REPO / "benchmarks" / "results" / "inbox-scale.json"
+#: a comma-separated list of series to run (default: all); with ``--write`` they replace their
+#: cells in the stored run of the same commit
+SERIES_ENV = "ASYNCLOCK_BENCH_SCALE_SERIES"
 
 
 @dataclass
@@ -102,7 +107,7 @@ class Target:
 
     series: str
     url: str
-    monitor: sides.MonitorFiles | None = None
+    monitor: count.MonitorFiles | None = None
     admin_url: str = ""  # PostgreSQL: where pg_stat_database is read
 
     @property
@@ -123,7 +128,7 @@ async def run_cell(
     children = Children()
     go, stop = children.ctx.Event(), children.ctx.Event()
     collector = sides.Collector(children)
-    before = await sides.committed(target.admin_url) if target.admin_url else 0
+    before = await count.committed(target.admin_url) if target.admin_url else 0
     if target.series == sides.STREAMS:
         await _create_group(side)
     producer = await sides.Producer(side).open()
@@ -213,14 +218,14 @@ async def _work(
 ) -> int:
     """The server work of the cell (see the module: per series, one way)."""
     if target.admin_url:
-        return await sides.committed(target.admin_url) - before
+        return await count.committed(target.admin_url) - before
     if len(window.mono) < 2:
         return 0
     if target.monitor is not None:
         await target.monitor.sync()
         return target.monitor.count(side.namespace, window.wall[0], window.wall[1])
     start, end = window.mono[0], window.mono[1]  # MariaDB: statements seen by the drivers
-    stamps = [*sides.STAMPS, *(s for child in collector.stamps for s in child)]
+    stamps = [*count.STAMPS, *(s for child in collector.stamps for s in child)]
     return sum(1 for s in stamps if start <= s < end)
 
 
@@ -245,9 +250,9 @@ async def _clean(target: Target, side: sides.Side) -> None:
                 finally:
                     await client.aclose()
         elif target.series == sides.PROCRASTINATE:
-            await sides.delete_jobs(target.url, side.queue)
+            await count.delete_jobs(target.url, side.queue)
         else:
-            await sides.delete_rows(target.url, pattern)
+            await count.delete_rows(target.url, pattern)
     except Exception as exc:  # noqa: BLE001 (reported, never fatal)
         log(f"inbox-scale: clean-up of {side.namespace} failed: {exc!r}")
 
@@ -348,24 +353,25 @@ def _yes(flag: bool) -> str:
 # -- the run, its record and its report ------------------------------------------------------
 
 
-async def _targets(cfg: Config) -> list[Target]:
-    """Every series' server, counter attached (a series whose server is down is left out)."""
+async def _targets(cfg: Config, chosen: list[str]) -> list[Target]:
+    """The chosen series' servers, counter attached (a series whose server is down is left
+    out)."""
     cluster = _SETTINGS.url or DEFAULT_CLUSTER_URL
-    bench = sides.database_url(PG_URL, sides.BENCH_DB)
+    bench = count.database_url(PG_URL, count.BENCH_DB)
     targets = []
-    for series in SERIES:
+    for series in (s for s in SERIES if s in chosen):
         try:
             if series in ("redis", sides.STREAMS, "redis-cluster"):
                 url = cluster if series == "redis-cluster" else cfg.url
-                monitor = sides.MonitorFiles(await sides.masters_of(url))
+                monitor = count.MonitorFiles(await count.masters_of(url))
                 targets.append(Target(series, url, monitor=monitor))
             elif series in ("postgres", sides.PROCRASTINATE):
-                await sides.ensure_database(PG_URL)
+                await count.ensure_database(PG_URL)
                 if series == sides.PROCRASTINATE:
-                    await sides.prepare_procrastinate(bench)
+                    await count.prepare_procrastinate(bench)
                 targets.append(Target(series, bench, admin_url=PG_URL))
             else:
-                sides.count_mysql_statements()  # the producer's statements, in this process
+                count.count_mysql_statements()  # the producer's statements, in this process
                 targets.append(Target(series, MYSQL_URL))
         except Exception as exc:  # noqa: BLE001, PERF203 (reported: the series is left out)
             log(f"inbox-scale: {series} left out: {exc!r}")
@@ -382,40 +388,51 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     if isinstance(api, str):
         return Section("inbox-scale", f"skipped: {api}\n")
     workers = QUICK_WORKERS if cfg.quick else WORKERS
+    chosen = [s for s in os.environ.get(SERIES_ENV, "").split(",") if s] or list(SERIES)
     started, load = now_utc(), os.getloadavg()
-    cells: list[Cell] = []
-    extras: list[tuple[str, str]] = []
-    for target in await _targets(cfg):
+    record: dict[str, Any] = {
+        "asynclock": _asynclock_commit(),
+        "started": started,
+        "quick": cfg.quick,
+        "load": [round(x, 2) for x in load],
+        "cells": [],
+        "extras": [],
+    }
+    if cfg.write:  # a partial run (SERIES_ENV) adds to the stored run of the same commit
+        same = [r for r in stored() if r["asynclock"] == record["asynclock"]]
+        if same and same[0].get("quick") == cfg.quick:
+            kept = [c for c in same[0]["cells"] if c["series"] not in chosen]
+            extras = [] if "postgres" in chosen else same[0].get("extras", [])
+            record.update(cells=kept, extras=extras, started=same[0]["started"])
+    for target in await _targets(cfg, chosen):
         if target.monitor is not None:
             target.monitor.start()
         try:
             await _warm_schema(target, cfg)
-            cells += await _series(target, cfg, workers)
+            record["cells"] += [asdict(c) for c in await _series(target, cfg, workers)]
             if target.series == "postgres" and not cfg.quick:
-                extras += await _extras(cfg, target)
+                record["extras"] += [list(row) for row in await _extras(cfg, target)]
         finally:
             if target.monitor is not None:
                 target.monitor.stop()
-    commit = _asynclock_commit()
-    record = {
-        "asynclock": commit,
-        "started": started,
-        "quick": cfg.quick,
-        "load": [round(x, 2) for x in (*load, *os.getloadavg())],
-        "cells": [asdict(c) for c in cells],
-        "extras": [list(row) for row in extras],
-    }
-    runs = stored()
-    if cfg.write:
-        runs = [r for r in runs if r["asynclock"] != commit] + [record]
-        RESULTS.write_text(json.dumps({"format": 1, "runs": runs}, indent=1, allow_nan=True) + "\n")
-        log(f"inbox-scale: wrote {RESULTS}")
-        from benchmarks import _plots, _results  # _plots draws from this module's record
+        if cfg.write:  # after every series: a run cut short keeps what it measured
+            _save(record)
+    return Section("inbox-scale", _body([*_others(record), record], record))
 
-        _plots.render(_results.View(_results.load()), only="inbox-scale.png")
-    else:
-        runs = [*runs, record]
-    return Section("inbox-scale", _body(runs, record))
+
+def _others(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in stored() if r["asynclock"] != record["asynclock"]]
+
+
+def _save(record: dict[str, Any]) -> None:
+    """Store ``record`` (replacing the run of the same commit) and redraw the plot."""
+    record["load"] = record["load"][:3] + [round(x, 2) for x in os.getloadavg()]
+    runs = [*_others(record), record]
+    RESULTS.write_text(json.dumps({"format": 1, "runs": runs}, indent=1, allow_nan=True) + "\n")
+    log(f"inbox-scale: wrote {RESULTS}")
+    from benchmarks import _plots, _results  # _plots draws from this module's record
+
+    _plots.render(_results.View(_results.load()), only="inbox-scale.png")
 
 
 def _asynclock_commit() -> str:
@@ -444,21 +461,22 @@ def _body(runs: list[dict[str, Any]], this: dict[str, Any]) -> str:
         (
             "The durable inbox with W = 1, 2, 4, 8, 16 worker processes (`python -m benchmarks "
             "inbox-scale`; `--quick`: W = 1, 4, the trickle of 100 events only, about a minute "
-            "on a quiet machine). Each cell starts its "
-            "own worker processes on a fresh namespace. **Trickle**: after a warm-up of 20 events, one "
-            f"producer sends {EVENTS:,} events over {KEYS} keys ({EVENTS // KEYS} each) at 700/s "
-            f"(Redis) or {SQL_RATE}/s (PostgreSQL, MariaDB), each call in a task of its own; latency "
-            "is accept -> handled (the producer's clock when it called `accept`, the handler's when "
-            f"it ran: CLOCK_MONOTONIC, one clock for the machine). **Backlog**: {EVENTS:,} keys "
-            "holding one entry each are accepted first, then the workers start; latency from their "
-            "start. Server work per event, counted exactly: Redis, the requests clients sent "
-            "(`MONITOR` lines naming the cell's keys, not run inside a script), the accepts "
-            "included; PostgreSQL, committed transactions (`pg_stat_database.xact_commit` of a "
-            "database of the scenario's own), less the same cell run without the measured events; "
-            "MariaDB, client statements (every `COM_QUERY` the driver sent, in every process). "
-            "*Order*: the first handlings of every key in accept order; *lost*: events never "
-            "handled. procrastinate runs one job at a time per worker process (its default); the "
-            "Streams floor reads `COUNT 1` per `XREADGROUP`."
+            "on a quiet machine). Each cell starts its own worker processes on a fresh "
+            f"namespace. **Trickle**: after a warm-up of {WARM} events, one producer sends "
+            f"{EVENTS:,} events over {KEYS} keys ({EVENTS // KEYS} each) at 700/s (Redis) or "
+            f"{SQL_RATE}/s (PostgreSQL, MariaDB), each call in a task of its own; latency is "
+            "accept -> handled (the producer's clock when it called `accept`, the handler's when "
+            "it ran: CLOCK_MONOTONIC, one clock for the machine). **Backlog**: "
+            f"{EVENTS:,} keys holding one entry each are accepted first, then the workers "
+            "start; latency from their start. Server work per event, counted exactly: Redis, "
+            "the requests clients sent (`MONITOR` lines naming the cell's keys, not run inside "
+            "a script), the accepts included; PostgreSQL, committed transactions "
+            "(`pg_stat_database.xact_commit` of a database of the scenario's own), less the "
+            "same cell run without the measured events; MariaDB, client statements (every "
+            "`COM_QUERY` the driver sent, in every process). *Order*: the first handlings of "
+            "every key in accept order; *lost*: events never handled. procrastinate runs one "
+            "job at a time per worker process (its default); the Streams floor reads `COUNT 1` "
+            "per `XREADGROUP`."
         ),
         "![Server work per event and events/s against workers](img/inbox-scale.png)",
     ]

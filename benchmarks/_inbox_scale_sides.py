@@ -1,4 +1,4 @@
-"""The worker processes, producers and server-work counters of the ``inbox-scale`` scenario (#24).
+"""The worker processes and producers of the ``inbox-scale`` scenario (#24).
 
 Three kinds of *series* run the same workload:
 
@@ -13,11 +13,9 @@ Three kinds of *series* run the same workload:
 Each worker process is a child of ``_spawn.Children``: it opens its side, reports ``ready``,
 waits for ``go``, works until ``stop``, and reports every handling as it happens
 (``("handled", index, message id, key, attempt, perf_counter)``; perf_counter is
-CLOCK_MONOTONIC, one clock for the whole machine). Server work is counted three ways:
-Redis requests from ``MONITOR`` (``redis-cli``, one per master, into a file; lines run inside
-a script are not requests), PostgreSQL committed transactions from ``pg_stat_database`` of a
-database of its own, and MySQL client statements counted at the driver (every ``COM_QUERY``
-aiomysql sends, in every process, with its time).
+CLOCK_MONOTONIC, one clock for the whole machine). The parent's side of a cell is here too: the
+:class:`Collector` of those reports and the producer's schedule (:func:`send_all`). How server
+work is counted is ``_inbox_scale_count.py``'s.
 """
 
 from __future__ import annotations
@@ -26,20 +24,15 @@ import asyncio
 import contextlib
 import hashlib
 import queue
-import re
-import subprocess
-import tempfile
 import threading
 import time
 import traceback
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
 
+from benchmarks import _inbox_scale_count as count
 from benchmarks._env import require_asynclock
 
 if TYPE_CHECKING:
@@ -51,8 +44,8 @@ if TYPE_CHECKING:
 #: the asynclock series (a state URL each) and the two peers
 ASYNCLOCK_SERIES = ("redis", "redis-cluster", "postgres", "mysql")
 PROCRASTINATE, STREAMS = "procrastinate", "streams"
-#: the PostgreSQL database of this scenario alone, so that its committed transactions are ours
-BENCH_DB = "asynclock_inbox_scale"
+#: the connections of one worker's pool on a SQL server (procrastinate's too)
+WORKER_CONNECTIONS = 3
 #: the procrastinate task every worker runs
 TASK = "inbox_scale_handle"
 #: seconds a child waits for the parent's next signal before it gives up
@@ -72,37 +65,18 @@ class Side:
         return f"{self.namespace}:stream"
 
     @property
+    def pool(self) -> dict[str, int]:
+        """The connection bound of a worker's state: on the SQL servers, whose connection slots
+        (100 on PostgreSQL) the whole machine shares, 16 workers stay within
+        ``WORKER_CONNECTIONS`` each (their LISTEN connection aside)."""
+        return (
+            {"max_connections": WORKER_CONNECTIONS} if self.series in ("postgres", "mysql") else {}
+        )
+
+    @property
     def queue(self) -> str:
         """procrastinate's queue of the cell (short: it is part of a NOTIFY channel's name)."""
         return "scale-" + hashlib.sha1(self.namespace.encode()).hexdigest()[:16]
-
-
-def database_url(url: str, database: str) -> str:
-    """``url`` with another database name."""
-    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
-
-
-# -- MySQL statements, counted at the driver --------------------------------------------------
-
-STAMPS: list[float] = []
-
-
-def count_mysql_statements() -> None:
-    """From now on, record the time of every ``COM_QUERY`` aiomysql sends in this process."""
-    from aiomysql import connection  # type: ignore[import-untyped]
-    from pymysql.constants import COMMAND  # type: ignore[import-untyped]
-
-    original = connection.Connection._execute_command
-    if getattr(original, "counted", False):
-        return
-
-    async def execute(self: Any, command: int, sql: Any) -> Any:
-        if command == COMMAND.COM_QUERY:
-            STAMPS.append(time.perf_counter())
-        return await original(self, command, sql)
-
-    execute.counted = True  # type: ignore[attr-defined]
-    connection.Connection._execute_command = execute
 
 
 # -- the worker process ------------------------------------------------------------------------
@@ -118,7 +92,7 @@ def worker_main(side: Side, index: int, go: MpEvent, stop: MpEvent, out: Any) ->
 
 async def _worker(side: Side, index: int, go: MpEvent, stop: MpEvent, out: Any) -> None:
     if side.series == "mysql":
-        count_mysql_statements()
+        count.count_mysql_statements()
 
     def handled(message_id: str, key: str, attempt: int) -> None:
         out.put(("handled", index, message_id, key, attempt, time.perf_counter()))
@@ -142,12 +116,12 @@ async def _worker(side: Side, index: int, go: MpEvent, stop: MpEvent, out: Any) 
         await stopping
         await close(working)
     finally:
-        out.put(("done", index, list(STAMPS)))
+        out.put(("done", index, list(count.STAMPS)))
 
 
 async def _asynclock_worker(side: Side, handled: Any) -> tuple[Any, Any]:
     api = require_asynclock().module
-    state = api.state_from_url(side.url, prefix=f"{side.namespace}:")
+    state = api.state_from_url(side.url, prefix=f"{side.namespace}:", **side.pool)
     bot = api.EventDispatcher(state, on_lock_conflict="queue", lock_ttl=30.0, max_pending=10**6)
 
     async def handle(event: Any, ctx: Any) -> None:
@@ -166,7 +140,10 @@ async def _asynclock_worker(side: Side, handled: Any) -> tuple[Any, Any]:
 async def _procrastinate_worker(side: Side, index: int, handled: Any) -> tuple[Any, Any]:
     import procrastinate
 
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=side.url))
+    connector = procrastinate.PsycopgConnector(
+        conninfo=side.url, min_size=1, max_size=WORKER_CONNECTIONS
+    )
+    app = procrastinate.App(connector=connector)
 
     @app.task(name=TASK, pass_context=True)
     async def handle(context: Any, message_id: str, key: str) -> None:
@@ -265,9 +242,9 @@ class Producer:
 
 
 def producer_main(
-    side: Side, index: int, keys: list[str], count: int, go: MpEvent, out: Any
+    side: Side, index: int, keys: list[str], sends: int, go: MpEvent, out: Any
 ) -> None:
-    """A producer process (the concurrent-accepts measurement): ``count`` sends over ``keys``,
+    """A producer process (the concurrent-accepts measurement): ``sends`` events over ``keys``,
     one after the other as fast as they go; reports ``("accepted", index, start, end)``."""
 
     async def produce() -> None:
@@ -278,7 +255,7 @@ def producer_main(
             if not await asyncio.to_thread(go.wait, SIGNAL_WAIT):
                 raise RuntimeError("no go signal")
             start = time.perf_counter()
-            for n in range(count):
+            for n in range(sends):
                 await producer.send(keys[n % len(keys)], f"p{index}-{n}")
             out.put(("accepted", index, start, time.perf_counter()))
         finally:
@@ -392,202 +369,3 @@ async def send_all(
         previous[key] = task
         tasks.append(task)
     await asyncio.gather(*tasks)
-
-
-# -- Redis: MONITOR through redis-cli ------------------------------------------------------------
-
-_LINE = re.compile(r"^(\d+\.\d+) \[\d+ ([^\]]+)\] (.*)$")
-
-
-class MonitorFiles:
-    """``redis-cli MONITOR`` on every master, each into a file of its own.
-
-    :meth:`count` reads the lines of a time window that name ``namespace`` (every key and
-    channel of a cell does) and were sent by a client, not run inside a script (``[0 lua]``).
-    """
-
-    def __init__(self, masters: list[tuple[str, int]]) -> None:
-        self.masters = masters
-        self.folder = Path()
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.files: list[Path] = []
-
-    def start(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="inbox-scale-monitor-"))
-        for n, (host, port) in enumerate(self.masters):
-            path = self.folder / f"monitor-{n}.log"
-            with path.open("wb") as output:  # the child keeps its own descriptor
-                self.procs.append(
-                    subprocess.Popen(
-                        ["redis-cli", "-h", host, "-p", str(port), "monitor"],
-                        stdout=output,
-                        stderr=subprocess.DEVNULL,
-                    )
-                )
-            self.files.append(path)
-
-    async def sync(self, within: float = 30.0) -> None:
-        """Return once every file holds all lines up to now (an ``ECHO`` mark sent after now
-        has arrived in each)."""
-        mark = f"inbox-scale-sync-{uuid.uuid4().hex}".encode()
-        offsets = [path.stat().st_size for path in self.files]
-        for host, port in self.masters:
-            client = redis.asyncio.Redis(host=host, port=port)
-            try:
-                await client.echo(mark)
-            finally:
-                await client.aclose()
-        deadline = time.monotonic() + within
-        for path, offset in zip(self.files, offsets, strict=True):
-            while True:
-                with path.open("rb") as data:
-                    data.seek(max(offset - len(mark), 0))
-                    if mark in data.read():
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"MONITOR output {path} did not catch up within {within} s")
-                await asyncio.sleep(0.05)
-
-    def count(self, namespace: str, start: float, end: float) -> int:
-        """Requests naming ``namespace`` sent at ``start <= time < end`` (``time.time()``)."""
-        total = 0
-        needle = namespace
-        for path in self.files:
-            with path.open("r", encoding="utf-8", errors="replace") as lines:
-                for line in lines:
-                    if needle not in line:
-                        continue
-                    match = _LINE.match(line)
-                    if match is None or match.group(2) == "lua":
-                        continue
-                    if start <= float(match.group(1)) < end:
-                        total += 1
-        return total
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()  # our own redis-cli, by its handle
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        for path in self.files:
-            path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            self.folder.rmdir()
-        self.procs, self.files = [], []
-
-
-async def masters_of(url: str) -> list[tuple[str, int]]:
-    """The masters behind a ``redis://`` or ``redis+cluster://`` URL."""
-    parts = urlsplit(url)
-    if parts.scheme != "redis+cluster":
-        return [(parts.hostname or "127.0.0.1", parts.port or 6379)]
-    first = parts.netloc.rpartition("@")[2].split(",")[0]
-    cluster = redis.asyncio.RedisCluster.from_url(f"redis://{first}")
-    try:
-        await cluster.initialize()
-        return [(node.host, int(node.port)) for node in cluster.get_primaries()]
-    finally:
-        await cluster.aclose()
-
-
-# -- PostgreSQL: committed transactions of the scenario's database -------------------------------
-
-
-async def ensure_database(admin_url: str) -> None:
-    """Create :data:`BENCH_DB` on the server of ``admin_url`` unless it exists."""
-    import asyncpg  # type: ignore[import-untyped]
-
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", BENCH_DB):
-            with contextlib.suppress(asyncpg.DuplicateDatabaseError):
-                await conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
-    finally:
-        await conn.close()
-
-
-async def committed(admin_url: str, within: float = 30.0) -> int:
-    """``xact_commit`` of :data:`BENCH_DB`, once no session of it is left (a backend's counts
-    reach the statistics at the latest when it exits), read from another database."""
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        deadline = time.monotonic() + within
-        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = $1"
-        while await conn.fetchval(query, BENCH_DB):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"sessions of {BENCH_DB} still open after {within} s")
-            await asyncio.sleep(0.05)
-        await conn.execute("SELECT pg_stat_clear_snapshot()")
-        value = await conn.fetchval(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = $1", BENCH_DB
-        )
-        return int(value)
-    finally:
-        await conn.close()
-
-
-async def prepare_procrastinate(url: str) -> None:
-    """Apply procrastinate's schema to the scenario's database once."""
-    import procrastinate
-
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
-    async with app.open_async():
-        if not await _has_table(url, "procrastinate_jobs"):
-            await app.schema_manager.apply_schema_async()
-
-
-async def delete_jobs(url: str, queue: str) -> None:
-    """Delete a cell's procrastinate jobs (and, by cascade, their events)."""
-    import asyncpg
-
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        await conn.execute("DELETE FROM procrastinate_jobs WHERE queue_name = $1", queue)
-    finally:
-        await conn.close()
-
-
-async def delete_rows(url: str, pattern: str) -> None:
-    """Delete the asynclock rows whose key matches ``pattern`` (a ``LIKE``) in ``url``'s
-    database: what a cell's locks, claims and inboxes left."""
-    tables = ("asynclock_locks", "asynclock_dedupe", "asynclock_inboxes")
-    entries = (
-        "DELETE FROM asynclock_inbox_entries WHERE inbox IN "
-        "(SELECT id FROM asynclock_inboxes WHERE name LIKE {})"
-    )
-    statements = [entries, *(f"DELETE FROM {t} WHERE name LIKE {{}}" for t in tables)]
-    if url.startswith("mysql"):
-        from benchmarks._sql_server import mysql_connect
-
-        my = await mysql_connect(url)
-        try:
-            cursor = await my.cursor()
-            for statement in statements:
-                await cursor.execute(statement.format("%s"), (pattern,))
-            await cursor.close()
-        finally:
-            my.close()
-        return
-    import asyncpg
-
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        for statement in statements:
-            await conn.execute(statement.format("$1"), pattern)
-    finally:
-        await conn.close()
-
-
-async def _has_table(url: str, table: str) -> bool:
-    import asyncpg
-
-    conn = await asyncpg.connect(url, timeout=10)
-    try:
-        return bool(await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table))
-    finally:
-        await conn.close()

@@ -159,7 +159,7 @@ class RedisMonitor:
                 self._names[fields.get("addr", "")] = fields.get("name", "")
         self._attribute()
 
-    async def sync(self, within: float = 10.0) -> None:
+    async def sync(self, within: float = 30.0) -> None:
         """Return once every master's MONITOR stream was read past this moment (an ``ECHO`` of a
         fresh mark, sent after it, came back through every stream), then name the lines."""
         mark = uuid.uuid4().hex.encode()
