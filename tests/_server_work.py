@@ -333,9 +333,10 @@ async def proxied_url(url: str, who: str, record: Record, proxies: list[Counting
     return await reroute(url)
 
 
-def whose(requests: Iterable[Request]) -> dict[str, int]:
-    """How many of ``requests`` each client sent."""
+def whose(requests: Iterable[Request], *, by_kind: bool = False) -> dict[str, int]:
+    """How many of ``requests`` each client sent (``by_kind``: of each kind)."""
     counts: dict[str, int] = {}
     for request in requests:
-        counts[request.who] = counts.get(request.who, 0) + 1
+        name = request.what if by_kind else request.who
+        counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))

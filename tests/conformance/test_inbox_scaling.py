@@ -200,7 +200,7 @@ class WakeUpCost:
         counts = [len(w.requests) for w in self.windows]
         spans = [round((w.end - w.start) * 1000) for w in self.windows]
         everyone = whose(r for w in self.windows for r in w.requests)
-        kinds = whose(Request(r.at, r.what, r.what) for w in self.windows for r in w.requests)
+        kinds = whose((r for w in self.windows for r in w.requests), by_kind=True)
         return (
             f"W={self.workers}: {self.per_event:.2f} per wake-up (median; counts {counts} in "
             f"windows of {spans} ms, idle background {self.idle_rate:.1f}/s); over the "
