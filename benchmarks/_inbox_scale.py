@@ -29,11 +29,14 @@ last change to ``asynclock/`` (so before and after a change stay side by side), 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
@@ -398,12 +401,6 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         "cells": [],
         "extras": [],
     }
-    if cfg.write:  # a partial run (SERIES_ENV) adds to the stored run of the same commit
-        same = [r for r in stored() if r["asynclock"] == record["asynclock"]]
-        if same and same[0].get("quick") == cfg.quick:
-            kept = [c for c in same[0]["cells"] if c["series"] not in chosen]
-            extras = [] if "postgres" in chosen else same[0].get("extras", [])
-            record.update(cells=kept, extras=extras, started=same[0]["started"])
     for target in await _targets(cfg, chosen):
         if target.monitor is not None:
             target.monitor.start()
@@ -417,7 +414,8 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 target.monitor.stop()
         if cfg.write:  # after every series: a run cut short keeps what it measured
             _save(record)
-    return Section("inbox-scale", _body([*_others(record), record], record))
+    here = [r for r in stored() if r["asynclock"] == record["asynclock"]] if cfg.write else []
+    return Section("inbox-scale", _body([*_others(record), *(here or [record])], record))
 
 
 def _others(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -425,10 +423,22 @@ def _others(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _save(record: dict[str, Any]) -> None:
-    """Store ``record`` (replacing the run of the same commit) and redraw the plot."""
+    """Store ``record``'s cells in the run of its commit (replacing those of the same series,
+    so runs of different series, even at once, add up) and redraw the plot."""
     record["load"] = record["load"][:3] + [round(x, 2) for x in os.getloadavg()]
-    runs = [*_others(record), record]
-    RESULTS.write_text(json.dumps({"format": 1, "runs": runs}, indent=1, allow_nan=True) + "\n")
+    with (Path(tempfile.gettempdir()) / "asynclock-inbox-scale.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run of other series may be saving
+        same = [r for r in stored() if r["asynclock"] == record["asynclock"]]
+        merged = dict(record)
+        if same and same[0].get("quick") == record["quick"]:
+            mine = {c["series"] for c in record["cells"]}
+            kept = [c for c in same[0]["cells"] if c["series"] not in mine]
+            merged["cells"] = kept + record["cells"]
+            merged["extras"] = record["extras"] or same[0].get("extras", [])
+            merged["started"] = min(same[0]["started"], record["started"])
+        runs = [*_others(record), merged]
+        text = json.dumps({"format": 1, "runs": runs}, indent=1, allow_nan=True)
+        RESULTS.write_text(text + "\n")
     log(f"inbox-scale: wrote {RESULTS}")
     from benchmarks import _plots, _results  # _plots draws from this module's record
 
@@ -487,7 +497,7 @@ def _body(runs: list[dict[str, Any]], this: dict[str, Any]) -> str:
         parts.append(
             f"#### asynclock at `{run['asynclock']}`: {kind} of {run['started']}"
             + (f" (load average {load[0]:.1f} on 2 cores at the start)" if load else "")
-            + ("" if run is not this else " (this run)")
+            + (" (this run)" if run["asynclock"] == this["asynclock"] else "")
         )
         for series in SERIES:
             mine = [c for c in cells if c.series == series]
