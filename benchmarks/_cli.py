@@ -18,6 +18,7 @@ from benchmarks import (
     _growth,
     _held,
     _inbox,
+    _inbox_scale,
     _memory,
     _plots,
     _progress,
@@ -61,6 +62,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox-sql": _sql_inbox.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
+    "inbox-scale": _inbox_scale.run,
 }
 NEEDS_REDIS = {
     "uncontended",
@@ -71,6 +73,7 @@ NEEDS_REDIS = {
     "cluster",
     "inbox",
     "held",
+    "inbox-scale",
 }
 
 PREAMBLE = """# Benchmarks
@@ -106,6 +109,9 @@ python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy 
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
 python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
+python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox with 1-16
+                                          # worker processes on every backend, beside
+                                          # procrastinate and a Redis Streams group
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -200,7 +206,7 @@ def _plots_only(args: argparse.Namespace) -> int:
 async def _amain(args: argparse.Namespace) -> int:
     if args.scenario == "plots":
         return _plots_only(args)
-    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds)
+    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds, write=args.write)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     if cfg.rounds is not None and cfg.rounds < 1:
         log("--rounds must be at least 1")
@@ -262,9 +268,9 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
-        # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"])
+        # the sql, cluster, inbox, held and inbox-scale blocks carry their own environment
+        # (servers, drivers, commit): a run of one of them alone keeps the others' above
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["inbox-scale"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )
