@@ -49,6 +49,8 @@ T = TypeVar("T")
 RESCAN = 5.0
 #: the longest pause between two deliveries of an entry whose handler failed
 MAX_RETRY_PAUSE = 5.0
+#: keys one ``serve()`` drains at once by default (``serve(max_keys=...)``)
+MAX_KEYS = 64
 
 
 def encode(event: Event) -> str:
@@ -101,7 +103,8 @@ class Drainer:
     """One ``serve()``: takes the keys handed to it and drains each in a task of its own.
 
     Invariants: this worker drains a key in at most one task at a time (a grant for a key whose
-    previous task is still winding down waits for that task); a grant is always drained, even
+    previous task is still winding down waits for that task), and at most ``max_keys`` keys at
+    once (it asks for no grant while it has that many: they go to other workers); a grant is always drained, even
     once stopping (the entry in hand is finished); the rescan (:meth:`_rescan`) is the safety
     net only, never on the path of an event: it takes the keys that no hand-out reached (their
     worker died, or the grant was lost on its way) once their lock is free.
@@ -114,8 +117,10 @@ class Drainer:
         "_keys",
         "_lock_ttl",
         "_max_attempts",
+        "_max_keys",
         "_observe",
         "_record",
+        "_room",
         "_state",
     )
 
@@ -130,8 +135,12 @@ class Drainer:
         record: Recorder,
         observe: Callable[[str, float], None],
         folding: FoldingDrain | None = None,
+        max_keys: int = MAX_KEYS,
     ) -> None:
         self._state = state
+        #: keys drained at once at most: grants beyond are left to the other workers
+        self._max_keys = max_keys
+        self._room = asyncio.Event()
         #: ``latest`` / ``debounce``: how a held key is drained instead of one entry at a time
         self._folding = folding
         self._inbox = inbox
@@ -154,6 +163,10 @@ class Drainer:
             async with handout as worker:
                 rescans = asyncio.ensure_future(self._rescan_every(interval, stopping))
                 while not stopping.is_set():
+                    if len(self._keys) >= self._max_keys:
+                        self._room.clear()
+                        await _unless(self._room.wait(), stopping)
+                        continue
                     try:
                         grant = await _unless(worker.next(interval), stopping)
                     except StateUnavailableError as exc:
@@ -183,6 +196,7 @@ class Drainer:
     def _gone(self, key: str, task: asyncio.Task[None]) -> None:
         if self._keys.get(key) is task:
             del self._keys[key]
+            self._room.set()
 
     async def _rescan_every(self, interval: float, stopping: asyncio.Event) -> None:
         """The safety net: every ``interval`` seconds, take the keys no hand-out reached.
@@ -200,7 +214,9 @@ class Drainer:
                 logger.warning("asynclock: inbox rescan failed: %s", exc)
                 ready = []
             for key in ready:
-                if key not in self._keys and not stopping.is_set():
+                if len(self._keys) >= self._max_keys or stopping.is_set():
+                    break
+                if key not in self._keys:
                     self._start(key, self._take_over(key, stopping))
 
     async def _take_over(self, key: str, stopping: asyncio.Event) -> None:

@@ -12,7 +12,9 @@ Invariants:
   work and answers at once if there is one, so a kill that came while no statement ran (it kills
   nothing) is made up for by the next statement.
 * Every answer of the ear wakes the worker (a kill, work found, or the whole wait passed: the
-  worker then claims once, which also makes up for a wake-up that reached a dead ear).
+  worker then claims once, which also makes up for a wake-up that reached a dead ear), and the
+  ear waits again only once the worker's claims are done: its first look would otherwise see
+  the very key the worker is about to claim, and wake it a second time for nothing.
 * An interrupted statement keeps the connection (only its query was killed); a connection that
   fails is closed and reopened after a pause, and its new id is what the worker registers next.
 """
@@ -122,6 +124,9 @@ class InboxEar:
                         await asyncio.sleep(RECONNECT_DELAY)
                         continue
                 self._watch.wake()
+                # bounded: a worker that never claims again (stopping) must not freeze the ear
+                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                    await asyncio.wait_for(self._watch.idle.wait(), EAR_WAIT)
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):

@@ -10,7 +10,9 @@ Invariants:
 
 * A lane is read by a *popper* task of its own, on a connection of its own that nothing else
   uses (a blocking command holds its connection), so a grant that arrives is never lost to a
-  cancelled ``next()``: it waits in the worker's queue. A popper cancelled mid-BRPOP (the worker
+  cancelled ``next()``: it waits in the worker's queue. A popper waits on its lane only while
+  that queue is empty: a worker busy with as many keys as it may drain (it calls ``next()`` no
+  more) leaves the grants to the other workers. A popper cancelled mid-BRPOP (the worker
   stops) may lose a grant on its way; the key's reservation then expires and a rescan finds it.
 * A grant is drained only while its reservation surely holds: its age is measured against an
   upper bound of the server's clock (from ``TIME`` round trips: the offset never
@@ -64,6 +66,7 @@ class LaneWorker:
         "_offset",
         "_op_timeout",
         "_poppers",
+        "_room",
         "_watch",
         "_with_entry",
     )
@@ -89,6 +92,10 @@ class LaneWorker:
         self._op_timeout = op_timeout
         self._grants: deque[InboxGrant] = deque()
         self._watch = EventWatch(asyncio.get_running_loop())
+        #: set while no grant waits for ``next()``: a popper takes a grant off a lane only then,
+        #: so a worker that drains as many keys as it may leaves the next grants to the others
+        self._room = asyncio.Event()
+        self._room.set()
         self._poppers: dict[str, asyncio.Task[None]] = {}
         #: each lane's connection now (tests kill them to see a popper come back)
         self._connections: dict[str, AbstractConnection] = {}
@@ -113,10 +120,16 @@ class LaneWorker:
         while True:
             if self._grants:
                 await asyncio.sleep(0)  # the yield rule
-                return self._grants.popleft()
+                return self._taken()
             self._watch.reset()
             if not await self._watch.wait(deadline - loop.time()):
-                return self._grants.popleft() if self._grants else None
+                return self._taken() if self._grants else None
+
+    def _taken(self) -> InboxGrant:
+        grant = self._grants.popleft()
+        if not self._grants:
+            self._room.set()
+        return grant
 
     async def _pop(self, lane: str) -> None:
         """Wait on ``lane`` for good, queueing each grant it hands this worker."""
@@ -125,6 +138,7 @@ class LaneWorker:
         clock_read_at = -CLOCK_EVERY
         try:
             while True:
+                await self._room.wait()
                 try:
                     if conn is None:
                         conn = self._connections[lane] = await self._connect(lane)
@@ -146,6 +160,7 @@ class LaneWorker:
                 grant = await self._checked(text(reply[1]))
                 if grant is not None:
                     self._grants.append(grant)
+                    self._room.clear()
                     self._watch.fire()
         finally:
             await _dropped(conn)

@@ -56,6 +56,10 @@ class WakeWatch(Protocol):
         """Forget the wake-ups received so far."""
         ...
 
+    def waiting(self) -> None:
+        """The worker took what it was woken for and waits again (its claims are done)."""
+        ...
+
     async def wait(self, timeout: float) -> bool:
         """``True`` once woken since the last :meth:`reset`, ``False`` after ``timeout``."""
         ...
@@ -69,18 +73,25 @@ class WakeWatch(Protocol):
 class HintWatch:
     """A :class:`WakeWatch` set from the state's event loop, remembering the last key named."""
 
-    __slots__ = ("_event", "_hint", "channel")
+    __slots__ = ("_event", "_hint", "channel", "idle")
 
     def __init__(self, channel: str = "") -> None:
         self.channel = channel
         self._event = asyncio.Event()
         self._hint: bytes | None = None
+        #: set while the worker waits with its claims done (see :meth:`waiting`)
+        self.idle = asyncio.Event()
 
     def wake(self, hint: bytes | None = None) -> None:
         """A wake-up (naming key ``hint``, if any)."""
         if hint is not None:
             self._hint = hint
+        self.idle.clear()
         self._event.set()
+
+    def waiting(self) -> None:
+        """See :meth:`WakeWatch.waiting`."""
+        self.idle.set()
 
     def reset(self) -> None:
         """See :meth:`WakeWatch.reset`."""
@@ -160,6 +171,7 @@ class SQLWorker:
                 if grant is not None:
                     return grant
                 self._again = False
+            watch.waiting()
             if not await watch.wait(deadline - loop.time()):
                 return None
             self._again = True
