@@ -389,6 +389,7 @@ async def test_b_eight_workers_three_killed_at_random_lose_nothing_and_keep_orde
     elapsed = time.monotonic() - started
     doubles = check_history(found, events)
     assert int(await fleet.effects.get(f"{fleet.prefix}stale") or 0) == 0
+    await fleet.ready()
     codes = fleet.stop()
     assert sorted(codes) == [-signal.SIGKILL] * KILLS + [0] * (KILL_WORKERS - KILLS), codes
     # a killed worker leaves at most the entry in hand of each key it drained
