@@ -20,7 +20,9 @@ from asynclock import Event, EventDispatcher, HandlerContext
 from tests._helpers import eventually
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from typing_extensions import Self
 
     from asynclock.state import State
     from asynclock.web import Dashboard
@@ -71,9 +73,9 @@ class Worker:
         async def handle(event: Event, ctx: HandlerContext) -> None:
             if self.failing:
                 raise ValueError(f"boom {event.message_id}")
-            self.handled.append(event.message_id)
+            self.handled.append(str(event.message_id))
 
-    async def __aenter__(self) -> Worker:
+    async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self.bot.serve())
         return self
 
@@ -83,7 +85,9 @@ class Worker:
             await self._task
 
 
-async def dead_letter(state: State, thread: str, message: str, *, raw: dict[str, object] | None = None) -> None:
+async def dead_letter(
+    state: State, thread: str, message: str, *, raw: dict[str, object] | None = None
+) -> None:
     """Make one dead letter of ``thread``: accept an event, let a failing ``serve()`` give up."""
     bot = EventDispatcher(state, on_lock_conflict="queue")
     await bot.accept(event(thread, message, raw))
@@ -151,7 +155,7 @@ async def served(app: Callable[..., object]) -> AsyncIterator[str]:
         sock.close()
 
 
-def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> Callable[[], object]:
+def _started(server: uvicorn.Server, task: asyncio.Task[None]) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         if task.done():
             task.result()  # raises what stopped it

@@ -11,10 +11,14 @@ import contextlib
 import json
 import logging
 import re
-
-import pytest
+from typing import TYPE_CHECKING
 
 from asynclock import AsyncLock, LockNotOwnedError
+
+if TYPE_CHECKING:
+    import pytest
+
+    from asynclock.state import State
 from asynclock.web import dashboard
 from tests._helpers import eventually
 from tests.web._helpers import (
@@ -29,8 +33,6 @@ from tests.web._helpers import (
     key_of,
     row,
 )
-
-from asynclock.state import State  # noqa: TC001 - fixtures' annotations
 
 
 async def _page(app: object, query: str = "") -> str:
@@ -159,7 +161,10 @@ async def test_requeue_puts_the_dead_letter_back_for_a_worker(
                 "/api/requeue", json={"key": key_of("T1")}, headers=headers(csrf_of(page))
             )
         assert answer.status_code == 200
-        assert answer.json() == {"message": f"requeued 1 dead letter(s) of {key_of('T1')!r}", "count": 1}
+        assert answer.json() == {
+            "message": f"requeued 1 dead letter(s) of {key_of('T1')!r}",
+            "count": 1,
+        }
         page = (await http.get("/")).text  # an action makes the next refresh read anew
         assert card(page, "dead letters") == "0"
         assert card(page, "pending events") == "1"
@@ -190,14 +195,18 @@ async def test_force_unlock_releases_only_the_holder_that_was_shown(
     try:
         async with client(as_alice) as http:  # type: ignore[arg-type]
             page = (await http.get("/")).text
-            token = re.search(r'data-action="unlock" data-key="stuck:1"[^>]*data-token="(\d+)"', page)
+            token = re.search(
+                r'data-action="unlock" data-key="stuck:1"[^>]*data-token="(\d+)"', page
+            )
             assert token is not None
             assert token[1] == str(lock.token)
             assert card(page, "locks held") == "1"
             csrf = csrf_of(page)
             caplog.set_level(logging.WARNING, logger="asynclock")
             stale = await http.post(
-                "/api/unlock", json={"key": "stuck:1", "token": int(token[1]) - 1}, headers=headers(csrf)
+                "/api/unlock",
+                json={"key": "stuck:1", "token": int(token[1]) - 1},
+                headers=headers(csrf),
             )
             assert stale.status_code == 409
             assert await state.inspect("stuck:1") is not None

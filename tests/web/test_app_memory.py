@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 from fastapi import FastAPI
 
 from asynclock import MemoryState, state_from_url
-from asynclock.state._protocol import InboxKey
 from asynclock.web import Dashboard, dashboard
 from tests.web._helpers import accept, card, client, csrf_of, dead_letter, headers, key_of, row
+
+if TYPE_CHECKING:
+    from asynclock.state._protocol import InboxKey
 
 
 class LaterKey(NamedTuple):
@@ -199,7 +201,7 @@ async def test_lifespan_is_acknowledged() -> None:
     async def send(message: object) -> None:
         sent.append(message)  # type: ignore[arg-type]
 
-    await app({"type": "lifespan"}, inbox.get, send)  # type: ignore[arg-type]
+    await app({"type": "lifespan"}, inbox.get, send)
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
 
 
@@ -221,7 +223,7 @@ async def test_a_state_that_does_not_answer_shows_why_without_its_password() -> 
 
 def test_bad_arguments_are_refused_with_their_value() -> None:
     state = MemoryState()
-    with pytest.raises(ValueError, match="refresh must be at least 0.2 seconds, got 0.01"):
+    with pytest.raises(ValueError, match=r"refresh must be at least 0\.2 seconds, got 0\.01"):
         dashboard(state, refresh=0.01)
     with pytest.raises(ValueError, match="history must be > 0 seconds, got -1"):
         dashboard(state, history=-1)
@@ -247,6 +249,8 @@ async def test_an_allowed_origin_may_act() -> None:
         )
         assert answer.status_code == 200
         other = await http.post(
-            "/api/requeue", json={"key": key_of("T1")}, headers=headers(token, "https://ops.example.org")
+            "/api/requeue",
+            json={"key": key_of("T1")},
+            headers=headers(token, "https://ops.example.org"),
         )
         assert other.status_code == 403
