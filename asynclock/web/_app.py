@@ -182,7 +182,8 @@ class Dashboard:
         try:
             letters = await self._reader.dead_letters(dead_page_keys(reading.snapshot, view))
         except StateUnavailableError as exc:
-            reading = Reading(reading.snapshot, f"{type(exc).__name__}: {exc}", time.time())
+            error = f"{type(exc).__name__}: {exc}"
+            reading = Reading(reading.snapshot, error, time.time(), reading.interval)
         return fragments(reading, letters, self._history.samples(), view, frame)
 
     async def _page(self, request: Request) -> Response:

@@ -36,9 +36,16 @@ def _status(reading: Reading, frame: Frame) -> str:
             f"</strong> ({since}): {escape(reading.error)}. {shown}.</div>"
         )
     if snapshot is not None:
+        slow = ""
+        if reading.interval > frame.refresh:
+            slow = (
+                f'; <span class="warn" title="a read is reused for five times as long as it took, '
+                f'so the dashboard keeps the state busy a fifth of the time at most">read every '
+                f"{duration(reading.interval)}</span>"
+            )
         parts.append(
             f'<span class="read">read {moment(snapshot.at)} in '
-            f"{snapshot.took * 1000:,.0f} ms</span>"
+            f"{snapshot.took * 1000:,.0f} ms{slow}</span>"
         )
     return "".join(parts)
 

@@ -29,6 +29,10 @@ logger = logging.getLogger("asynclock")
 
 #: dead letters remembered as first seen (for states that do not record when they died)
 _SEEN_LIMIT = 10_000
+#: a read of the state is reused for at least this many times as long as it took: whatever the
+#: number of open pages, the dashboard keeps a state busy at most a fifth of the time (a Redis
+#: inbox_keys() of 1,000 keys takes about a second: docs/benchmarks.md, "dashboard")
+LOAD_BUDGET = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +86,15 @@ class Reading:
     error: str | None
     #: UNIX time of that failure
     error_at: float | None
+    #: seconds between two reads of the state now: the refresh's, or longer when reads are slow
+    interval: float
 
 
 class Reader:
     """The state's reads for one dashboard (see the module).
 
     Invariants: at most one snapshot read runs at a time; a snapshot is reused for ``max_age``
-    seconds; a failed read keeps the last good snapshot and says why (it is retried at the next
+    seconds, or :data:`LOAD_BUDGET` times as long as its read took if that is longer; a failed read keeps the last good snapshot and says why (it is retried at the next
     refresh, never in a loop); a key's dead letters are read at most once per snapshot.
     """
 
@@ -108,15 +114,20 @@ class Reader:
         """Read anew at the next request (an action changed the state)."""
         self._read_at = float("-inf")
 
+    def interval(self) -> float:
+        """Seconds a read is reused for now (see the class)."""
+        took = self._last.took if self._last is not None else 0.0
+        return max(self._max_age, LOAD_BUDGET * took)
+
     async def reading(self) -> Reading:
-        """The current reading: a fresh one if the last is older than ``max_age``."""
-        if time.monotonic() - self._read_at >= self._max_age:
+        """The current reading: a fresh one if the last is older than :meth:`interval`."""
+        if time.monotonic() - self._read_at >= self.interval():
             if self._flight is None:
                 self._flight = asyncio.ensure_future(self._read())
             flight = self._flight
             # a viewer that goes away must not cancel the read the others wait for
             await asyncio.shield(flight)
-        return Reading(self._last, self._error, self._error_at)
+        return Reading(self._last, self._error, self._error_at, self.interval())
 
     async def _read(self) -> None:
         try:

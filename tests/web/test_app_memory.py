@@ -254,3 +254,30 @@ async def test_an_allowed_origin_may_act() -> None:
             headers=headers(token, "https://ops.example.org"),
         )
         assert other.status_code == 403
+
+
+class Slow(MemoryState):
+    """A state whose listing takes 0.4 s (as a Redis one of a few hundred keys)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def inbox_keys(self) -> list[InboxKey]:
+        self.reads += 1
+        await asyncio.sleep(0.4)
+        return await super().inbox_keys()
+
+
+async def test_a_slow_state_is_read_less_often() -> None:
+    state = Slow()
+    await accept(state, "T1", 1)
+    app = dashboard(state, refresh=0.2)  # a read may be reused for 0.15 s, or 5x its time
+    async with client(app) as http:
+        page = (await http.get("/")).text
+        assert state.reads == 1
+        assert "read every" in page  # the page says why it refreshes more slowly
+        # past 0.75 * refresh, well within 5x the read's 0.4 s (room for a loaded machine)
+        await asyncio.sleep(0.3)
+        await http.get("/api/refresh")
+        assert state.reads == 1
