@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 SIZES = (10, 100, 1000)
 DEAD_KEYS = 10
 HELD_LOCKS = 10
+#: keys of another application in the same Redis database, for the last Redis row
+OTHER_KEYS = 100_000
 DATABASE = "asynclock_bench_dashboard"
 USER = "asynclock_bench"
 
@@ -151,6 +153,28 @@ def _spelled(counts: collections.Counter[str]) -> str:
     return f"{total:,} ({parts})"
 
 
+async def _redis_rows(
+    api: Asynclock, url: str, client: redis.asyncio.Redis, rounds: int, label: str
+) -> list[tuple[str, str]]:
+    """The rows of one measurement on the private server, as it is now."""
+    state = api.module.state_from_url(url, prefix="bench:")
+    try:
+        await _refresh(state)  # warm: scripts loaded, connections open
+        ours = [await _counted(client, lambda: _refresh(state)) for _ in range(rounds)]
+        base = [await _counted(client, lambda: _floor(state)) for _ in range(rounds)]
+    finally:
+        await state.aclose()
+    commands, floor_commands = ours[-1][0], base[-1][0]
+    ratio = sum(commands.values()) / max(sum(floor_commands.values()), 1)
+    wall = _median([t for _, t in ours]) * 1000
+    log(f"dashboard: {label}: {_spelled(commands)}, {wall:.0f} ms")
+    return [
+        (f"{label}: commands per refresh", _spelled(commands)),
+        (f"{label}: floor (inbox_keys + held_locks)", _spelled(floor_commands)),
+        (f"{label}: refresh / floor; wall time", f"{ratio:.2f}x; {wall:,.0f} ms"),
+    ]
+
+
 async def _redis(api: Asynclock, rounds: int) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     with PrivateServer() as server:
@@ -161,30 +185,13 @@ async def _redis(api: Asynclock, rounds: int) -> list[tuple[str, str]]:
             for size in SIZES:
                 await _populate(api, server.url, have, size)
                 have = size
-                state = api.module.state_from_url(server.url, prefix="bench:")
-                try:
-                    await _refresh(state)  # warm: scripts loaded, connections open
-
-                    async def refresh(state: Any = state) -> float:
-                        return await _refresh(state)
-
-                    async def floor(state: Any = state) -> float:
-                        return await _floor(state)
-
-                    ours = [await _counted(client, refresh) for _ in range(rounds)]
-                    base = [await _counted(client, floor) for _ in range(rounds)]
-                finally:
-                    await state.aclose()
-                commands, floor_commands = ours[-1][0], base[-1][0]
-                ratio = sum(commands.values()) / max(sum(floor_commands.values()), 1)
-                wall = _median([t for _, t in ours]) * 1000
                 label = f"Redis, {size:,} keys with work"
-                rows += [
-                    (f"{label}: commands per refresh", _spelled(commands)),
-                    (f"{label}: floor (inbox_keys + held_locks)", _spelled(floor_commands)),
-                    (f"{label}: refresh / floor; wall time", f"{ratio:.2f}x; {wall:,.0f} ms"),
-                ]
-                log(f"dashboard: {label}: {_spelled(commands)}, {wall:.0f} ms")
+                rows += await _redis_rows(api, server.url, client, rounds, label)
+            # both listings SCAN the database: other applications' keys are walked too
+            for start in range(0, OTHER_KEYS, 1000):
+                await client.mset({f"other-app:{n}": "x" for n in range(start, start + 1000)})
+            label = f"Redis, {have:,} keys with work, {OTHER_KEYS:,} other keys in the database"
+            rows += await _redis_rows(api, server.url, client, rounds, label)
         finally:
             await client.aclose()
     return rows

@@ -4,13 +4,14 @@ One *snapshot* is one ``InboxState.inbox_keys()`` and one walk of ``LockAdmin.he
 nothing else; a key's dead letters are read apart (``inbox_dead_letters``), only for the keys
 a page shows. The optional facts of a key (its holder and that holder's attempt, a retry's due
 time, a parked flag) and of a dead letter (when it died) are read with ``getattr``: a state that
-reports them gets their columns, one that does not gets a page without them.
+reports them gets their columns, one that does not gets a page without them. The holder of a
+key is also the owner of its lock: a state that lists its locks always has that column.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from asynclock._owner import owner_parts
@@ -198,6 +199,11 @@ async def read_snapshot(state: State) -> Snapshot:
             LockRow(info.key, info.owner, info.remaining, info.token)
             async for info in state.held_locks()
         ]
+        # a key is drained by the holder of its lock (the same key): a state that does not say
+        # who handles a key still shows it, from the locks it lists anyway
+        owners = {lock.key: lock.owner for lock in locks}
+        rows = [r if r.holder else replace(r, holder=owners.get(r.key)) for r in rows]
+        fields.add("holder")
     return Snapshot(
         at=now,
         took=time.monotonic() - started,

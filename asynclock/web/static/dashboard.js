@@ -86,10 +86,11 @@
     return running;
   }
 
-  function ask(question) {
+  function ask(question, label) {
     return new Promise((resolve) => {
       const dialog = $("confirm");
       $("confirm-text").textContent = question;
+      $("confirm-ok").textContent = label;
       dialog.returnValue = "";
       dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
       dialog.showModal();
@@ -98,7 +99,7 @@
   }
 
   async function act(button) {
-    if (!(await ask(button.dataset.confirm))) return;
+    if (!(await ask(button.dataset.confirm, button.textContent))) return;
     const request = { key: button.dataset.key };
     if (button.dataset.token) request.token = button.dataset.token;
     button.disabled = true;
