@@ -352,6 +352,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     for backend in ("postgres", "mysql"):
         rows += await _sql(api, backend, rounds)
     body = (
+        "## Dashboard: what one refresh costs the state\n\n"
         "What one refresh of the web dashboard (`asynclock.web.dashboard`, one `GET "
         "/api/refresh`) costs the state, counted on the server, with N keys with work, "
         f"{DEAD_KEYS} keys with a dead letter and {HELD_LOCKS} locks held; the floor is the same "

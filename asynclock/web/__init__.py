@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ("Dashboard", "dashboard")
 
+Dashboard.__module__ = "asynclock.web"
+
 
 def dashboard(
     state: State,

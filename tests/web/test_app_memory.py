@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import subprocess
+import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 from fastapi import FastAPI
 
+import asynclock.web
 from asynclock import MemoryState, state_from_url
 from asynclock.web import Dashboard, dashboard
 from tests.web._helpers import accept, card, client, csrf_of, dead_letter, headers, key_of, row
@@ -282,3 +285,14 @@ async def test_a_slow_state_is_read_less_often() -> None:
         await asyncio.sleep(0.3)
         await http.get("/api/refresh")
         assert state.reads == 1
+
+
+def test_the_app_needs_nothing_beyond_asynclock() -> None:
+    code = (
+        "import sys, asynclock.web; "
+        "print(sorted(m for m in ('uvicorn', 'starlette', 'fastapi', 'httpx') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert Dashboard.__module__ == "asynclock.web"
+    assert asynclock.web.__all__ == ("Dashboard", "dashboard")
