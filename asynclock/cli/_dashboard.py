@@ -19,15 +19,11 @@ from typing import TYPE_CHECKING
 from asynclock.cli._admin import open_state
 from asynclock.state import StateURL
 from asynclock.web import dashboard
-from asynclock.web._http import Request, send_response, text_response
-from asynclock.web._snapshot import read_snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from asynclock.web._http import App, Receive, Scope, Send
-
-__all__ = ("LoopbackHosts", "is_loopback", "serve_dashboard")
+__all__ = ("is_loopback", "loopback_hosts", "serve_dashboard")
 
 logger = logging.getLogger("asynclock")
 
@@ -42,31 +38,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class LoopbackHosts:
-    """An ASGI wrapper that answers only requests whose ``Host`` is a loopback name.
-
-    A DNS-rebinding page (``evil.example`` resolved to 127.0.0.1) sends ``Host:
-    evil.example``: refused with 421 before the dashboard sees it.
-    """
-
-    def __init__(self, app: App, port: int) -> None:
-        self._app = app
-        names = ("127.0.0.1", "localhost", "[::1]")
-        self.allowed = frozenset(
-            [f"{name}:{port}" for name in names] + ([*names] if port == 80 else [])
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on, or refuse it for its ``Host``."""
-        if scope.get("type") == "http":
-            host = Request.from_scope(scope).headers.get("host", "").lower()
-            if host not in self.allowed:
-                response = text_response(
-                    421, f"this dashboard answers only at {min(self.allowed)}\n"
-                )
-                await send_response(send, response)
-                return
-        await self._app(scope, receive, send)
+def loopback_hosts(port: int) -> frozenset[str]:
+    """The ``Host`` headers a browser sends to a loopback address at ``port``."""
+    names = ("127.0.0.1", "localhost", "[::1]")
+    return frozenset([f"{name}:{port}" for name in names] + ([*names] if port == 80 else []))
 
 
 def _ignore(number: int, frame: object) -> None:
@@ -84,9 +59,8 @@ def _quiet_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {
-        number: signal.signal(number, _ignore) for number in (signal.SIGINT, signal.SIGTERM)
-    }
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.signal(number, _ignore) for number in numbers}
     try:
         yield
     finally:
@@ -111,17 +85,24 @@ async def serve_dashboard(
         raise ImportError(
             "asynclock dashboard serves with uvicorn: pip install 'asynclock[web]'"
         ) from exc
-    if not logging.getLogger("asynclock").handlers:
+    if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    local = is_loopback(host)
     async with open_state(url, prefix) as state:
-        app = dashboard(state, allow_actions=allow_actions, refresh=refresh, payloads=payloads)
-        await read_snapshot(state)  # a wrong URL or a server that is down fails here, at once
-        served: App = LoopbackHosts(app, port) if is_loopback(host) else app
+        app = dashboard(
+            state,
+            allow_actions=allow_actions,
+            refresh=refresh,
+            payloads=payloads,
+            hosts=loopback_hosts(port) if local else None,
+        )
+        # a wrong URL or a server that is down fails here, at once, not in the first page
+        await state.inspect("asynclock-dashboard:probe")
         config = uvicorn.Config(
-            served,
+            app,
             host=host,
             port=port,
             lifespan="off",
@@ -132,7 +113,7 @@ async def serve_dashboard(
         where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
         mode = "actions allowed" if allow_actions else "read-only"
         print(f"asynclock dashboard: {where} ({mode}) for {StateURL(url)}", file=sys.stderr)
-        if not is_loopback(host):
+        if not local:
             print(
                 f"asynclock dashboard: warning: listening on {host}, not loopback, with no login: "
                 "whoever reaches this port sees every key"

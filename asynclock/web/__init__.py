@@ -28,7 +28,7 @@ from asynclock.web._app import Dashboard
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from asynclock.state._protocol import State
+    from asynclock.state import State
 
 __all__ = ("Dashboard", "dashboard")
 
@@ -43,6 +43,7 @@ def dashboard(
     history: float = 900.0,
     payloads: bool = True,
     origins: Collection[str] = (),
+    hosts: Collection[str] | None = None,
 ) -> Dashboard:
     """The web dashboard of ``state`` as an ASGI application.
 
@@ -69,12 +70,15 @@ def dashboard(
             personal data); ``True`` shows one only when a viewer clicks for it.
         origins: more origins allowed to post actions (e.g. ``"https://ops.example.com"``
             when a proxy rewrites the ``Host`` header); the dashboard's own host always is.
+        hosts: answer only requests whose ``Host`` header is one of these (``host:port``), 421
+            to the others: what ``asynclock dashboard`` does on loopback against DNS
+            rebinding. ``None`` (the default): any (your app's own host checks apply).
 
     Returns:
         The ASGI application (``app.mount("/asynclock", dashboard(state))``).
 
     Raises:
-        TypeError: a flag that is not a bool, or ``origins`` given as one string.
+        TypeError: a flag that is not a bool, or ``origins`` or ``hosts`` given as one string.
         ValueError: ``refresh`` or ``history`` not a positive number of seconds.
     """
     return Dashboard(
@@ -84,4 +88,5 @@ def dashboard(
         history=history,
         payloads=payloads,
         origins=origins,
+        hosts=hosts,
     )

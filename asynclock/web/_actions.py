@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from asynclock._validate import check_key
-from asynclock.state._protocol import InboxState, LockAdmin
+from asynclock.state import LockAdmin
+from asynclock.state._protocol import InboxState
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Collection
 
-    from asynclock.state._protocol import State
+    from asynclock.state import State
     from asynclock.web._http import Request
 
 __all__ = ("ACTIONS", "Guard", "Outcome", "available", "refused", "run")

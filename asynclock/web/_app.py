@@ -40,7 +40,7 @@ from asynclock.web._views import View
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from asynclock.state._protocol import State
+    from asynclock.state import State
     from asynclock.web._http import Receive, Scope, Send
 
 __all__ = ("Dashboard",)
@@ -75,6 +75,7 @@ class Dashboard:
         "_assets",
         "_guard",
         "_history",
+        "_hosts",
         "_payloads",
         "_reader",
         "_refresh",
@@ -92,6 +93,7 @@ class Dashboard:
         history: float = 900.0,
         payloads: bool = True,
         origins: Collection[str] = (),
+        hosts: Collection[str] | None = None,
     ) -> None:
         if not isinstance(allow_actions, bool):
             raise TypeError(f"allow_actions must be a bool, got {allow_actions!r}")
@@ -99,6 +101,8 @@ class Dashboard:
             raise TypeError(f"payloads must be a bool, got {payloads!r}")
         if isinstance(origins, str):
             raise TypeError(f"origins must be a collection of origins, got the str {origins!r}")
+        if isinstance(hosts, str):
+            raise TypeError(f"hosts must be a collection of host names, got the str {hosts!r}")
         refresh_seconds = check_seconds(refresh, "refresh")
         window = check_seconds(history, "history")
         assert refresh_seconds is not None
@@ -109,6 +113,7 @@ class Dashboard:
         self.allow_actions = allow_actions
         self._refresh = refresh_seconds
         self._payloads = payloads
+        self._hosts = None if hosts is None else frozenset(h.lower() for h in hosts)
         self._actions = _actions.available(state) if allow_actions else frozenset()
         self._guard = _actions.Guard(origins)
         self._history = History(window)
@@ -141,6 +146,11 @@ class Dashboard:
         await send_response(send, response, head=request.method == "HEAD")
 
     async def _answer(self, request: Request, receive: Receive) -> Response:
+        host = request.headers.get("host", "").lower()
+        if self._hosts is not None and host not in self._hosts:
+            # a page of another site whose domain name was rebound to this address
+            where = min(self._hosts)
+            return text_response(421, f"this dashboard answers only at {where}\n")
         path, method = request.path or "/", request.method
         if path.startswith("/api/") and path[5:] in _actions.ACTIONS:
             if method != "POST":

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 __all__ = (
-    "App",
     "Receive",
     "Request",
     "Response",
@@ -31,7 +30,6 @@ __all__ = (
 Scope = MutableMapping[str, object]
 Receive = Callable[[], Awaitable[MutableMapping[str, object]]]
 Send = Callable[[MutableMapping[str, object]], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: on every answer: nothing of the page runs in a frame of another site, no MIME sniffing, the
 #: Referer only to this origin, and scripts, styles and requests from this origin only

@@ -20,7 +20,7 @@ from asynclock.state._protocol import InboxState
 from asynclock.web._snapshot import dead_rows, read_snapshot
 
 if TYPE_CHECKING:
-    from asynclock.state._protocol import State
+    from asynclock.state import State
     from asynclock.web._snapshot import DeadRow, Snapshot
 
 __all__ = ("History", "Reader", "Reading", "Sample")

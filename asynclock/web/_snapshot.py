@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from asynclock._owner import owner_parts
-from asynclock.state._protocol import InboxState, LockAdmin
+from asynclock.state import LockAdmin
+from asynclock.state._protocol import InboxState
 
 if TYPE_CHECKING:
-    from asynclock.state._protocol import State
+    from asynclock.state import State
 
 __all__ = (
     "OPTIONAL_FIELDS",

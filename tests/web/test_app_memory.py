@@ -195,6 +195,16 @@ async def test_http_details() -> None:
         assert empty.status_code == 400
 
 
+async def test_hosts_limits_the_host_names_answered() -> None:
+    app = dashboard(MemoryState(), hosts={"127.0.0.1:8765", "localhost:8765"})
+    async with client(app) as http:
+        assert (await http.get("/")).status_code == 200
+        assert (await http.get("/", headers={"host": "localhost:8765"})).status_code == 200
+        rebound = await http.get("/api/refresh", headers={"host": "evil.example:8765"})
+        assert rebound.status_code == 421
+        assert "fragments" not in rebound.text
+
+
 async def test_lifespan_is_acknowledged() -> None:
     app = dashboard(MemoryState())
     inbox: asyncio.Queue[dict[str, object]] = asyncio.Queue()
