@@ -17,6 +17,7 @@ from fastapi import FastAPI
 import asynclock.web
 from asynclock import MemoryState, state_from_url
 from asynclock.web import Dashboard, dashboard
+from tests._helpers import LocksOnly
 from tests.web._helpers import accept, card, client, csrf_of, dead_letter, headers, key_of, row
 
 if TYPE_CHECKING:
@@ -193,6 +194,19 @@ async def test_http_details() -> None:
         assert bad.status_code == 400
         empty = await http.post("/api/requeue", content=b'{"key": ""}', headers=headers(token))
         assert empty.status_code == 400
+
+
+async def test_a_state_with_locks_only_shows_what_it_has() -> None:
+    state = LocksOnly()
+    app = dashboard(state, allow_actions=True)
+    async with client(app) as http:
+        page = (await http.get("/")).text
+        assert "This state has no durable inbox." in page
+        assert "This state cannot list its locks." in page
+        assert 'data-action="' not in page
+        answer = await http.post("/api/requeue", json={"key": "k"}, headers=headers(csrf_of(page)))
+        assert answer.status_code == 501
+        assert "LocksOnly cannot requeue" in answer.json()["error"]
 
 
 async def test_hosts_limits_the_host_names_answered() -> None:
