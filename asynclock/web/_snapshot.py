@@ -41,9 +41,11 @@ OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {
 }
 #: when a dead letter died, if the state records it
 _DEAD_AT = ("dead_at", "failed_at", "when", "at")
-#: a due time this large is a UNIX time; smaller ones are seconds from now (no retry is due
-#: three years ahead, and no clock reads less than 1e8 since 1973)
+#: a time this large is a UNIX time in seconds; smaller ones are seconds from now (no retry is
+#: due three years ahead, and no clock reads less than 1e8 since 1973); past 1e11 (the year
+#: 5138 in seconds) it is a UNIX time in milliseconds, as Redis's TIME and PX speak
 _EPOCH = 1e8
+_EPOCH_MS = 1e11
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +151,17 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def _retry_at(value: object, now: float) -> float | None:
-    """A due time as a UNIX time: ``value`` is one already, or seconds from ``now``."""
+def _unix_time(value: object, now: float, *, ago: bool = False) -> float | None:
+    """A time as a UNIX time in seconds: ``value`` is one already (in seconds or milliseconds),
+    or seconds from ``now`` (before it with ``ago``); ``None`` when it is not a number."""
     seconds = _number(value)
     if seconds is None:
         return None
-    return seconds if seconds >= _EPOCH else now + seconds
+    if seconds >= _EPOCH_MS:
+        return seconds / 1000.0
+    if seconds >= _EPOCH:
+        return seconds
+    return now - seconds if ago else now + seconds
 
 
 def key_row(found: object, now: float) -> tuple[KeyRow, frozenset[str]]:
@@ -175,7 +182,7 @@ def key_row(found: object, now: float) -> tuple[KeyRow, frozenset[str]]:
         dead=int(getattr(found, "dead", 0) or 0),
         holder=holder if isinstance(holder, str) and holder else None,
         attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
-        retry_at=_retry_at(facts.get("retry"), now),
+        retry_at=_unix_time(facts.get("retry"), now),
         parked=bool(facts.get("parked", False)),
     )
     return row, frozenset(fields)
@@ -228,7 +235,7 @@ async def dead_rows(state: State, key: str, seen: dict[tuple[str, int], float]) 
     rows = []
     for letter in await state.inbox_dead_letters(key):
         present, value = _first(letter, _DEAD_AT)
-        at = _number(value) if present else None
+        at = _unix_time(value, now, ago=True) if present else None
         first_seen = seen.setdefault((key, letter.id), now)
         rows.append(
             DeadRow(

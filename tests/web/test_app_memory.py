@@ -320,3 +320,24 @@ def test_the_app_needs_nothing_beyond_asynclock() -> None:
     assert done.stdout.strip() == "[]"
     assert Dashboard.__module__ == "asynclock.web"
     assert asynclock.web.__all__ == ("Dashboard", "dashboard")
+
+
+def test_the_forms_of_a_due_time() -> None:
+    from asynclock.web._snapshot import key_row
+
+    now = 1_800_000_000.0
+    for due in (42.0, now + 42.0, (now + 42.0) * 1000):
+        found = LaterKey("k", 1, 1.0, 0, None, None, due, False)
+        row, fields = key_row(found, now)
+        assert row.retry_at == pytest.approx(now + 42.0), due
+        assert "retry" in fields
+    row, fields = key_row(InboxKeyNow("k", 1, 1.0, 0), now)
+    assert row.retry_at is None
+    assert fields == frozenset()
+
+
+class InboxKeyNow(NamedTuple):
+    key: str
+    pending: int
+    oldest_age: float
+    dead: int
