@@ -134,7 +134,15 @@ def _parser() -> argparse.ArgumentParser:
     inbox.add_argument(
         "--prefix", metavar="PREFIX", default=None, help="the state's key prefix (asynclock:)"
     )
-    _dashboard_parser(commands)
+    _dashboard_options(
+        commands.add_parser(
+            "dashboard",
+            help="a web page of the inbox, dead letters and locks, refreshed live",
+            description="Serves the web dashboard (asynclock.web.dashboard) with uvicorn: keys "
+            "with work, depth and lag, dead letters, locks held. Read-only and on 127.0.0.1 "
+            "unless told otherwise. Needs `pip install 'asynclock[web]'`.",
+        )
+    )
     return parser
 
 
@@ -148,14 +156,8 @@ def _port(text: str) -> int:
     return value
 
 
-def _dashboard_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub = commands.add_parser(
-        "dashboard",
-        help="a web page of the inbox, dead letters and locks, refreshed live",
-        description="Serves the web dashboard (asynclock.web.dashboard) with uvicorn: keys with "
-        "work, depth and lag, dead letters, locks held. Read-only and on 127.0.0.1 unless told "
-        "otherwise. Needs `pip install 'asynclock[web]'`.",
-    )
+def _dashboard_options(sub: argparse.ArgumentParser) -> None:
+    """The options of ``asynclock dashboard``."""
     sub.add_argument("--state", metavar="URL", required=True, help="e.g. redis://127.0.0.1:6379/0")
     sub.add_argument(
         "--prefix", metavar="PREFIX", default=None, help="the state's key prefix (asynclock:)"
