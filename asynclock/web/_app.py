@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, final
 
 from asynclock._errors import StateUnavailableError
 from asynclock._validate import check_seconds
-from asynclock.web import _actions
+from asynclock.web._actions import ACTIONS, Guard, available, refused, run
 from asynclock.web._html import dead_page_keys, fragments, page
 from asynclock.web._http import (
     Request,
@@ -114,8 +114,8 @@ class Dashboard:
         self._refresh = refresh_seconds
         self._payloads = payloads
         self._hosts = None if hosts is None else frozenset(h.lower() for h in hosts)
-        self._actions = _actions.available(state) if allow_actions else frozenset()
-        self._guard = _actions.Guard(origins)
+        self._actions = available(state) if allow_actions else frozenset()
+        self._guard = Guard(origins)
         self._history = History(window)
         self._reader = Reader(state, max_age=refresh_seconds * 0.75, history=self._history)
         self._assets = {path: _asset(path) for path in _ASSETS}
@@ -152,7 +152,7 @@ class Dashboard:
             where = min(self._hosts)
             return text_response(421, f"this dashboard answers only at {where}\n")
         path, method = request.path or "/", request.method
-        if path.startswith("/api/") and path[5:] in _actions.ACTIONS:
+        if path.startswith("/api/") and path[5:] in ACTIONS:
             if method != "POST":
                 return _not_allowed("POST")
             return await self._act(path[5:], request, receive)
@@ -232,12 +232,12 @@ class Dashboard:
             else "this dashboard is read-only (start it with --allow-actions)"
         )
         if reason is not None:
-            _actions.refused(action, request, reason)
+            refused(action, request, reason)
             return json_response(403, {"error": f"refused: {reason}"})
         if action not in self._actions:
             return json_response(501, {"error": f"{type(self.state).__name__} cannot {action}"})
         body = await read_body(receive, _BODY_LIMIT)
-        outcome = await _actions.run(self.state, action, body, request)
+        outcome = await run(self.state, action, body, request)
         self._reader.invalidate()
         key = "message" if outcome.status < 400 else "error"
         return json_response(outcome.status, {key: outcome.message, "count": outcome.count})
