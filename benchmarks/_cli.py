@@ -13,6 +13,7 @@ import redis.asyncio
 from benchmarks import (
     _cluster,
     _contended,
+    _dashboard,
     _dedupe,
     _dispatcher,
     _growth,
@@ -61,6 +62,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox-sql": _sql_inbox.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
+    "dashboard": _dashboard.run,
 }
 NEEDS_REDIS = {
     "uncontended",
@@ -106,6 +108,8 @@ python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy 
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
 python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
+python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
+                                        # each server (its own redis-server, database, user)
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -264,7 +268,7 @@ async def _amain(args: argparse.Namespace) -> int:
         path = Path(args.doc)
         # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
         # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"])
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["dashboard"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )
