@@ -13,6 +13,7 @@ import redis.asyncio
 from benchmarks import (
     _cluster,
     _contended,
+    _dashboard,
     _dedupe,
     _dispatcher,
     _growth,
@@ -63,6 +64,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
     "inbox-scale": _inbox_scale.run,
+    "dashboard": _dashboard.run,
 }
 NEEDS_REDIS = {
     "uncontended",
@@ -112,6 +114,8 @@ python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone v
 python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox with 1-16
                                           # worker processes on every backend, beside
                                           # procrastinate and a Redis Streams group
+python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
+                                        # each server (its own redis-server, database, user)
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -271,6 +275,9 @@ async def _amain(args: argparse.Namespace) -> int:
         # the sql, cluster, inbox, held and inbox-scale blocks carry their own environment
         # (servers, drivers, commit): a run of one of them alone keeps the others' above
         kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["inbox-scale"])
+        # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
+        # commit): a run of one of them alone keeps the environment block of the others above
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["dashboard"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

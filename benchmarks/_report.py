@@ -172,6 +172,7 @@ _ORDER = (
     "inbox-sql",
     "held",
     "inbox-scale",
+    "dashboard",
 )
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
