@@ -272,12 +272,9 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql, cluster, inbox, held and inbox-scale blocks carry their own environment
-        # (servers, drivers, commit): a run of one of them alone keeps the others' above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["inbox-scale"])
-        # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
-        # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["dashboard"])
+        # the sql, cluster, inbox, held, inbox-scale and dashboard blocks carry their own
+        # environment (servers, drivers, commit): a run of one of them alone keeps the others'
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["inbox-scale"], ["dashboard"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )
