@@ -15,9 +15,8 @@ dedicated connection (its ear), then re-checks the key. A release wakes the wait
 state at once. Where the push path does not reach (the ear waits for another key, a connection
 is down, the holder does not ring), a waiter re-checks after a bounded back-off (5 ms, doubling
 up to 100 ms, never past the holder's remaining TTL): see :class:`PollingWatch`. The durable
-inbox's watchers poll that way: an accept wakes the workers of the same state at once, a worker
-of another process rescans the keys with work (one indexed read) after the same back-off, which
-a rescan that found work restarts at 5 ms.
+inbox's hand-out reaches other processes another way: each serving worker's own ear waits in a
+``SLEEP`` that an accept for a free key interrupts with ``KILL QUERY`` (``_ear.py``).
 """
 
 from __future__ import annotations
@@ -108,9 +107,9 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
       connection is discarded, never reused.
     * A waiter in another process is woken by the holder's bell (a named lock freed after the
       release) once the key is contended (see :meth:`acquire`); where that does not reach, it
-      polls with a bounded back-off (:class:`PollingWatch`). The inbox workers of other
-      processes poll. Neither ever blocks a pooled connection: the bell and the ear are two
-      connections of their own, opened on first use.
+      polls with a bounded back-off (:class:`PollingWatch`). An inbox worker is woken by the
+      ``KILL QUERY`` of its own ear's ``SLEEP``. None of them ever blocks a pooled connection:
+      the bell, the ear and each inbox worker's ear are connections of their own.
     * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
       running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`).
 

@@ -307,10 +307,6 @@ class PollingWatch:
         """A release was seen in this state: wake the waiter now."""
         self._event.fire()
 
-    def hurry(self) -> None:
-        """Something moved (an inbox rescan found work): restart the back-off at its shortest."""
-        self._delay = FIRST_POLL
-
     def reset(self) -> None:
         """Forget notifications received so far."""
         self._event.reset()
