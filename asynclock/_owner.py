@@ -78,6 +78,13 @@ def new_owner(task: asyncio.Task[object] | None = None) -> str:
 _recent: tuple[int, str, str] | None = None
 
 
+def new_handout_owner() -> str:
+    """A fresh owner id for a lock that a state hands out to a worker it does not know yet (the
+    inbox's hand-out on Redis): ``"inbox-handout:<random>"``; the worker that takes the grant
+    drains the key under this id."""
+    return f"inbox-handout:{_random_part()}"
+
+
 def new_process_id() -> str:
     """An id for one state instance in this process: ``"<host>:<pid>:<random>"``."""
     return f"{_prefix}:{secrets.token_hex(4)}"

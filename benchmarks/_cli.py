@@ -19,6 +19,7 @@ from benchmarks import (
     _growth,
     _held,
     _inbox,
+    _inbox_scale,
     _memory,
     _plots,
     _progress,
@@ -62,6 +63,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox-sql": _sql_inbox.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
+    "inbox-scale": _inbox_scale.run,
     "dashboard": _dashboard.run,
 }
 NEEDS_REDIS = {
@@ -73,6 +75,7 @@ NEEDS_REDIS = {
     "cluster",
     "inbox",
     "held",
+    "inbox-scale",
 }
 
 PREAMBLE = """# Benchmarks
@@ -108,6 +111,9 @@ python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy 
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
 python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
+python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox with 1-16
+                                          # worker processes on every backend, beside
+                                          # procrastinate and a Redis Streams group
 python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
                                         # each server (its own redis-server, database, user)
 ```
@@ -204,7 +210,7 @@ def _plots_only(args: argparse.Namespace) -> int:
 async def _amain(args: argparse.Namespace) -> int:
     if args.scenario == "plots":
         return _plots_only(args)
-    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds)
+    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds, write=args.write)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     if cfg.rounds is not None and cfg.rounds < 1:
         log("--rounds must be at least 1")
@@ -266,9 +272,9 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
-        # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["dashboard"])
+        # the sql, cluster, inbox, held, inbox-scale and dashboard blocks carry their own
+        # environment (servers, drivers, commit): a run of one of them alone keeps the others'
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["inbox-scale"], ["dashboard"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

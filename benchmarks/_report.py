@@ -171,6 +171,7 @@ _ORDER = (
     "inbox",
     "inbox-sql",
     "held",
+    "inbox-scale",
     "dashboard",
 )
 _DEFAULT_NOTES = (

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asynclock._errors import StateUnavailableError
+from asynclock._inbox import MAX_KEYS
 from asynclock.cli._admin import format_locks, held_locks, open_state, print_locks, unlock
 from asynclock.cli._demo import format_result, run_demo
 from asynclock.cli._worker import inbox_command, run_worker
@@ -122,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         "exits 0.",
     )
     worker.add_argument("target", metavar="MODULE:ATTR", help="e.g. examples.fastapi_bot:bot")
+    worker.add_argument(
+        "--max-keys",
+        type=int,
+        default=MAX_KEYS,
+        help=f"keys drained at once at most; more go to other workers (default {MAX_KEYS})",
+    )
     inbox = commands.add_parser(
         "inbox",
         help="keys with pending events, the oldest age, dead letters; requeue KEY",
@@ -322,7 +329,7 @@ def _dashboard_command(args: argparse.Namespace) -> int:
 def _inbox_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``worker`` and ``inbox``."""
     if args.command == "worker":
-        return asyncio.run(run_worker(args.target))
+        return asyncio.run(run_worker(args.target, max_keys=args.max_keys))
     action: list[str] = args.action
     if action and (action[0] != "requeue" or len(action) != 2):
         parser.error(f"inbox takes no argument or `requeue KEY`, got {' '.join(action)!r}")

@@ -28,6 +28,8 @@ SCRIPTS = {
     "_inbox_take.lua",
     "inbox_requeue.lua",
     "_listed.lua",
+    "_handout.lua",
+    "inbox_adopt.lua",
     "inbox_unlist.lua",
     "inbox_forget_slot.lua",
     "_fair_open.lua",
