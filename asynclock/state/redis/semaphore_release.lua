@@ -1,0 +1,13 @@
+-- KEYS[1..7] the semaphore's (see _semaphore.lua) | ARGV[1] owner
+-- returns 1 when owner's permit was given back, 0 when it held none (nothing changed).
+-- Publishes the waiters this made eligible (a permit that expired meanwhile counts too).
+local owner = ARGV[1]
+local before = eligible(redis.call('ZCARD', H))
+purge(now_ms())
+if not redis.call('ZSCORE', H, owner) then
+  return 0
+end
+redis.call('ZREM', H, owner)
+redis.call('HDEL', T, owner)
+wake(before)
+return 1
