@@ -22,6 +22,7 @@ from benchmarks import (
     _plots,
     _progress,
     _results,
+    _semaphore,
     _sql,
     _sql_dispatcher,
     _sql_inbox,
@@ -61,6 +62,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox-sql": _sql_inbox.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
+    "semaphore": _semaphore.run,
 }
 NEEDS_REDIS = {
     "uncontended",
@@ -71,6 +73,7 @@ NEEDS_REDIS = {
     "cluster",
     "inbox",
     "held",
+    "semaphore",
 }
 
 PREAMBLE = """# Benchmarks
@@ -106,6 +109,7 @@ python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy 
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
 python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
+python -m benchmarks semaphore --write  # ~1 min: Semaphore vs py-redis-semaphore, redis-limiters
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -264,7 +268,7 @@ async def _amain(args: argparse.Namespace) -> int:
         path = Path(args.doc)
         # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
         # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"])
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["semaphore"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

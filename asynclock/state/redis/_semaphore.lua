@@ -11,9 +11,11 @@
 -- ahead of it, fits held + p < its limit: strict arrival order.
 local H, T, M, Q, P, L, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
-local function now_ms()
+-- the server clock: (ms, µs)
+local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(us / 1000), us
 end
 
 -- call command(key, names...) for names in chunks (unpack has a stack limit)
@@ -23,19 +25,25 @@ local function each_chunk(command, key, names)
   end
 end
 
--- drop the permits and the places that expired
+-- drop the permits and the places that expired; returns how many places are kept (the queue is
+-- looked at only when it has any: an uncontended key costs one ZCARD for it)
 local function purge(now)
   local gone = redis.call('ZRANGEBYSCORE', H, '-inf', now)
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', H, '-inf', now)
     each_chunk('HDEL', T, gone)
   end
-  local late = redis.call('ZRANGEBYSCORE', P, '-inf', now)
-  if #late > 0 then
-    redis.call('ZREMRANGEBYSCORE', P, '-inf', now)
-    each_chunk('ZREM', Q, late)
-    each_chunk('HDEL', L, late)
+  local waiting = redis.call('ZCARD', Q)
+  if waiting > 0 then
+    local late = redis.call('ZRANGEBYSCORE', P, '-inf', now)
+    if #late > 0 then
+      redis.call('ZREMRANGEBYSCORE', P, '-inf', now)
+      each_chunk('ZREM', Q, late)
+      each_chunk('HDEL', L, late)
+      waiting = waiting - #late
+    end
   end
+  return waiting
 end
 
 -- the waiters at the head of the queue that may take a permit with `held` taken (at most
@@ -60,6 +68,9 @@ end
 
 -- publish the waiters eligible now that were not in `before`
 local function wake(before)
+  if redis.call('ZCARD', Q) == 0 then
+    return
+  end
   local seen = {}
   for _, owner in ipairs(before) do
     seen[owner] = true
@@ -75,26 +86,31 @@ local function wake(before)
   end
 end
 
--- keep the keys until `retention` ms after the last permit or place expires
-local function keep(now, retention)
-  local last = now
+-- keep the keys until `retention` ms after the last permit (and, with `queued`, the last place)
+-- expires; only the keys this step wrote need it
+local function keep(now, retention, queued)
   local top = redis.call('ZRANGE', H, -1, -1, 'WITHSCORES')
+  local last = now
   if #top > 0 then
     last = math.max(last, tonumber(top[2]))
   end
-  top = redis.call('ZRANGE', P, -1, -1, 'WITHSCORES')
-  if #top > 0 then
-    last = math.max(last, tonumber(top[2]))
+  if queued then
+    top = redis.call('ZRANGE', P, -1, -1, 'WITHSCORES')
+    if #top > 0 then
+      last = math.max(last, tonumber(top[2]))
+    end
+    redis.call('PEXPIRE', Q, last - now + retention)
+    redis.call('PEXPIRE', P, last - now + retention)
+    redis.call('PEXPIRE', L, last - now + retention)
   end
-  for i = 1, 6 do
-    redis.call('PEXPIRE', KEYS[i], last - now + retention)
-  end
+  redis.call('PEXPIRE', H, last - now + retention)
+  redis.call('PEXPIRE', T, last - now + retention)
+  redis.call('PEXPIRE', M, last - now + retention)
 end
 
 -- max(last token + 1, server TIME in microseconds): strictly increasing per key
-local function next_token()
-  local t = redis.call('TIME')
-  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function next_token(now_us)
+  local token = now_us
   local last = tonumber(redis.call('HGET', M, 'token') or '0')
   if token <= last then
     token = last + 1

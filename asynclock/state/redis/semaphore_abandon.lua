@@ -6,7 +6,7 @@
 -- made eligible. Returns 0.
 local owner = ARGV[1]
 local before = eligible(redis.call('ZCARD', H))
-purge(now_ms())
+purge((clock()))
 redis.call('ZREM', H, owner)
 redis.call('HDEL', T, owner)
 redis.call('ZREM', Q, owner)

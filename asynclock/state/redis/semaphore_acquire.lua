@@ -7,20 +7,23 @@ local limit = tonumber(ARGV[2])
 local ttl_ms = tonumber(ARGV[3])
 local hold_ms = tonumber(ARGV[4])
 local retention = tonumber(ARGV[5])
-local now = now_ms()
-purge(now)
+local now, now_us = clock()
+local waiting = purge(now)
 if redis.call('ZSCORE', H, owner) then
   -- a repeated call that won already: the same token, its TTL reset from now
   redis.call('ZADD', H, now + ttl_ms, owner)
-  keep(now, retention)
+  keep(now, retention, false)
   return tonumber(redis.call('HGET', T, owner))
 end
 if redis.call('EXISTS', KEYS[8]) == 1 then
   return -ttl_ms -- given up (semaphore_abandon.lua ran first): never granted, never queued
 end
 local held = redis.call('ZCARD', H)
-local rank = redis.call('ZRANK', Q, owner)
-local position = rank or redis.call('ZCARD', Q)
+local rank = false
+if waiting > 0 then
+  rank = redis.call('ZRANK', Q, owner)
+end
+local position = rank or waiting
 local fits = held + position < limit
 if fits and position > 0 then
   fits = #eligible(held) >= position -- everyone ahead fits too
@@ -31,10 +34,10 @@ if fits then
     redis.call('ZREM', P, owner)
     redis.call('HDEL', L, owner)
   end
-  local token = next_token()
+  local token = next_token(now_us)
   redis.call('ZADD', H, now + ttl_ms, owner)
   redis.call('HSET', T, owner, fmt(token))
-  keep(now, retention)
+  keep(now, retention, false)
   return token
 end
 if hold_ms > 0 then
@@ -43,6 +46,6 @@ if hold_ms > 0 then
   end
   redis.call('ZADD', P, now + hold_ms, owner)
   redis.call('HSET', L, owner, limit)
-  keep(now, retention)
+  keep(now, retention, true)
 end
 return -retry_ms(now, math.min(position, limit), ttl_ms)

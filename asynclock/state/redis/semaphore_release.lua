@@ -2,8 +2,11 @@
 -- returns 1 when owner's permit was given back, 0 when it held none (nothing changed).
 -- Publishes the waiters this made eligible (a permit that expired meanwhile counts too).
 local owner = ARGV[1]
-local before = eligible(redis.call('ZCARD', H))
-purge(now_ms())
+local before = {}
+if redis.call('ZCARD', Q) > 0 then
+  before = eligible(redis.call('ZCARD', H))
+end
+purge((clock()))
 if not redis.call('ZSCORE', H, owner) then
   return 0
 end
