@@ -66,11 +66,9 @@ local function eligible(held)
   return found
 end
 
--- publish the waiters eligible now that were not in `before`
+-- publish the waiters eligible now that were not in `before` (call it only when the queue
+-- had places: an empty one has nobody to wake)
 local function wake(before)
-  if redis.call('ZCARD', Q) == 0 then
-    return
-  end
   local seen = {}
   for _, owner in ipairs(before) do
     seen[owner] = true

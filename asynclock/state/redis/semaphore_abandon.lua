@@ -13,5 +13,7 @@ redis.call('ZREM', Q, owner)
 redis.call('ZREM', P, owner)
 redis.call('HDEL', L, owner)
 redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[2]))
-wake(before)
+if redis.call('ZCARD', Q) > 0 then
+  wake(before)
+end
 return 0

@@ -2,8 +2,9 @@
 -- returns 1 when owner's permit was given back, 0 when it held none (nothing changed).
 -- Publishes the waiters this made eligible (a permit that expired meanwhile counts too).
 local owner = ARGV[1]
+local queued = redis.call('ZCARD', Q) > 0
 local before = {}
-if redis.call('ZCARD', Q) > 0 then
+if queued then
   before = eligible(redis.call('ZCARD', H))
 end
 purge((clock()))
@@ -12,5 +13,7 @@ if not redis.call('ZSCORE', H, owner) then
 end
 redis.call('ZREM', H, owner)
 redis.call('HDEL', T, owner)
-wake(before)
+if queued then
+  wake(before)
+end
 return 1
