@@ -29,11 +29,29 @@ QUERIES = {
     "inbox_ready",
     "inbox_keys",
     "inbox_dead_letters",
+    "semaphore_acquire",
+    "semaphore_release",
+    "semaphore_abandon",
+    "semaphore_extend",
+    "semaphore_inspect",
+    "purge_semaphores",
 }
-#: statements only one backend has (PostgreSQL's claims carry their owner: ClaimingState)
-OWN_QUERIES = {"asynclock.state.postgres": {"forget_claimed"}, "asynclock.state.mysql": set()}
+#: statements only one backend has (PostgreSQL's claims carry their owner: ClaimingState; MySQL
+#: purges a semaphore's permits and places in statements of their own: no multi-table DELETE)
+OWN_QUERIES = {
+    "asynclock.state.postgres": {"forget_claimed"},
+    "asynclock.state.mysql": {"purge_semaphore_holders", "purge_semaphore_waiters"},
+}
 #: the tables schema.sql creates, and its versioned routines (functions or procedures), in order
-TABLES = ("locks", "dedupe", "inboxes", "inbox_entries")
+TABLES = (
+    "locks",
+    "dedupe",
+    "inboxes",
+    "inbox_entries",
+    "semaphores",
+    "semaphore_holders",
+    "semaphore_waiters",
+)
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
@@ -45,6 +63,11 @@ ROUTINES = {
         "inbox_step_v2",
         "inbox_requeue_v1",
         "inbox_take_v2",
+        "semaphore_eligible_v1",
+        "semaphore_wake_v1",
+        "semaphore_acquire_v1",
+        "semaphore_release_v1",
+        "semaphore_abandon_v1",
     ),
     "asynclock.state.mysql": (
         *_SHARED_ROUTINES,
@@ -52,6 +75,11 @@ ROUTINES = {
         "inbox_step_v2",
         "inbox_requeue_v1",
         "inbox_take_v2",
+        "semaphore_eligible_v1",
+        "semaphore_fresh_v1",
+        "semaphore_acquire_v1",
+        "semaphore_release_v1",
+        "semaphore_abandon_v1",
     ),
 }
 
