@@ -428,8 +428,8 @@ class Sabotaged:
 
 class TestAutoRenew:
     async def test_auto_renew_keeps_the_permit_past_its_ttl(self, state: State, key: str) -> None:
-        async with Semaphore(state, key, limit=1, ttl=0.5, auto_renew=True) as permit:
-            await asyncio.sleep(1.6)
+        async with Semaphore(state, key, limit=1, ttl=1.0, auto_renew=True) as permit:
+            await asyncio.sleep(3.2)  # more than three TTLs
             assert not await Semaphore(state, key, limit=1).acquire(blocking=False)
         assert not permit.lost
         await assert_idle_now(state, key)
