@@ -580,3 +580,20 @@ class TestYieldsToTheLoop:
 
 def test_memory_state_has_the_capability() -> None:
     assert isinstance(MemoryState(), SemaphoreState)
+
+
+@pytest.mark.parametrize(
+    "odd",
+    ["{tag}", "}{", "a b\tc", "ключ:🔑", "%_!*?[x]", "x" * 2000, "'; DROP TABLE x; --"],
+    ids=["braces", "inverted-braces", "whitespace", "unicode", "wildcards", "long", "sql"],
+)
+async def test_odd_keys_are_keys_like_any_other(state: State, key: str, odd: str) -> None:
+    name = f"{key}:{odd}"
+    first = Semaphore(state, name, limit=1, ttl=10.0)
+    assert await first.acquire(blocking=False)
+    assert not await Semaphore(state, name, limit=1).acquire(blocking=False)
+    assert await holders(state, f"{key}:other") == 0
+    info = await permits(state).semaphore_inspect(name)
+    assert [h.owner for h in info.holders] == [first.owner]
+    await first.release()
+    await assert_idle_now(state, name)
