@@ -13,6 +13,7 @@ import redis.asyncio
 from benchmarks import (
     _cluster,
     _contended,
+    _dashboard,
     _dedupe,
     _dispatcher,
     _growth,
@@ -63,6 +64,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
     "semaphore": _semaphore.run,
+    "dashboard": _dashboard.run,
 }
 NEEDS_REDIS = {
     "uncontended",
@@ -110,6 +112,8 @@ python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  #
 python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
 python -m benchmarks semaphore --write  # ~1 min: Semaphore vs py-redis-semaphore, redis-limiters
+python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
+                                        # each server (its own redis-server, database, user)
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -268,7 +272,7 @@ async def _amain(args: argparse.Namespace) -> int:
         path = Path(args.doc)
         # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
         # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["semaphore"])
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["semaphore"], ["dashboard"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

@@ -172,6 +172,7 @@ _ORDER = (
     "inbox-sql",
     "held",
     "semaphore",
+    "dashboard",
 )
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"

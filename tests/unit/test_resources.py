@@ -87,3 +87,5 @@ def test_the_wheel_contains_the_scripts_and_py_typed(tmp_path: Path) -> None:
     for name in SCRIPTS:
         assert f"asynclock/state/redis/{name}" in names
     assert "asynclock/py.typed" in names
+    for name in ("dashboard.js", "dashboard.css"):  # the dashboard's page (asynclock.web)
+        assert f"asynclock/web/static/{name}" in names
