@@ -305,6 +305,10 @@ async def run_sql(backend: Backend, statements: list[str], *args: object) -> lis
         db=parts.path.lstrip("/") or None,
         autocommit=True,
         connect_timeout=10,
+        # as the states' own connections: a purge's "WHERE ... IN (SELECT ... LIKE ...)" reads the
+        # subquery's table without locking every row it scans (under REPEATABLE READ it would
+        # hold shared locks on other tests' rows, whose statements then wait for it)
+        init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
     )
     try:
         async with mysql.cursor() as cursor:
