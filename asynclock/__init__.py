@@ -28,6 +28,7 @@ from asynclock._event import Outcome as Outcome
 from asynclock._lock import AsyncLock as AsyncLock
 from asynclock._retry import RetryStatistics as RetryStatistics
 from asynclock._retry import retry_on_lock_conflict as retry_on_lock_conflict
+from asynclock._semaphore import Semaphore as Semaphore
 from asynclock.state import state_from_url as state_from_url
 from asynclock.state._protocol import LockInfo as LockInfo
 from asynclock.state._protocol import State as State
@@ -63,6 +64,7 @@ __all__ = (
     "PostgresState",
     "RedisState",
     "RetryStatistics",
+    "Semaphore",
     "State",
     "StateError",
     "StateUnavailableError",

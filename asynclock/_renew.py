@@ -12,7 +12,7 @@ from asynclock._errors import StateUnavailableError
 from asynclock._timers import Timer, call_later
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from asynclock._waiters import Ticket
     from asynclock.state._protocol import State
@@ -30,6 +30,7 @@ class Renewer:
     """
 
     __slots__ = (
+        "_extend",
         "_key",
         "_max_lifetime",
         "_on_lost",
@@ -51,8 +52,12 @@ class Renewer:
         on_lost: Callable[[str], None],
         *,
         started: float | None = None,
+        extend: Callable[[str, str, float], Awaitable[bool]] | None = None,
     ) -> None:
+        """``extend(key, owner, ttl)``: the renewal step, ``state.extend`` by default (a
+        :class:`~asynclock.Semaphore` renews its permit with ``semaphore_extend``)."""
         self._state = state
+        self._extend = extend if extend is not None else state.extend
         self._key = key
         self._ticket = ticket
         self._ttl = ttl
@@ -110,7 +115,7 @@ class Renewer:
                 # longer than what is left of the TTL, a stalled renewal would let the body run
                 # on after the lock expired and another holder took it
                 async with deadline_at(self._ticket.expires):
-                    extended = await self._state.extend(self._key, self._ticket.owner, ttl)
+                    extended = await self._extend(self._key, self._ticket.owner, ttl)
             except (StateUnavailableError, TimeoutError, asyncio.TimeoutError) as exc:
                 if loop.time() >= self._ticket.expires:
                     self._on_lost(f"the state was unreachable until the TTL ran out: {exc!r}")

@@ -108,3 +108,18 @@ def check_limit(limit: object) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError(f"limit must be an int >= 0, got {limit!r}")
     return limit
+
+
+def check_permits(limit: object, *, key: str | None = None) -> int:
+    """``limit`` (how many holders a semaphore admits at once) when it is an int >= 1.
+
+    Raises:
+        TypeError: ``limit`` is not an int (a bool is refused too).
+        ValueError: ``limit`` is below 1 (the message shows it and the key).
+    """
+    where = f" (key {key!r})" if key is not None else ""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int >= 1, got {type(limit).__name__} {limit!r}{where}")
+    if limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}{where}")
+    return limit

@@ -24,6 +24,7 @@ from benchmarks import (
     _plots,
     _progress,
     _results,
+    _semaphore,
     _sql,
     _sql_dispatcher,
     _sql_inbox,
@@ -64,6 +65,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
     "inbox-scale": _inbox_scale.run,
+    "semaphore": _semaphore.run,
     "dashboard": _dashboard.run,
 }
 NEEDS_REDIS = {
@@ -76,6 +78,7 @@ NEEDS_REDIS = {
     "inbox",
     "held",
     "inbox-scale",
+    "semaphore",
 }
 
 PREAMBLE = """# Benchmarks
@@ -114,6 +117,7 @@ python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone v
 python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox with 1-16
                                           # worker processes on every backend, beside
                                           # procrastinate and a Redis Streams group
+python -m benchmarks semaphore --write  # ~1 min: Semaphore vs py-redis-semaphore, redis-limiters
 python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
                                         # each server (its own redis-server, database, user)
 ```
@@ -272,9 +276,17 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql, cluster, inbox, held, inbox-scale and dashboard blocks carry their own
-        # environment (servers, drivers, commit): a run of one of them alone keeps the others'
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["inbox-scale"], ["dashboard"])
+        # these blocks carry their own environment (servers, drivers, commit): a run of one of
+        # them alone keeps the others' above
+        kept = names in (
+            ["sql"],
+            ["cluster"],
+            ["inbox"],
+            ["held"],
+            ["inbox-scale"],
+            ["semaphore"],
+            ["dashboard"],
+        )
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

@@ -172,6 +172,7 @@ _ORDER = (
     "inbox-sql",
     "held",
     "inbox-scale",
+    "semaphore",
     "dashboard",
 )
 _DEFAULT_NOTES = (

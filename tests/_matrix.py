@@ -240,7 +240,18 @@ async def _purge_cluster(backend: Backend, namespace: str) -> None:
 
 
 #: the tables of the SQL states under their default ``table_prefix``, with a ``name`` column
-SQL_TABLES = ("asynclock_locks", "asynclock_dedupe", "asynclock_inboxes")
+SQL_TABLES = (
+    "asynclock_locks",
+    "asynclock_dedupe",
+    "asynclock_inboxes",
+    "asynclock_semaphores",
+)
+#: a semaphore's permits and places go first, by the id of its semaphores row (they have no name)
+SQL_SEMAPHORE_ROWS = tuple(
+    f"DELETE FROM asynclock_{table} WHERE semaphore IN "
+    "(SELECT id FROM asynclock_semaphores WHERE name LIKE {})"
+    for table in ("semaphore_holders", "semaphore_waiters")
+)
 #: the inbox entries go first, by the id of their key's inboxes row (they have no name)
 SQL_INBOX_ENTRIES = (
     "DELETE FROM asynclock_inbox_entries WHERE inbox IN "
@@ -251,7 +262,7 @@ SQL_INBOX_ENTRIES = (
 async def _purge_sql(backend: Backend, key_prefix: str) -> None:
     """Delete the rows whose key starts with ``key_prefix`` (tables not created yet: nothing)."""
     # The prefix is "asynclock-test:<hex>:": no LIKE wildcard in it.
-    statements = [SQL_INBOX_ENTRIES]
+    statements = [SQL_INBOX_ENTRIES, *SQL_SEMAPHORE_ROWS]
     statements += [f"DELETE FROM {table} WHERE name LIKE {{}}" for table in SQL_TABLES]
     await run_sql(backend, statements, f"{key_prefix}%")
 
@@ -292,6 +303,10 @@ async def run_sql(backend: Backend, statements: list[str], *args: object) -> lis
         db=parts.path.lstrip("/") or None,
         autocommit=True,
         connect_timeout=10,
+        # as the states' own connections: a purge's "WHERE ... IN (SELECT ... LIKE ...)" reads the
+        # subquery's table without locking every row it scans (under REPEATABLE READ it would
+        # hold shared locks on other tests' rows, whose statements then wait for it)
+        init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
     )
     try:
         async with mysql.cursor() as cursor:

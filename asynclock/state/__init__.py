@@ -16,6 +16,8 @@ from asynclock.state._protocol import (
     LockAdmin,
     LockInfo,
     Release,
+    SemaphoreInfo,
+    SemaphoreState,
     State,
     Watch,
 )
@@ -40,6 +42,8 @@ __all__ = (
     "PostgresState",
     "RedisState",
     "Release",
+    "SemaphoreInfo",
+    "SemaphoreState",
     "State",
     "StateURL",
     "Watch",

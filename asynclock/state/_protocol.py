@@ -559,6 +559,99 @@ class FairState(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SemaphoreInfo:
+    """What :meth:`SemaphoreState.semaphore_inspect` reports about one semaphore key.
+
+    ``holders`` are the live permits, oldest token first (each a :class:`LockInfo` whose
+    ``remaining`` is the permit's seconds left); ``waiting`` counts the places kept in the key's
+    queue of waiters.
+    """
+
+    key: str
+    holders: tuple[LockInfo, ...]
+    waiting: int
+
+
+@runtime_checkable
+class SemaphoreState(Protocol):
+    """Optional capability: counted permits per key (``asynclock.Semaphore``), fair and fenced.
+
+    Per key (a namespace of its own: a semaphore and a lock may share a key string), the state
+    keeps the live *holders* (owner, fencing token, expiry by the server clock) and a *queue* of
+    waiters in arrival order (owner, the ``limit`` it asked with, and until when its place is
+    kept). A free permit goes to the oldest waiter first: a waiter at position ``i`` (0 = the
+    head) may take one only while, for it and every waiter ahead of it, ``held + position <
+    limit`` (strict FIFO, whatever limits the waiters asked with); a caller not in the queue
+    counts as standing at its end.
+
+    Every method is one atomic step against every client of the backend (memory: of the
+    process), with expiry by the server's clock. A dead holder's permit frees when its TTL runs
+    out; a dead waiter's place when its hold runs out. Tokens come from the same rule as lock
+    tokens: strictly greater than every token issued before for the key.
+    """
+
+    async def semaphore_acquire(
+        self, key: str, owner: str, limit: int, ttl: float, *, hold: float | None = None
+    ) -> Grant:
+        """Take a permit of ``key`` for ``owner`` for ``ttl`` seconds, if one is free in turn.
+
+        Atomic; expiry by the server clock. Expired holders and places are dropped first. If
+        ``owner`` holds a permit already (a retried call whose reply was lost), its TTL is reset
+        to ``ttl`` from now and the same token is returned. Otherwise a permit is granted (new
+        fencing token) when fewer than ``limit`` are held and every waiter ahead of the caller
+        fits too (see the class); the caller then leaves the queue.
+
+        ``hold=None`` is a try: a refusal changes nothing. With ``hold`` (seconds) the caller
+        will wait: on refusal it joins the queue at its end (or keeps its place) and the place
+        is kept until ``hold`` seconds from now; the caller renews it by calling again.
+
+        An owner given up by :meth:`semaphore_abandon` is never granted nor queued while its
+        mark lives. A refusal's ``retry_after`` is the seconds until the state changes without
+        a release: the first expiry among the live permits and the places kept ahead of the
+        caller (``0.0`` if imminent).
+        """
+        ...
+
+    async def semaphore_release(self, key: str, owner: str) -> bool:
+        """Give back ``owner``'s permit of ``key`` (compare-and-delete, atomic).
+
+        ``False`` (nothing changed) when ``owner`` holds none (expired, released). A release
+        wakes the waiters it made eligible (their :meth:`semaphore_watch`).
+        """
+        ...
+
+    async def semaphore_abandon(self, key: str, owner: str) -> None:
+        """Undo an acquire of unknown outcome, or stop waiting: atomic.
+
+        Gives back ``owner``'s permit if it holds one, takes it out of the queue, and marks it
+        so that an acquire still on its way cannot grant it a permit nor a place later. Wakes
+        the waiters this made eligible.
+        """
+        ...
+
+    async def semaphore_extend(self, key: str, owner: str, ttl: float) -> bool:
+        """Reset ``owner``'s permit to expire ``ttl`` seconds from now (compare-then-act).
+
+        ``False`` when it holds none; a lost permit is never re-created.
+        """
+        ...
+
+    async def semaphore_inspect(self, key: str) -> SemaphoreInfo:
+        """The live holders of ``key`` and how many places its queue keeps. One read."""
+        ...
+
+    def semaphore_watch(self, key: str, owner: str) -> AbstractAsyncContextManager[Watch]:
+        """Wake-ups for waiter ``owner`` of ``key``, for the duration of the block.
+
+        Active when ``__aenter__`` returns. The watch wakes when a release (or an abandon) made
+        ``owner`` eligible; it may also wake spuriously. A backend without a push path may
+        return a watch that wakes after a bounded back-off (the caller bounds every wait by the
+        refusal's ``retry_after``).
+        """
+        ...
+
+
 class ImmediateSteps(State, ClaimingState, Protocol):
     """Internal capability of a state whose steps need no I/O: their bodies, without an await.
 

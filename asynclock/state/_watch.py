@@ -23,6 +23,11 @@ class EventWatch:
         """Set the event; call only from the watch's own loop."""
         self._event.set()
 
+    def heard(self, payload: object) -> None:
+        """A message on the watched channel, with its ``payload``: wake the waiter (any
+        message does; :class:`OwnerWatch` looks at the payload). From the watch's own loop."""
+        self._event.set()
+
     def notify(self, current: asyncio.AbstractEventLoop | None) -> None:
         """Set the event from ``current`` (the caller's running loop, or ``None``)."""
         if current is self._loop:
@@ -45,3 +50,25 @@ class EventWatch:
         except (TimeoutError, asyncio.TimeoutError):
             return False
         return True
+
+
+class OwnerWatch(EventWatch):
+    """An :class:`EventWatch` that a channel message wakes only when it names ``owner``.
+
+    For channels shared by many waiters of whom a message concerns a few (a semaphore's
+    release wakes the waiters it made eligible): the payload is the owner ids it concerns,
+    separated by spaces (owner ids hold no whitespace). :meth:`fire` (a reconnect, a local
+    release) still wakes it unconditionally, so it never misses more than a plain watch would.
+    """
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, owner: str) -> None:
+        super().__init__(loop)
+        self._owner = owner
+
+    def heard(self, payload: object) -> None:
+        """Wake when ``payload`` (bytes or str) names this watch's owner."""
+        text = payload.decode() if isinstance(payload, bytes) else str(payload)
+        if self._owner in text.split(" "):
+            self._event.set()

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 
 from asynclock._errors import LockNotOwnedError
 from asynclock._owner import new_owner
-from asynclock._validate import check_key, check_limit, check_ttl
+from asynclock._validate import check_key, check_limit, check_permits, check_ttl
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._lines import Lines
 from asynclock.state._memory_handout import Handout, MemoryWorker
+from asynclock.state._memory_semaphores import MemorySemaphores
 from asynclock.state._protocol import (
     DeadLetter,
     Grant,
@@ -39,11 +40,13 @@ from asynclock.state._protocol import (
     InboxKey,
     LockInfo,
     Release,
+    SemaphoreInfo,
 )
 from asynclock.state._watch import EventWatch
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection
+    from contextlib import AbstractAsyncContextManager
 
 
 #: expired entries removed per operation by the amortised sweep
@@ -128,6 +131,7 @@ class MemoryState(ClosesOnExit):
         "_lines",
         "_locks",
         "_mutex",
+        "_semaphores",
         "_tokens",
         "_watchers",
     )
@@ -147,6 +151,8 @@ class MemoryState(ClosesOnExit):
         self._handout = Handout()
         self._lines = Lines()  # FairState: the per-key lines of fair retries
         self._tokens = itertools.count(1)
+        #: SemaphoreState: a table of its own (semaphore keys are a namespace of their own)
+        self._semaphores = MemorySemaphores(self._clock)
         self._closed = False
 
     @classmethod
@@ -601,6 +607,40 @@ class MemoryState(ClosesOnExit):
             return None
         released = await self.release(key, info.owner)  # in the holder's name: compare first
         return info if released.owned else None
+
+    # -- semaphores (SemaphoreState: _memory_semaphores.py) --------------------------------------
+
+    async def semaphore_acquire(
+        self, key: str, owner: str, limit: int, ttl: float, *, hold: float | None = None
+    ) -> Grant:
+        """See :meth:`asynclock.state.SemaphoreState.semaphore_acquire`."""
+        check_key(key)
+        check_permits(limit, key=key)
+        check_ttl(ttl, key=key)
+        if hold is not None:
+            check_ttl(hold, "hold", key=key)
+        return await self._semaphores.acquire(key, owner, limit, ttl, hold)
+
+    async def semaphore_release(self, key: str, owner: str) -> bool:
+        """See :meth:`asynclock.state.SemaphoreState.semaphore_release`."""
+        return await self._semaphores.release(key, owner)
+
+    async def semaphore_abandon(self, key: str, owner: str) -> None:
+        """See :meth:`asynclock.state.SemaphoreState.semaphore_abandon`."""
+        await self._semaphores.abandon(key, owner)
+
+    async def semaphore_extend(self, key: str, owner: str, ttl: float) -> bool:
+        """See :meth:`asynclock.state.SemaphoreState.semaphore_extend`."""
+        check_ttl(ttl, key=key)
+        return await self._semaphores.extend(key, owner, ttl)
+
+    async def semaphore_inspect(self, key: str) -> SemaphoreInfo:
+        """See :meth:`asynclock.state.SemaphoreState.semaphore_inspect`."""
+        return await self._semaphores.inspect(key)
+
+    def semaphore_watch(self, key: str, owner: str) -> AbstractAsyncContextManager[EventWatch]:
+        """See :meth:`asynclock.state.SemaphoreState.semaphore_watch` (direct wake-ups)."""
+        return self._semaphores.watch(key, owner)
 
     # -- the inbox (InboxState) ----------------------------------------------------------------
 

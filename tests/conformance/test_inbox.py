@@ -344,18 +344,20 @@ class TestHandOut:
         # hand-out made then (on Redis, a reservation and a grant queued on the lane) has run
         # out. A worker that starts later still handles each event once, per key in accept
         # order, as its first delivery.
-        producer = EventDispatcher(space.open(), on_lock_conflict="queue", lock_ttl=0.5)
+        accepting, serving_state = space.open(), space.open()
+        producer = EventDispatcher(accepting, on_lock_conflict="queue", lock_ttl=0.5)
         for n in range(9):
             assert await producer.accept(ev(n, thread=f"T{n % 3}")) is Outcome.ACCEPTED
         await asyncio.sleep(0.6)  # the reservations' TTL runs out: time passing, not a race
         recorder = Recorder()
-        worker = bot_on(space.open(), recorder)  # its own lock_ttl: it renews what it is handed
+        worker = bot_on(serving_state, recorder)  # its own lock_ttl: it renews what it is handed
         task = await serving(worker)
         try:
             await until(lambda: len(recorder.calls) == 9, "the backlog handled")
         finally:
             await stop(worker, task)
             await producer.aclose()
+            await close_all(accepting, serving_state)
         assert sorted(m or "" for _, m, _ in recorder.calls) == [f"m{n}" for n in range(9)]
         for t in range(3):
             assert recorder.per_key[f"slack:C1:T{t}"] == [f"m{n}" for n in range(t, 9, 3)]

@@ -32,15 +32,31 @@ QUERIES = {
     "inbox_claim",
     "inbox_worker_seen",
     "inbox_worker_gone",
+    "semaphore_acquire",
+    "semaphore_release",
+    "semaphore_abandon",
+    "semaphore_extend",
+    "semaphore_inspect",
+    "purge_semaphores",
 }
-#: statements only one backend has (PostgreSQL's claims carry their owner: ClaimingState)
+#: statements only one backend has (PostgreSQL's claims carry their owner: ClaimingState; MySQL
+#: purges a semaphore's permits and places in statements of their own: no multi-table DELETE, and
+#: its inbox workers wait in a statement of their own: the ear, killed by the hand-out)
 OWN_QUERIES = {
     "asynclock.state.postgres": {"forget_claimed"},
-    # MySQL's inbox workers wait in a statement of their own (the ear, killed by the hand-out)
-    "asynclock.state.mysql": {"inbox_ear"},
+    "asynclock.state.mysql": {"purge_semaphore_holders", "purge_semaphore_waiters", "inbox_ear"},
 }
 #: the tables schema.sql creates, and its versioned routines (functions or procedures), in order
-TABLES = ("locks", "dedupe", "inboxes", "inbox_entries", "inbox_workers")
+TABLES = (
+    "locks",
+    "dedupe",
+    "inboxes",
+    "inbox_entries",
+    "inbox_workers",
+    "semaphores",
+    "semaphore_holders",
+    "semaphore_waiters",
+)
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
@@ -60,6 +76,11 @@ ROUTINES = {
         "inbox_accept_v4",
         "inbox_claim_v1",
         "inbox_requeue_v2",
+        "semaphore_eligible_v1",
+        "semaphore_wake_v1",
+        "semaphore_acquire_v1",
+        "semaphore_release_v1",
+        "semaphore_abandon_v1",
     ),
     "asynclock.state.mysql": (
         *_SHARED_ROUTINES,
@@ -73,6 +94,11 @@ ROUTINES = {
         "inbox_accept_v2",
         "inbox_requeue_v2",
         "inbox_claim_v1",
+        "semaphore_eligible_v1",
+        "semaphore_fresh_v1",
+        "semaphore_acquire_v1",
+        "semaphore_release_v1",
+        "semaphore_abandon_v1",
     ),
 }
 

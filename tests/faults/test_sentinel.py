@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from redis.asyncio import Redis
 
-from asynclock import AsyncLock, Deduper, LockNotOwnedError, RedisState, StateUnavailableError
+from asynclock import (
+    AsyncLock,
+    Deduper,
+    LockNotOwnedError,
+    RedisState,
+    Semaphore,
+    StateUnavailableError,
+)
 from asynclock.state import state_from_url
 from tests._helpers import reply
 from tests._matrix import IN_CI
@@ -311,3 +318,40 @@ async def test_replicas_wait(topology: SentinelSet, open_state: Callable[..., Re
         assert await bounded(AsyncLock(plain, "alone", ttl=5.0).acquire(blocking=False), "", 5.0)
     finally:
         await replica.aclose()
+
+
+async def test_semaphore_through_sentinel(
+    topology: SentinelSet, open_state: Callable[..., RedisState]
+) -> None:
+    """Semaphore (#29) under Sentinel: permits on the master, a waiter of another state woken by
+    the release's publish, and ``replicas=1`` giving back a permit no replica confirmed."""
+    state, other = open_state(), open_state()
+    held = [Semaphore(state, "s", limit=2, ttl=5.0) for _ in range(2)]
+    for permit in held:
+        assert await bounded(permit.acquire(blocking=False), "acquire", 5.0)
+
+    async def wait_turn() -> float:
+        async with Semaphore(other, "s", limit=2, ttl=5.0, timeout=10.0):
+            return time.monotonic()
+
+    waiting = asyncio.create_task(wait_turn())
+
+    async def queued() -> bool:
+        return (await state.semaphore_inspect("s")).waiting == 1
+
+    await until(queued, "the waiter's place", within=5.0)
+    released_at = time.monotonic()
+    await held[0].release()
+    acquired_at = await bounded(waiting, "the waiter", 5.0)
+    assert acquired_at - released_at < 1.0
+    await held[1].release()
+
+    confirmed = open_state(replicas=1, replica_timeout=2.0, op_timeout=5.0)
+    permit = Semaphore(confirmed, "r", limit=1, ttl=5.0)
+    assert await bounded(permit.acquire(blocking=False), "acquire with a replica", 5.0)
+    await permit.release()
+    await asyncio.to_thread(topology.replica.kill)
+    alone = Semaphore(confirmed, "r", limit=1, ttl=5.0)
+    with pytest.raises(StateUnavailableError, match="0 of 1 replicas"):
+        await bounded(alone.acquire(blocking=False), "acquire without a replica", 5.0)
+    assert (await state.semaphore_inspect("r")).holders == ()

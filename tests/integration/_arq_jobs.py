@@ -37,6 +37,11 @@ async def fair_job(ctx: dict[str, Any]) -> None:
     await bodies.fair_job(ctx["scene"], ctx["job_id"], ctx["job_try"])
 
 
+@retry_on_lock_conflict(wait=UNIT, jitter=1.0, attempts=FAIR_ATTEMPTS, fair=FAIR)
+async def per_customer(ctx: dict[str, Any], customer: int) -> None:
+    await bodies.per_customer(ctx["scene"], ctx["job_id"], customer, ctx["job_try"])
+
+
 async def startup(ctx: dict[str, Any]) -> None:
     ctx["scene"] = bodies.Scene.open()
     await ctx["scene"].warm()
@@ -48,7 +53,7 @@ async def shutdown(ctx: dict[str, Any]) -> None:
 
 @check_tries
 class WorkerSettings:
-    functions = [first_message, fair_job]  # noqa: RUF012 - arq reads class attributes
+    functions = [first_message, fair_job, per_customer]  # noqa: RUF012 - arq reads class attributes
     queue_name = bodies.queue_name("arq")
     redis_settings = RedisSettings.from_dsn(bodies.REDIS_URL)
     on_startup = startup

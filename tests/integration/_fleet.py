@@ -241,3 +241,12 @@ async def fairness(
     log = await events(redis, namespace)
     inversions, pairs = log.inversions()
     return inversions, pairs, log.exhausted_before_younger(), log
+
+
+async def per_customer_outcome(redis: Redis, namespace: str, jobs: int) -> tuple[int, int]:
+    """The per-customer scene once every job is done: (most jobs inside at once, tries)."""
+    log = await events(redis, namespace)
+    inside = [int(e[2]) for e in log.entries if e[0] == "inside"]
+    assert len(log.jobs("done")) == jobs, log.entries
+    assert len(inside) == jobs, log.entries
+    return max(inside), log.count("try")

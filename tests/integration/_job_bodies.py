@@ -14,7 +14,8 @@ Every job appends to one event log (a Redis list, so all processes share one tot
 ``try <job> <n>`` at the start of each try, ``conflict <job> <n>`` after a refusal (fairness
 scene), ``locked <job>`` once it holds the lock,
 ``granted <job>`` when it runs without it (``process_without_lock``), ``done <job>``,
-``exhausted <job>`` (an ``on_exhaustion`` callable).
+``exhausted <job>`` (an ``on_exhaustion`` callable), ``inside <job> <n>`` (the per-customer
+scene: how many jobs of the customer held a permit once this one entered).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from asynclock import AsyncLock, LockAcquisitionError, RedisState
+from asynclock import AsyncLock, LockAcquisitionError, RedisState, Semaphore
 from tests._helpers import reply
 from tests._storm_workers import RedisConversations
 
@@ -39,6 +40,8 @@ LOCK_TTL = 3 * UNIT
 #: the fairness scene: conflicting jobs retry every unit (+ up to 100% jitter) and hold a while
 FAIR_HOLD = 0.5 * UNIT
 FAIR_ATTEMPTS = 60
+#: the per-customer scene: at most this many jobs of one customer at a time (a Semaphore)
+PER_CUSTOMER = 2
 
 
 def log_key(namespace: str | None = None) -> str:
@@ -113,3 +116,18 @@ async def fair_job(scene: Scene, job: str, job_try: int) -> None:
 
 async def exhausted(scene: Scene, job: str) -> None:
     await scene.log("exhausted", job)
+
+
+async def per_customer(scene: Scene, job: str, customer: int, job_try: int) -> None:
+    """The "N per customer" recipe (docs/jobs.md): at most ``PER_CUSTOMER`` jobs of one customer
+    run at once, across every worker; a job that finds them all busy is retried later."""
+    await scene.log("try", job, job_try)
+    counter = f"{PREFIX}customer:{customer}:inside"
+    async with Semaphore(
+        scene.state, f"customer:{customer}", limit=PER_CUSTOMER, ttl=LOCK_TTL, blocking=False
+    ):
+        inside = await reply(scene.redis.incr(counter))
+        await scene.log("inside", job, inside)
+        await asyncio.sleep(FAIR_HOLD)
+        await reply(scene.redis.decr(counter))
+    await scene.log("done", job)

@@ -85,4 +85,12 @@ async def fair_job(context: Context = TaskiqDepends()) -> None:
     await bodies.fair_job(context.state.scene, context.message.task_id, _try(context))
 
 
+@broker.task(task_name="per_customer")
+@retry_on_lock_conflict(
+    wait=UNIT, jitter=1.0, attempts=FAIR_ATTEMPTS, schedule_source=source, fair=FAIR
+)
+async def per_customer(customer: int, context: Context = TaskiqDepends()) -> None:
+    await bodies.per_customer(context.state.scene, context.message.task_id, customer, _try(context))
+
+
 check_tries(broker)

@@ -28,10 +28,11 @@ from tests.integration._fleet import (
     Workers,
     events,
     fairness,
+    per_customer_outcome,
     storm_outcome,
     until,
 )
-from tests.integration._job_bodies import queue_name
+from tests.integration._job_bodies import PER_CUSTOMER, queue_name
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -167,6 +168,27 @@ async def test_plain_arq_retries_are_the_baseline(
     print(f"\narq plain: {inversions}/{pairs} inversions, {unfair_exhaustions} unfair exhaustions")
     assert pairs == 28, log.entries
     assert inversions > 0, "the measurement could not tell fair from plain retries"
+
+
+async def test_n_per_customer_with_a_semaphore(
+    namespace: str, redis: Redis, arq_pool: ArqRedis
+) -> None:
+    """The jobs.md recipe: 8 jobs of one customer on 2 workers, at most 2 at a time; the rest
+    go back to the queue (retry_on_lock_conflict, unchanged) until a permit is free."""
+    workers = _workers(namespace, unit=0.2, count=2)
+    try:
+        for n in range(8):
+            await arq_pool.enqueue_job("per_customer", 7, _job_id=f"{namespace}-c{n}")
+
+        async def all_done() -> bool:
+            return len((await events(redis, namespace)).jobs("done")) == 8
+
+        await until(all_done, within=60, what="every job of the customer", workers=workers)
+    finally:
+        workers.stop()
+    most, tries = await per_customer_outcome(redis, namespace, 8)
+    assert most <= PER_CUSTOMER
+    assert tries > 8  # some met both permits taken and were retried
 
 
 class TestStartupCheck:

@@ -24,9 +24,11 @@ from tests.integration._fleet import (
     Workers,
     events,
     fairness,
+    per_customer_outcome,
     storm_outcome,
     until,
 )
+from tests.integration._job_bodies import PER_CUSTOMER
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -144,6 +146,27 @@ async def test_fairness_against_plain_taskiq_retries(
     if fair:
         assert inversions == 0, "\n".join(" ".join(e) for e in log.entries)
         assert unfair_exhaustions == 0, log.entries
+
+
+async def test_n_per_customer_with_a_semaphore(
+    namespace: str, redis: Redis, broker: RedisStreamBroker
+) -> None:
+    """The jobs.md recipe: 6 tasks of one customer, at most 2 at a time; the rest are re-kicked
+    through the schedule source (retry_on_lock_conflict, unchanged) until a permit is free."""
+    workers = _workers(namespace, unit=1.0, count=2)
+    try:
+        for _ in range(6):
+            await _kick(broker, "per_customer", 7)
+
+        async def all_done() -> bool:
+            return len((await events(redis, namespace)).jobs("done")) == 6
+
+        await until(all_done, within=60, what="every task of the customer", workers=workers)
+    finally:
+        workers.stop()
+    most, tries = await per_customer_outcome(redis, namespace, 6)
+    assert most <= PER_CUSTOMER
+    assert tries > 6  # some met both permits taken and were retried
 
 
 class TestStartupCheck:

@@ -32,6 +32,7 @@ SPEC_NAMES = (
     "LockLostError",
     "StateError",
     "StateUnavailableError",
+    "Semaphore",  # SPEC 11
 )
 
 

@@ -35,6 +35,12 @@ SCRIPTS = {
     "_fair_open.lua",
     "fair_acquire.lua",
     "fair_leave.lua",
+    "_semaphore.lua",
+    "semaphore_acquire.lua",
+    "semaphore_release.lua",
+    "semaphore_abandon.lua",
+    "semaphore_extend.lua",
+    "semaphore_inspect.lua",
 }
 
 

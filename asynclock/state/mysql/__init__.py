@@ -42,6 +42,7 @@ from asynclock.state.sql._options import (
     check_connect_options,
     check_max_connections,
 )
+from asynclock.state.sql._semaphore import SQLSemaphoreState
 
 if TYPE_CHECKING:
     import asyncio
@@ -90,7 +91,9 @@ class _Connection(Protocol):
 _Result = tuple[int, int, "Sequence[Sequence[object]]"]
 
 
-class MySQLState(SQLInboxState[_Connection, str, _Result]):
+class MySQLState(
+    SQLSemaphoreState[_Connection, str, _Result], SQLInboxState[_Connection, str, _Result]
+):
     """Locks and dedupe records in MySQL 8 / MariaDB 10.6+, shared by every process using them.
 
     Invariants:
@@ -126,6 +129,8 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
 
     _BACKEND = "MySQL"
     _PACKAGE = __name__
+    # no multi-statement DELETE: the permits and places, then the rows they left unused
+    _SEMAPHORE_PURGES = ("purge_semaphore_holders", "purge_semaphore_waiters", "purge_semaphores")
     _UNAVAILABLE = (
         mysql_errors.OperationalError,  # 2003 cannot connect, 2006/2013 gone, 1205 lock wait, ...
         mysql_errors.InterfaceError,  # the connection is closed

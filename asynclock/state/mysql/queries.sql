@@ -274,3 +274,66 @@ ORDER BY e.id
 -- in one transaction.
 CALL {prefix}inbox_take_v2(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(limit)s,
                            %(reservation_ms)s)
+
+-- ==== Semaphores (SemaphoreState; procedures in schema.sql) ====================================
+
+-- semaphore_acquire --
+-- Take a permit for owner if one is free in turn, else (hold_ms > 0) keep a place in the key's
+-- queue. Answers one row (token, retry_after). Atomic: one CALL of semaphore_acquire_v1, one
+-- transaction that first locks the key's semaphores row.
+CALL {prefix}semaphore_acquire_v1(UNHEX(%(id)s), %(name)s, %(owner)s, %(limit)s, %(ttl_ms)s,
+                                  %(hold_ms)s)
+
+-- semaphore_release --
+-- Give back owner's permit. Answers one row (owned, the waiters it made eligible, one per line;
+-- MySQLState wakes its own, other processes poll). Atomic: one CALL of semaphore_release_v1,
+-- under the key's semaphores row lock.
+CALL {prefix}semaphore_release_v1(UNHEX(%(id)s), %(owner)s)
+
+-- semaphore_abandon --
+-- Give back owner's permit, leave the queue, mark owner given up. Answers one row: the waiters
+-- this made eligible, one per line. Atomic: one CALL of semaphore_abandon_v1.
+CALL {prefix}semaphore_abandon_v1(UNHEX(%(id)s), %(name)s, %(owner)s, %(mark_ms)s)
+
+-- semaphore_extend --
+-- Compare-then-reset the TTL of owner's live permit; a lost one is never re-created; rowcount 0
+-- means it held none. Atomic: one UPDATE with the owner and expiry in its WHERE.
+UPDATE {prefix}semaphore_holders
+SET expires_at = UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND
+WHERE semaphore = UNHEX(%(id)s) AND owner = %(owner)s AND expires_at > UTC_TIMESTAMP(3)
+
+-- semaphore_inspect --
+-- The places kept in the key's queue (a first row with owner NULL), then the live permits:
+-- owner, seconds left, token. One read.
+SELECT NULL, NULL, NULL, COUNT(*)
+FROM {prefix}semaphore_waiters
+WHERE semaphore = UNHEX(%(id)s) AND gone = 0 AND until > UTC_TIMESTAMP(3)
+UNION ALL
+SELECT owner, GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), expires_at), 0) / 1e6,
+       token, NULL
+FROM {prefix}semaphore_holders
+WHERE semaphore = UNHEX(%(id)s) AND expires_at > UTC_TIMESTAMP(3)
+
+-- purge_semaphores --
+-- Delete up to "batch" semaphore rows unused for longer than retention_ms with no permit and no
+-- place left (purge_semaphore_holders and purge_semaphore_waiters run first); answer how many.
+-- A row used meanwhile has a newer touched_at under its row lock, and is kept.
+DELETE FROM {prefix}semaphores
+WHERE touched_at < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
+  AND NOT EXISTS (SELECT 1 FROM {prefix}semaphore_holders AS h
+                  WHERE h.semaphore = {prefix}semaphores.id)
+  AND NOT EXISTS (SELECT 1 FROM {prefix}semaphore_waiters AS w
+                  WHERE w.semaphore = {prefix}semaphores.id)
+LIMIT %(batch)s
+
+-- purge_semaphore_holders --
+-- Delete up to "batch" permits expired for longer than retention_ms; answer how many.
+DELETE FROM {prefix}semaphore_holders
+WHERE expires_at < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
+LIMIT %(batch)s
+
+-- purge_semaphore_waiters --
+-- Delete up to "batch" places and marks expired for longer than retention_ms; answer how many.
+DELETE FROM {prefix}semaphore_waiters
+WHERE until < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
+LIMIT %(batch)s

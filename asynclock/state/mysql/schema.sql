@@ -559,3 +559,256 @@ BEGIN
            GREATEST(v_age_us, 0) / 1000000, v_pending, v_more;
 END
 $$;
+
+-- ==== Semaphores (asynclock.Semaphore, the SemaphoreState capability) ==========================
+-- Separate from the lock and inbox tables: a semaphore key is a namespace of its own. Every
+-- operation on a key first locks its row of {prefix}semaphores (created on first use), so the
+-- operations of one key run one after another in every process; the row keeps the last
+-- fencing token and the last queue number, and stays after the key goes idle (purge_expired()
+-- deletes it token_retention after its last use). Procedure names are versioned (_v1).
+CREATE TABLE IF NOT EXISTS {prefix}semaphores (
+    id          BINARY(32) NOT NULL PRIMARY KEY,     -- SHA-256 of the prefixed key
+    name        LONGTEXT CHARACTER SET utf8mb4 NOT NULL,  -- the prefixed key itself
+    token       BIGINT NOT NULL,                     -- the last fencing token issued
+    seq         BIGINT NOT NULL,                     -- the last queue number given out
+    touched_at  DATETIME(3) NOT NULL                 -- the last acquire or place (for purge)
+) ENGINE = InnoDB;
+
+-- The permits held: one row per holder, gone when released or (lazily) expired.
+CREATE TABLE IF NOT EXISTS {prefix}semaphore_holders (
+    semaphore   BINARY(32) NOT NULL,                 -- semaphores.id
+    owner       VARBINARY(512) NOT NULL,
+    token       BIGINT NOT NULL,
+    expires_at  DATETIME(3) NOT NULL,
+    PRIMARY KEY (semaphore, owner)
+) ENGINE = InnoDB;
+
+-- The queue of waiters, in seq (arrival) order; a place is kept until "until". A row with
+-- gone = 1 is an abandon mark (an acquire of that owner still on the wire must fail), not a
+-- waiter; it lives until "until" as well.
+CREATE TABLE IF NOT EXISTS {prefix}semaphore_waiters (
+    semaphore   BINARY(32) NOT NULL,                 -- semaphores.id
+    owner       VARBINARY(512) NOT NULL,
+    seq         BIGINT NOT NULL,
+    permits     INT NOT NULL,                        -- the limit it waits with
+    until       DATETIME(3) NOT NULL,
+    gone        TINYINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (semaphore, owner),
+    KEY by_order (semaphore, seq)
+) ENGINE = InnoDB;
+
+-- semaphore_eligible: the waiters at the head of the key's queue that may take a permit with
+-- p_held permits taken (each, and every one ahead of it, fits p_held + position < its limit),
+-- oldest first, one per line in o_owners, and how many (o_count). The walk stops at the first
+-- that does not fit. Called inside a routine that holds the key's row lock.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_eligible_v1(
+    IN p_id BINARY(32), IN p_held INT, OUT o_owners LONGBLOB, OUT o_count INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_done INT DEFAULT 0;
+    DECLARE v_owner VARBINARY(512);
+    DECLARE v_permits INT;
+    DECLARE v_waiters CURSOR FOR
+        SELECT owner, permits FROM {prefix}semaphore_waiters
+        WHERE semaphore = p_id AND gone = 0 AND until > UTC_TIMESTAMP(3) ORDER BY seq;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+    SET o_owners = '', o_count = 0;
+    OPEN v_waiters;
+    walk: LOOP
+        FETCH v_waiters INTO v_owner, v_permits;
+        IF v_done = 1 OR p_held + o_count >= v_permits THEN
+            LEAVE walk;
+        END IF;
+        SET o_owners = CONCAT(o_owners, v_owner, CHAR(10)), o_count = o_count + 1;
+    END LOOP;
+    CLOSE v_waiters;
+END
+$$;
+
+-- semaphore_fresh: the owners (one per line) eligible now, under the key's row lock, that were
+-- not in p_before (one per line): those a release or abandon must wake.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_fresh_v1(
+    IN p_id BINARY(32), IN p_before LONGBLOB, OUT o_fresh LONGBLOB
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_held INT;
+    DECLARE v_now LONGBLOB;
+    DECLARE v_count INT;
+    DECLARE v_line LONGBLOB;
+    SELECT COUNT(*) INTO v_held FROM {prefix}semaphore_holders WHERE semaphore = p_id;
+    CALL {prefix}semaphore_eligible_v1(p_id, v_held, v_now, v_count);
+    SET o_fresh = '';
+    WHILE LENGTH(v_now) > 0 DO
+        SET v_line = SUBSTRING_INDEX(v_now, CHAR(10), 1);
+        SET v_now = SUBSTRING(v_now, LENGTH(v_line) + 2);
+        IF LOCATE(CONCAT(CHAR(10), v_line, CHAR(10)), CONCAT(CHAR(10), p_before)) = 0 THEN
+            SET o_fresh = CONCAT(o_fresh, v_line, CHAR(10));
+        END IF;
+    END WHILE;
+END
+$$;
+
+-- semaphore_acquire: take a permit for p_owner if one is free in turn (see SemaphoreState);
+-- with p_hold_ms > 0, on refusal join the queue (or keep the place) for p_hold_ms. Answers one
+-- row after the commit: the token, or NULL and the seconds until a permit or a place ahead
+-- expires.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_acquire_v1(
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_owner VARBINARY(512),
+    IN p_limit INT, IN p_ttl_ms BIGINT, IN p_hold_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_now DATETIME(3);
+    DECLARE v_token BIGINT;
+    DECLARE v_seq BIGINT;
+    DECLARE v_mine BIGINT DEFAULT NULL;
+    DECLARE v_my_seq BIGINT DEFAULT NULL;
+    DECLARE v_gone INT DEFAULT 0;
+    DECLARE v_held INT;
+    DECLARE v_position INT;
+    DECLARE v_fits INT;
+    DECLARE v_list LONGBLOB;
+    DECLARE v_count INT;
+    DECLARE v_first DATETIME(3) DEFAULT NULL;
+    DECLARE v_ahead DATETIME(3) DEFAULT NULL;
+    DECLARE v_out_token BIGINT DEFAULT NULL;
+    DECLARE v_out_retry DOUBLE DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    -- locks the key's row exclusively, inserted or not
+    INSERT INTO {prefix}semaphores (id, name, token, seq, touched_at)
+    VALUES (p_id, p_name, 0, 0, UTC_TIMESTAMP(3))
+    ON DUPLICATE KEY UPDATE touched_at = UTC_TIMESTAMP(3);
+    SET v_now = UTC_TIMESTAMP(3);
+    SELECT token, seq INTO v_token, v_seq FROM {prefix}semaphores WHERE id = p_id;
+    DELETE FROM {prefix}semaphore_holders WHERE semaphore = p_id AND expires_at <= v_now;
+    DELETE FROM {prefix}semaphore_waiters WHERE semaphore = p_id AND until <= v_now;
+    SELECT MAX(token) INTO v_mine FROM {prefix}semaphore_holders
+    WHERE semaphore = p_id AND owner = p_owner;
+    SELECT COALESCE(MAX(gone), 0), MAX(seq) INTO v_gone, v_my_seq FROM {prefix}semaphore_waiters
+    WHERE semaphore = p_id AND owner = p_owner;
+    IF v_mine IS NOT NULL THEN
+        -- a repeated call that won already: the same token, its TTL reset from now
+        UPDATE {prefix}semaphore_holders
+        SET expires_at = v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND
+        WHERE semaphore = p_id AND owner = p_owner;
+        SET v_out_token = v_mine;
+    ELSEIF v_gone > 0 THEN
+        -- given up (semaphore_abandon ran first): never granted, never queued
+        SET v_out_retry = p_ttl_ms / 1000.0;
+    ELSE
+        SELECT COUNT(*) INTO v_held FROM {prefix}semaphore_holders WHERE semaphore = p_id;
+        SELECT COUNT(*) INTO v_position FROM {prefix}semaphore_waiters
+        WHERE semaphore = p_id AND gone = 0 AND (v_my_seq IS NULL OR seq < v_my_seq);
+        SET v_fits = v_held + v_position < p_limit;
+        IF v_fits AND v_position > 0 THEN  -- everyone ahead fits too
+            CALL {prefix}semaphore_eligible_v1(p_id, v_held, v_list, v_count);
+            SET v_fits = v_count >= v_position;
+        END IF;
+        IF v_fits THEN
+            DELETE FROM {prefix}semaphore_waiters WHERE semaphore = p_id AND owner = p_owner;
+            SET v_token = GREATEST(v_token + 1,
+                TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
+            UPDATE {prefix}semaphores SET token = v_token WHERE id = p_id;
+            INSERT INTO {prefix}semaphore_holders (semaphore, owner, token, expires_at)
+            VALUES (p_id, p_owner, v_token, v_now + INTERVAL p_ttl_ms * 1000 MICROSECOND);
+            SET v_out_token = v_token;
+        ELSE
+            IF p_hold_ms > 0 THEN
+                IF v_my_seq IS NULL THEN
+                    SET v_seq = v_seq + 1, v_my_seq = v_seq;
+                    UPDATE {prefix}semaphores SET seq = v_seq WHERE id = p_id;
+                    INSERT INTO {prefix}semaphore_waiters (semaphore, owner, seq, permits, until)
+                    VALUES (p_id, p_owner, v_seq, p_limit,
+                            v_now + INTERVAL p_hold_ms * 1000 MICROSECOND);
+                ELSE
+                    UPDATE {prefix}semaphore_waiters
+                    SET until = v_now + INTERVAL p_hold_ms * 1000 MICROSECOND, permits = p_limit
+                    WHERE semaphore = p_id AND owner = p_owner;
+                END IF;
+            END IF;
+            SELECT MIN(expires_at) INTO v_first FROM {prefix}semaphore_holders
+            WHERE semaphore = p_id;
+            SELECT MIN(a.until) INTO v_ahead FROM (
+                SELECT until FROM {prefix}semaphore_waiters
+                WHERE semaphore = p_id AND gone = 0 AND (v_my_seq IS NULL OR seq < v_my_seq)
+                ORDER BY seq LIMIT p_limit) AS a;
+            IF v_first IS NULL OR (v_ahead IS NOT NULL AND v_ahead < v_first) THEN
+                SET v_first = v_ahead;
+            END IF;
+            SET v_out_retry = IF(v_first IS NULL, p_ttl_ms / 1000.0,
+                                 GREATEST(TIMESTAMPDIFF(MICROSECOND, v_now, v_first), 0) / 1e6);
+        END IF;
+    END IF;
+    COMMIT;
+    SELECT v_out_token, v_out_retry;
+END
+$$;
+
+-- semaphore_release: give back p_owner's permit. Answers one row after the commit: (owned, the
+-- waiters that made eligible, one per line; a permit that expired meanwhile counts too).
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_release_v1(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512)
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_rows INT;
+    DECLARE v_held INT;
+    DECLARE v_before LONGBLOB;
+    DECLARE v_count INT;
+    DECLARE v_owned INT DEFAULT 0;
+    DECLARE v_fresh LONGBLOB DEFAULT '';
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_rows FROM {prefix}semaphores WHERE id = p_id FOR UPDATE;
+    IF v_rows > 0 THEN
+        SELECT COUNT(*) INTO v_held FROM {prefix}semaphore_holders WHERE semaphore = p_id;
+        CALL {prefix}semaphore_eligible_v1(p_id, v_held, v_before, v_count);
+        SELECT COUNT(*) INTO v_owned FROM {prefix}semaphore_holders
+        WHERE semaphore = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3);
+        DELETE FROM {prefix}semaphore_holders
+        WHERE semaphore = p_id AND (owner = p_owner OR expires_at <= UTC_TIMESTAMP(3));
+        CALL {prefix}semaphore_fresh_v1(p_id, v_before, v_fresh);
+    END IF;
+    COMMIT;
+    SELECT v_owned, v_fresh;
+END
+$$;
+
+-- semaphore_abandon: undo an acquire of unknown outcome, or stop waiting: give back p_owner's
+-- permit, take it out of the queue and leave its mark for p_mark_ms (a late acquire then fails).
+-- Answers one row after the commit: the waiters this made eligible, one per line.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_abandon_v1(
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_owner VARBINARY(512),
+    IN p_mark_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_held INT;
+    DECLARE v_before LONGBLOB;
+    DECLARE v_count INT;
+    DECLARE v_fresh LONGBLOB DEFAULT '';
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    INSERT INTO {prefix}semaphores (id, name, token, seq, touched_at)
+    VALUES (p_id, p_name, 0, 0, UTC_TIMESTAMP(3))
+    ON DUPLICATE KEY UPDATE touched_at = UTC_TIMESTAMP(3);
+    SELECT COUNT(*) INTO v_held FROM {prefix}semaphore_holders WHERE semaphore = p_id;
+    CALL {prefix}semaphore_eligible_v1(p_id, v_held, v_before, v_count);
+    DELETE FROM {prefix}semaphore_holders
+    WHERE semaphore = p_id AND (owner = p_owner OR expires_at <= UTC_TIMESTAMP(3));
+    INSERT INTO {prefix}semaphore_waiters (semaphore, owner, seq, permits, until, gone)
+    VALUES (p_id, p_owner, 0, 0, UTC_TIMESTAMP(3) + INTERVAL p_mark_ms * 1000 MICROSECOND, 1)
+    ON DUPLICATE KEY UPDATE gone = 1, until = VALUES(until);
+    CALL {prefix}semaphore_fresh_v1(p_id, v_before, v_fresh);
+    COMMIT;
+    SELECT v_fresh;
+END
+$$;

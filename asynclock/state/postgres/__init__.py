@@ -43,6 +43,7 @@ from asynclock.state.postgres._pooler import pooler_options
 from asynclock.state.sql._handout import HintWatch
 from asynclock.state.sql._inbox import SQLInboxState
 from asynclock.state.sql._options import check_connect_options
+from asynclock.state.sql._semaphore import SQLSemaphoreState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -109,7 +110,9 @@ def _check_ports(url: str) -> None:
             )
 
 
-class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
+class PostgresState(
+    SQLSemaphoreState[_Connection, _Statement, _Rows], SQLInboxState[_Connection, _Statement, _Rows]
+):
     """Locks and dedupe records in PostgreSQL, shared by every process using the same database.
 
     Invariants:

@@ -362,3 +362,74 @@ ORDER BY e.id
 SELECT status, entry, attempts, payload, age, pending
 FROM {prefix}inbox_take_v2(%(id)s, %(owner)s, %(done)s, %(dead)s, %(limit)s,
                            %(reservation_ms)s, %(channel)s, %(payload)s)
+
+-- ==== Semaphores (SemaphoreState; functions in schema.sql) =====================================
+
+-- semaphore_acquire --
+-- Take a permit for owner if one is free in turn, else (hold_ms > 0) keep a place in the key's
+-- queue. Answers (token, retry_after). Atomic: one call of semaphore_acquire_v1, one
+-- transaction that first locks the key's semaphores row.
+SELECT o_token, o_retry_after
+FROM {prefix}semaphore_acquire_v1(%(id)s, %(name)s, %(owner)s, %(limit)s, %(ttl_ms)s,
+                                  %(hold_ms)s)
+
+-- semaphore_release --
+-- Give back owner's permit; NOTIFY the waiters it made eligible. Answers (owned, woken owners).
+-- Atomic: one call of semaphore_release_v1, under the key's semaphores row lock.
+SELECT o_owned, o_woken
+FROM {prefix}semaphore_release_v1(%(id)s, %(owner)s, %(channel)s, %(payload)s)
+
+-- semaphore_abandon --
+-- Give back owner's permit, leave the queue, mark owner given up; NOTIFY the waiters this made
+-- eligible. Answers the owners woken. Atomic: one call of semaphore_abandon_v1.
+SELECT {prefix}semaphore_abandon_v1(%(id)s, %(name)s, %(owner)s, %(mark_ms)s, %(channel)s,
+                                   %(payload)s)
+
+-- semaphore_extend --
+-- Compare-then-reset the TTL of owner's live permit; a lost one is never re-created. Atomic: one
+-- UPDATE with the owner and expiry in its WHERE.
+UPDATE {prefix}semaphore_holders
+SET expires_at = now() + %(ttl_ms)s::bigint * interval '1 millisecond'
+WHERE semaphore = %(id)s AND owner = %(owner)s AND expires_at > now()
+RETURNING token
+
+-- semaphore_inspect --
+-- The places kept in the key's queue (a first row with owner NULL), then the live permits:
+-- owner, seconds left, token. One read.
+SELECT NULL::text, NULL::float8, NULL::bigint, count(*)::int
+FROM {prefix}semaphore_waiters
+WHERE semaphore = %(id)s AND NOT gone AND until > now()
+UNION ALL
+SELECT owner, greatest(extract(epoch FROM expires_at - now()), 0)::float8, token, NULL::int
+FROM {prefix}semaphore_holders
+WHERE semaphore = %(id)s AND expires_at > now()
+
+-- purge_semaphores --
+-- Delete up to "batch" permits and places expired for longer than retention_ms, and semaphore
+-- rows unused for that long with no permit and no place left; answer how many rows. A row used
+-- meanwhile has a newer touched_at under its row lock, and is kept.
+WITH h AS (
+    DELETE FROM {prefix}semaphore_holders WHERE (semaphore, owner) IN (
+        SELECT semaphore, owner FROM {prefix}semaphore_holders
+        WHERE expires_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+        LIMIT %(batch)s)
+    RETURNING 1
+), w AS (
+    DELETE FROM {prefix}semaphore_waiters WHERE (semaphore, owner) IN (
+        SELECT semaphore, owner FROM {prefix}semaphore_waiters
+        WHERE until < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+        LIMIT %(batch)s)
+    RETURNING 1
+), s AS (
+    DELETE FROM {prefix}semaphores AS s WHERE s.id IN (
+        SELECT x.id FROM {prefix}semaphores AS x
+        WHERE x.touched_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+          AND NOT EXISTS (SELECT 1 FROM {prefix}semaphore_holders AS h WHERE h.semaphore = x.id
+                          AND h.expires_at > now())
+          AND NOT EXISTS (SELECT 1 FROM {prefix}semaphore_waiters AS w WHERE w.semaphore = x.id
+                          AND w.until > now())
+        LIMIT %(batch)s)
+      AND s.touched_at < now() - %(retention_ms)s::bigint * interval '1 millisecond'
+    RETURNING 1
+)
+SELECT ((SELECT count(*) FROM h) + (SELECT count(*) FROM w) + (SELECT count(*) FROM s))::int

@@ -544,3 +544,209 @@ BEGIN
     RETURN v_moved;
 END
 $$;
+
+-- ==== Semaphores (asynclock.Semaphore, the SemaphoreState capability) ==========================
+-- Separate from the lock and inbox tables: a semaphore key is a namespace of its own. Every
+-- operation on a key first locks its row of {prefix}semaphores (created on first use), so the
+-- operations of one key run one after another in every process; the row keeps the last
+-- fencing token and the last queue number, and stays after the key goes idle (purge_expired()
+-- deletes it token_retention after its last use). Names are versioned (_v1): a changed body
+-- gets the next version.
+CREATE TABLE IF NOT EXISTS {prefix}semaphores (
+    id          bytea PRIMARY KEY,                   -- SHA-256 of the prefixed key
+    name        text NOT NULL,                       -- the prefixed key itself
+    token       bigint NOT NULL,                     -- the last fencing token issued
+    seq         bigint NOT NULL,                     -- the last queue number given out
+    touched_at  timestamptz NOT NULL                 -- the last acquire or place (for purge)
+) WITH (fillfactor = 70);
+
+-- The permits held: one row per holder, gone when released or (lazily) expired.
+CREATE TABLE IF NOT EXISTS {prefix}semaphore_holders (
+    semaphore   bytea NOT NULL,                      -- semaphores.id
+    owner       text NOT NULL,
+    token       bigint NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (semaphore, owner)
+);
+
+-- The queue of waiters, in seq (arrival) order; a place is kept until "until". A row with
+-- gone = true is an abandon mark (an acquire of that owner still on the wire must fail), not a
+-- waiter; it lives until "until" as well.
+CREATE TABLE IF NOT EXISTS {prefix}semaphore_waiters (
+    semaphore   bytea NOT NULL,                      -- semaphores.id
+    owner       text NOT NULL,
+    seq         bigint NOT NULL,
+    permits     integer NOT NULL,                    -- the limit it waits with
+    until       timestamptz NOT NULL,
+    gone        boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (semaphore, owner)
+);
+
+CREATE INDEX IF NOT EXISTS {prefix}semaphore_waiters_order
+    ON {prefix}semaphore_waiters (semaphore, seq);
+
+-- semaphore_eligible: the waiters at the head of the key's queue that may take a permit with
+-- p_held permits taken (each, and every one ahead of it, fits p_held + position < its limit),
+-- oldest first. The walk stops at the first that does not fit. Call it under the key's row lock.
+CREATE OR REPLACE FUNCTION {prefix}semaphore_eligible_v1(p_id bytea, p_held integer)
+RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    v_position integer := 0;
+BEGIN
+    FOR r IN SELECT w.owner, w.permits FROM {prefix}semaphore_waiters AS w
+             WHERE w.semaphore = p_id AND NOT w.gone AND w.until > now()
+             ORDER BY w.seq LOOP
+        EXIT WHEN p_held + v_position >= r.permits;
+        RETURN NEXT r.owner;
+        v_position := v_position + 1;
+    END LOOP;
+END
+$$;
+
+-- semaphore_wake: under the key's row lock, NOTIFY the waiters eligible now that were not in
+-- p_before (payload "<p_payload>:<owner>", one each), and answer them.
+CREATE OR REPLACE FUNCTION {prefix}semaphore_wake_v1(
+    p_id bytea, p_before text[], p_channel text, p_payload text
+) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    v_owner text;
+    v_held integer;
+BEGIN
+    SELECT count(*) INTO v_held FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id;
+    FOR v_owner IN SELECT e FROM {prefix}semaphore_eligible_v1(p_id, v_held) AS e LOOP
+        IF NOT v_owner = ANY (p_before) THEN
+            PERFORM pg_notify(p_channel, p_payload || ':' || v_owner);
+            RETURN NEXT v_owner;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- semaphore_acquire: take a permit for p_owner if one is free in turn (see SemaphoreState);
+-- with p_hold_ms > 0, on refusal join the queue (or keep the place) for p_hold_ms. Answers one
+-- row: the token, or NULL and the seconds until a permit or a place ahead expires.
+CREATE OR REPLACE FUNCTION {prefix}semaphore_acquire_v1(
+    p_id bytea, p_name text, p_owner text, p_limit integer, p_ttl_ms bigint, p_hold_ms bigint
+) RETURNS TABLE (o_token bigint, o_retry_after float8) LANGUAGE plpgsql AS $$
+DECLARE
+    v_token bigint;
+    v_seq bigint;
+    v_mine bigint;
+    v_my_seq bigint;
+    v_gone boolean;
+    v_held integer;
+    v_position integer;
+    v_fits boolean;
+    v_first timestamptz;
+BEGIN
+    INSERT INTO {prefix}semaphores AS s (id, name, token, seq, touched_at)
+    VALUES (p_id, p_name, 0, 0, now())
+    ON CONFLICT (id) DO UPDATE SET touched_at = now()
+    RETURNING s.token, s.seq INTO v_token, v_seq;
+    DELETE FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id AND h.expires_at <= now();
+    DELETE FROM {prefix}semaphore_waiters AS w WHERE w.semaphore = p_id AND w.until <= now();
+    -- a repeated call that won already: the same token, its TTL reset from now
+    UPDATE {prefix}semaphore_holders AS h
+    SET expires_at = now() + p_ttl_ms * interval '1 millisecond'
+    WHERE h.semaphore = p_id AND h.owner = p_owner
+    RETURNING h.token INTO v_mine;
+    IF v_mine IS NOT NULL THEN
+        RETURN QUERY SELECT v_mine, NULL::float8;
+        RETURN;
+    END IF;
+    SELECT w.gone, w.seq INTO v_gone, v_my_seq
+    FROM {prefix}semaphore_waiters AS w WHERE w.semaphore = p_id AND w.owner = p_owner;
+    IF v_gone THEN  -- given up (semaphore_abandon ran first): never granted, never queued
+        RETURN QUERY SELECT NULL::bigint, p_ttl_ms / 1000.0::float8;
+        RETURN;
+    END IF;
+    SELECT count(*) INTO v_held FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id;
+    SELECT count(*) INTO v_position FROM {prefix}semaphore_waiters AS w
+    WHERE w.semaphore = p_id AND NOT w.gone AND (v_my_seq IS NULL OR w.seq < v_my_seq);
+    v_fits := v_held + v_position < p_limit;
+    IF v_fits AND v_position > 0 THEN  -- everyone ahead fits too
+        v_fits := (SELECT count(*) FROM {prefix}semaphore_eligible_v1(p_id, v_held)) >= v_position;
+    END IF;
+    IF v_fits THEN
+        DELETE FROM {prefix}semaphore_waiters AS w WHERE w.semaphore = p_id AND w.owner = p_owner;
+        v_token := greatest(v_token + 1, (extract(epoch FROM now()) * 1000000)::bigint);
+        UPDATE {prefix}semaphores AS s SET token = v_token WHERE s.id = p_id;
+        INSERT INTO {prefix}semaphore_holders (semaphore, owner, token, expires_at)
+        VALUES (p_id, p_owner, v_token, now() + p_ttl_ms * interval '1 millisecond');
+        RETURN QUERY SELECT v_token, NULL::float8;
+        RETURN;
+    END IF;
+    IF p_hold_ms > 0 THEN
+        IF v_my_seq IS NULL THEN
+            v_seq := v_seq + 1;
+            v_my_seq := v_seq;
+            UPDATE {prefix}semaphores AS s SET seq = v_seq WHERE s.id = p_id;
+            INSERT INTO {prefix}semaphore_waiters (semaphore, owner, seq, permits, until)
+            VALUES (p_id, p_owner, v_seq, p_limit, now() + p_hold_ms * interval '1 millisecond');
+        ELSE
+            UPDATE {prefix}semaphore_waiters AS w
+            SET until = now() + p_hold_ms * interval '1 millisecond', permits = p_limit
+            WHERE w.semaphore = p_id AND w.owner = p_owner;
+        END IF;
+    END IF;
+    SELECT least(
+        (SELECT min(h.expires_at) FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id),
+        (SELECT min(a.until) FROM (
+            SELECT w.until FROM {prefix}semaphore_waiters AS w
+            WHERE w.semaphore = p_id AND NOT w.gone AND (v_my_seq IS NULL OR w.seq < v_my_seq)
+            ORDER BY w.seq LIMIT p_limit) AS a)
+    ) INTO v_first;
+    RETURN QUERY SELECT NULL::bigint,
+        coalesce(greatest(extract(epoch FROM v_first - now()), 0), p_ttl_ms / 1000.0)::float8;
+END
+$$;
+
+-- semaphore_release: give back p_owner's permit and wake the waiters that made eligible (a
+-- permit that expired meanwhile counts too). Answers one row: (owned, the owners woken).
+CREATE OR REPLACE FUNCTION {prefix}semaphore_release_v1(
+    p_id bytea, p_owner text, p_channel text, p_payload text
+) RETURNS TABLE (o_owned boolean, o_woken text[]) LANGUAGE plpgsql AS $$
+DECLARE
+    v_before text[];
+    v_held integer;
+    v_owned boolean;
+BEGIN
+    PERFORM 1 FROM {prefix}semaphores AS s WHERE s.id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, ARRAY[]::text[];
+        RETURN;
+    END IF;
+    SELECT count(*) INTO v_held FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id;
+    v_before := ARRAY(SELECT {prefix}semaphore_eligible_v1(p_id, v_held));
+    DELETE FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id AND h.owner = p_owner
+    RETURNING h.expires_at > now() INTO v_owned;
+    DELETE FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id AND h.expires_at <= now();
+    RETURN QUERY SELECT coalesce(v_owned, false),
+        ARRAY(SELECT {prefix}semaphore_wake_v1(p_id, v_before, p_channel, p_payload));
+END
+$$;
+
+-- semaphore_abandon: undo an acquire of unknown outcome, or stop waiting: give back p_owner's
+-- permit, take it out of the queue and leave its mark for p_mark_ms (a late acquire then fails),
+-- then wake the waiters that made eligible. Answers the owners woken.
+CREATE OR REPLACE FUNCTION {prefix}semaphore_abandon_v1(
+    p_id bytea, p_name text, p_owner text, p_mark_ms bigint, p_channel text, p_payload text
+) RETURNS text[] LANGUAGE plpgsql AS $$
+DECLARE
+    v_before text[];
+    v_held integer;
+BEGIN
+    INSERT INTO {prefix}semaphores AS s (id, name, token, seq, touched_at)
+    VALUES (p_id, p_name, 0, 0, now())
+    ON CONFLICT (id) DO UPDATE SET touched_at = now();
+    SELECT count(*) INTO v_held FROM {prefix}semaphore_holders AS h WHERE h.semaphore = p_id;
+    v_before := ARRAY(SELECT {prefix}semaphore_eligible_v1(p_id, v_held));
+    DELETE FROM {prefix}semaphore_holders AS h
+    WHERE h.semaphore = p_id AND (h.owner = p_owner OR h.expires_at <= now());
+    INSERT INTO {prefix}semaphore_waiters AS w (semaphore, owner, seq, permits, until, gone)
+    VALUES (p_id, p_owner, 0, 0, now() + p_mark_ms * interval '1 millisecond', true)
+    ON CONFLICT (semaphore, owner) DO UPDATE SET gone = true, until = EXCLUDED.until;
+    RETURN ARRAY(SELECT {prefix}semaphore_wake_v1(p_id, v_before, p_channel, p_payload));
+END
+$$;

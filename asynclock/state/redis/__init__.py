@@ -4,6 +4,9 @@ Size: a little over 500 lines: every operation of State, ClaimingState, FairStat
 LockAdmin, each a few lines around one script, written once for every topology (what differs
 by topology is in the transports, see below; the inbox's operations are in ``_inbox.py``).
 
+Semaphores (``SemaphoreState``) are the mixin of ``_semaphore.py``: one ``semaphore_*.lua``
+script per operation, keys ``P{key}:semaphore:*``.
+
 Every lock operation is one EVALSHA of a script in this folder (``acquire.lua``,
 ``release.lua``, ``extend.lua``, ``inspect.lua``, each prefixed with ``_value.lua``), so it is
 atomic against every client of the server and uses the server's clock. Dedupe is one
@@ -52,6 +55,7 @@ from asynclock.state.redis._inbox import RedisInbox
 from asynclock.state.redis._scripts import as_int as _as_int
 from asynclock.state.redis._scripts import load_scripts
 from asynclock.state.redis._scripts import text as _text
+from asynclock.state.redis._semaphore import RedisSemaphores
 from asynclock.state.redis._transport import UNAVAILABLE
 
 if TYPE_CHECKING:
@@ -72,7 +76,7 @@ __all__ = ["RedisState"]
 _scripts = load_scripts
 
 
-class RedisState(RedisInbox, ClosesOnExit):
+class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
     """Locks and dedupe records in Redis, shared by every process that uses the same server.
 
     Invariants:

@@ -64,6 +64,15 @@ def load_scripts(*, sharded: bool = False) -> dict[str, LuaScript]:
         "fair_acquire", "_fair_open", "acquire", "fair_acquire", sharded=sharded
     )
     scripts["fair_leave"] = LuaScript("fair_leave", sharded=sharded)
+    # the semaphores (SemaphoreState): the _semaphore.lua prelude, then one file per operation
+    for name in (
+        "semaphore_acquire",
+        "semaphore_release",
+        "semaphore_abandon",
+        "semaphore_extend",
+        "semaphore_inspect",
+    ):
+        scripts[name] = LuaScript(name, "_semaphore", name, sharded=sharded)
     return scripts
 
 

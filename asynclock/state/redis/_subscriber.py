@@ -196,8 +196,9 @@ class Subscriber:
                     continue
                 kind, channel = message[0], message[1]
                 if kind == self._message:
+                    payload = message[2] if len(message) > 2 else b""
                     for watch in tuple(self._watches.get(channel, ())):
-                        watch.fire()
+                        watch.heard(payload)
                 elif kind == self._confirm:
                     pending = self._confirmations.get(channel)
                     if pending:

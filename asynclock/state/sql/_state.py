@@ -243,13 +243,17 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
         finally:
             self._purge_task = None
 
-    async def _purge_batches(self, *, once: bool) -> int:
-        total = 0
-        jobs: tuple[tuple[str, dict[str, object]], ...] = (
+    def _purge_jobs(self) -> tuple[tuple[str, dict[str, object]], ...]:
+        """The purge statements (``queries.sql`` names) and their parameters; a capability of
+        the state with tables of its own (semaphores) adds its statement."""
+        return (
             ("purge_locks", {"retention_ms": self._retention_ms, "batch": PURGE_BATCH}),
             ("purge_dedupe", {"batch": PURGE_BATCH}),
         )
-        for name, params in jobs:
+
+    async def _purge_batches(self, *, once: bool) -> int:
+        total = 0
+        for name, params in self._purge_jobs():
             while True:
                 deleted = self._deleted(await self._run(name, params, idempotent=True))
                 total += deleted
