@@ -36,7 +36,13 @@ if TYPE_CHECKING:
 
     from asynclock._handlers import HandlerTable
     from asynclock._inbox_fold import FoldingDrain
-    from asynclock.state._protocol import InboxEntry, InboxGrant, InboxState, State
+    from asynclock.state._protocol import (
+        InboxEntry,
+        InboxGrant,
+        InboxState,
+        InboxWorker,
+        State,
+    )
 
     #: ``(event, outcome, lock_key, error)``: how a drained entry's outcome is recorded
     Recorder = Callable[[Event, Outcome, str, BaseException | None], Awaitable[object]]
@@ -161,7 +167,7 @@ class Drainer:
         rescans: asyncio.Task[None] | None = None
         try:
             async with handout as worker:
-                rescans = asyncio.ensure_future(self._rescan_every(interval, stopping))
+                rescans = asyncio.ensure_future(self._rescan_every(worker, interval, stopping))
                 while not stopping.is_set():
                     if len(self._keys) >= self._max_keys:
                         self._room.clear()
@@ -198,11 +204,14 @@ class Drainer:
             del self._keys[key]
             self._room.set()
 
-    async def _rescan_every(self, interval: float, stopping: asyncio.Event) -> None:
+    async def _rescan_every(
+        self, worker: InboxWorker, interval: float, stopping: asyncio.Event
+    ) -> None:
         """The safety net: every ``interval`` seconds, take the keys no hand-out reached.
 
         Not at once: a worker that starts gets the keys waiting for it through the hand-out
-        (grants queued for it, or its first claim), as their first delivery.
+        (grants queued for it, or its first claim), as their first delivery. A key found is
+        taken as a hand-out takes it (:meth:`InboxWorker.take`), and drained as its grant.
         """
         while not stopping.is_set():
             await _unless(asyncio.sleep(interval), stopping)
@@ -210,24 +219,16 @@ class Drainer:
                 return
             try:
                 ready = await self._inbox.inbox_ready()
+                for key in ready:
+                    if len(self._keys) >= self._max_keys or stopping.is_set():
+                        break
+                    if key in self._keys:
+                        continue
+                    grant = await worker.take(key)
+                    if grant is not None:  # (maybe another key: _start chains a busy one)
+                        self._start(grant.key, self._drain_granted(grant, stopping))
             except StateUnavailableError as exc:
                 logger.warning("asynclock: inbox rescan failed: %s", exc)
-                ready = []
-            for key in ready:
-                if len(self._keys) >= self._max_keys or stopping.is_set():
-                    break
-                if key not in self._keys:
-                    self._start(key, self._take_over(key, stopping))
-
-    async def _take_over(self, key: str, stopping: asyncio.Event) -> None:
-        """Drain ``key`` found by a rescan: acquire its lock without waiting, then drain."""
-        lock = AsyncLock(self._state, key, self._lock_ttl, auto_renew=True)
-        try:
-            if not await lock.acquire(blocking=False):
-                return  # another worker drains it; if it dies, a rescan finds the key again
-            await self._drain(key, lock, stopping, None)
-        except (StateUnavailableError, LockNotOwnedError) as exc:
-            logger.warning("asynclock: draining inbox %r stopped: %s", key, exc)
 
     async def _drain_granted(self, grant: InboxGrant, stopping: asyncio.Event) -> None:
         """Drain the key of ``grant``, whose lock the hand-out holds for us already."""

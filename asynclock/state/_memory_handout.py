@@ -65,11 +65,12 @@ class MemoryWorker:
         self,
         handout: Handout,
         mutex: threading.Lock,
-        take: Callable[[], InboxGrant | None],
+        take: Callable[[str | None], InboxGrant | None],
     ) -> None:
         self._handout = handout
         self._mutex = mutex
-        #: take an offered key (the state's step, to be called with the mutex held)
+        #: ``take(None)``: take an offered key; ``take(key)``: that key if it has work and no
+        #: holder (the state's steps, to be called with the mutex held)
         self._take = take
         self._watch = EventWatch(asyncio.get_running_loop())
 
@@ -88,7 +89,7 @@ class MemoryWorker:
         await asyncio.sleep(0)  # the yield rule
         while True:
             with self._mutex:
-                grant = self._take()
+                grant = self._take(None)
                 if grant is None:
                     self._watch.reset()
                     self._handout.idle.append(self)
@@ -102,6 +103,12 @@ class MemoryWorker:
                         self._handout.idle.remove(self)
             if not woken:
                 return None
+
+    async def take(self, key: str) -> InboxGrant | None:
+        """See :meth:`asynclock.state.InboxWorker.take`."""
+        await asyncio.sleep(0)  # the yield rule
+        with self._mutex:
+            return self._take(key)
 
     def close(self) -> None:
         """Leave the hand-out (the ``serve()`` ended)."""

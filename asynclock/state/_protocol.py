@@ -500,6 +500,16 @@ class InboxWorker(Protocol):
         """
         ...
 
+    async def take(self, key: str) -> InboxGrant | None:
+        """Take ``key``, found by a rescan (:meth:`InboxState.inbox_ready`), as a hand-out does.
+
+        One atomic step: if the key has pending entries and nobody holds its lock, the lock is
+        taken for a fresh owner of this worker (the head handed out with ``with_entry``) and the
+        grant returned; else ``None``. A backend may hand out another free key with work
+        instead (the key found is then taken by whoever gets to it).
+        """
+        ...
+
 
 @runtime_checkable
 class LockAdmin(Protocol):

@@ -782,31 +782,40 @@ class MemoryState(ClosesOnExit):
         """See :meth:`asynclock.state.InboxState.inbox_worker` (``_memory_handout.py``)."""
         check_ttl(lock_ttl, "lock_ttl")
         worker = MemoryWorker(
-            self._handout, self._mutex, lambda: self._hand_out(lock_ttl, with_entry)
+            self._handout, self._mutex, lambda key: self._hand_out(lock_ttl, with_entry, key)
         )
         try:
             yield worker
         finally:
             worker.close()
 
-    def _hand_out(self, lock_ttl: float, with_entry: bool) -> InboxGrant | None:
-        """Take the oldest offered key that still has work and no holder: its lock for a fresh
-        owner, and its head handed out with ``with_entry`` (call with the mutex held)."""
-        now = self._clock()
-        while (key := self._handout.pop()) is not None:
-            inbox = self._inboxes.get(key)
-            if inbox is None or not inbox.entries or self._live(key, now) is not None:
-                continue  # drained meanwhile, or taken by a rescan: nothing to hand out
-            owner = new_owner()
-            token = self._grant(key, owner, now + lock_ttl)
-            entry = None
-            if with_entry:
-                head = inbox.entries[0]
-                head.attempts += 1
-                age = now - head.accepted_at
-                entry = InboxEntry(head.id, head.attempts, head.payload, age, len(inbox.entries))
-            return InboxGrant(key, owner, token, lock_ttl, entry)
+    def _hand_out(self, lock_ttl: float, with_entry: bool, key: str | None) -> InboxGrant | None:
+        """Take ``key`` (``None``: the oldest offered key that still has work and no holder):
+        its lock for a fresh owner, and its head handed out with ``with_entry`` (call with the
+        mutex held)."""
+        if key is not None:
+            return self._take_key(key, lock_ttl, with_entry)
+        while (offered := self._handout.pop()) is not None:
+            grant = self._take_key(offered, lock_ttl, with_entry)
+            if grant is not None:
+                return grant
         return None
+
+    def _take_key(self, key: str, lock_ttl: float, with_entry: bool) -> InboxGrant | None:
+        """``key``'s grant if it has work and no holder, else ``None`` (mutex held)."""
+        now = self._clock()
+        inbox = self._inboxes.get(key)
+        if inbox is None or not inbox.entries or self._live(key, now) is not None:
+            return None  # drained meanwhile, or taken by a rescan: nothing to hand out
+        owner = new_owner()
+        token = self._grant(key, owner, now + lock_ttl)
+        entry = None
+        if with_entry:
+            head = inbox.entries[0]
+            head.attempts += 1
+            age = now - head.accepted_at
+            entry = InboxEntry(head.id, head.attempts, head.payload, age, len(inbox.entries))
+        return InboxGrant(key, owner, token, lock_ttl, entry)
 
     async def inbox_keys(self) -> list[InboxKey]:
         """See :meth:`asynclock.state.InboxState.inbox_keys`."""

@@ -31,6 +31,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from asynclock._compat import deadline_after
+from asynclock._owner import new_owner
 from asynclock.state._protocol import InboxEntry, InboxGrant
 from asynclock.state._watch import EventWatch
 from asynclock.state.redis._scripts import as_int, text
@@ -215,6 +216,18 @@ class LaneWorker:
             now_ms = asyncio.get_running_loop().time() * 1000.0 + self._offset
             age = max(now_ms - int(accepted_ms), 0.0) / 1000.0
         return InboxEntry(int(entry_id), int(str(attempts)), payload, age, int(str(pending)))
+
+    async def take(self, key: str) -> InboxGrant | None:
+        """See :meth:`asynclock.state.InboxWorker.take` (``inbox_adopt.lua`` for a fresh owner:
+        one round trip)."""
+        sent = asyncio.get_running_loop().time()
+        owner = new_owner()
+        reply = await self._adopt(key, owner, self._lock_ttl, self._with_entry, None)
+        if not reply or text(reply) == "held":
+            return None
+        key, owner, token, _, _, *head = json.loads(text(reply))
+        left = self._lock_ttl - (asyncio.get_running_loop().time() - sent)
+        return InboxGrant(key, owner, int(token), left, self._entry(head))
 
     async def aclose(self) -> None:
         """Stop every popper (a grant on its way may be lost: its reservation expires)."""

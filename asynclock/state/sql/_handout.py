@@ -128,6 +128,7 @@ class SQLWorker:
     __slots__ = (
         "_again",
         "_claim",
+        "_key_id",
         "_lock_ttl",
         "_seen",
         "_watch",
@@ -141,17 +142,19 @@ class SQLWorker:
         *,
         claim: Callable[[str, float, bool, bytes | None], Awaitable[Sequence[object]]],
         seen: Callable[[str, str, float], Awaitable[object]],
+        key_id: Callable[[str], bytes],
         lock_ttl: float,
         with_entry: bool,
         channel_prefix: str,
     ) -> None:
         """``claim(owner, ttl, take, hint)``: the ``inbox_claim`` row; ``seen(worker, channel,
-        lease)``: ``inbox_worker_seen``."""
+        lease)``: ``inbox_worker_seen``; ``key_id(key)``: the id of a key's rows."""
         self.id = new_process_id()
         # a PostgreSQL channel is an identifier: at most 63 bytes
         self.channel = f"{channel_prefix[:40]}inbox_{secrets.token_hex(8)}"
         self._claim = claim
         self._seen = seen
+        self._key_id = key_id
         self._lock_ttl = lock_ttl
         self._with_entry = with_entry
         self._watch: WakeWatch | None = None
@@ -175,6 +178,11 @@ class SQLWorker:
             if not await watch.wait(deadline - loop.time()):
                 return None
             self._again = True
+
+    async def take(self, key: str) -> InboxGrant | None:
+        """See :meth:`asynclock.state.InboxWorker.take` (one claim with ``key`` as its hint: it
+        may take another free key with work instead)."""
+        return await self._take(self._key_id(key))
 
     async def _take(self, hint: bytes | None) -> InboxGrant | None:
         """One claim (``None``: no free key with work); ``self._again`` says whether there is

@@ -233,6 +233,7 @@ class SQLInboxState(SQLState[C, S, R]):
         worker = SQLWorker(
             claim=self._inbox_claim,
             seen=self._inbox_worker_seen,
+            key_id=lambda key: self._ids(key)[0],
             lock_ttl=lock_ttl,
             with_entry=with_entry,
             channel_prefix=self._table_prefix,
