@@ -11,13 +11,14 @@ import json
 
 import pytest
 from aiogram import Bot, Dispatcher
+from aiogram.dispatcher.event.bases import UNHANDLED
 from aiogram.dispatcher.middlewares.user_context import UserContextMiddleware
 from aiogram.types import ErrorEvent, Message, Update
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 
 from asynclock import Event, EventDispatcher, HandlerContext, MemoryState, Outcome, state_from_url
-from asynclock.integrations.aiogram import UpdateMiddleware, telegram_event
+from asynclock.integrations.aiogram import UpdateInProgressError, UpdateMiddleware, telegram_event
 from asynclock.integrations.slack_bolt import SlackEventsMiddleware, slack_event
 from tests._helpers import LocksOnly
 
@@ -249,3 +250,33 @@ class TestAiogramErrors:
         assert len(tokens) == 2
         assert (bot.stats[Outcome.FAILED], bot.stats[Outcome.HANDLED]) == (1, 1)
         assert bot.stats[Outcome.DUPLICATE] == 1
+
+    async def test_a_redelivery_of_an_update_in_progress_is_a_503_not_a_200(self) -> None:
+        # Telegram's retry of an update still being handled (maybe by a process that died):
+        # a 200 would make Telegram forget it (#30); aiohttp turns the error into a 503
+        dp = Dispatcher()
+        bot = EventDispatcher(MemoryState(), lock_ttl=10.0)
+        dp.update.outer_middleware(UpdateMiddleware(bot))
+        running, finish = asyncio.Event(), asyncio.Event()
+
+        @dp.message()
+        async def handler(message: Message) -> None:
+            running.set()
+            await finish.wait()
+
+        telegram = Bot(token="42:UNIT-TEST")
+        try:
+            delivery = update(topic_message(None))
+            first = asyncio.ensure_future(dp.feed_update(telegram, delivery))
+            await asyncio.wait_for(running.wait(), 10)
+            with pytest.raises(UpdateInProgressError) as in_progress:
+                await dp.feed_update(telegram, delivery)
+            finish.set()
+            await asyncio.wait_for(first, 10)
+            assert await dp.feed_update(telegram, delivery) is UNHANDLED  # done: a plain 200
+        finally:
+            await telegram.session.close()
+        answer = in_progress.value
+        assert answer.status == 503
+        assert 1 <= int(answer.headers["Retry-After"]) <= 11
+        assert (answer.update_id, bot.stats[Outcome.DUPLICATE]) == (11, 2)

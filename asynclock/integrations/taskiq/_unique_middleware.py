@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, final
 
 from taskiq import TaskiqMiddleware
 
-from asynclock._errors import AsynclockError, StateUnavailableError
+from asynclock import AsynclockError, StateUnavailableError
 from asynclock._validate import check_key, check_ttl
 from asynclock.integrations.taskiq._keys import message_key
 
 if TYPE_CHECKING:
     from taskiq import TaskiqMessage, TaskiqResult
 
-    from asynclock.state._protocol import State
+    from asynclock import State
 
 __all__ = ("TaskAlreadyQueuedError", "UniqueMiddleware")
 
