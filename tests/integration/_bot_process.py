@@ -16,8 +16,11 @@ import asyncio
 import os
 import signal
 import sys
+from typing import cast
 
 from aiohttp import web
+
+from asynclock.integrations.slack_bolt import MODES, Mode
 
 
 def build(kind: str) -> web.Application:
@@ -34,7 +37,7 @@ def build(kind: str) -> web.Application:
         from tests.integration._standins import BOT_TOKEN, SIGNING_SECRET
 
         mode = os.environ.get("BOT_MODE", "accept")
-        assert mode in ("submit", "accept", "dispatch"), mode
+        assert mode in MODES, f"BOT_MODE must be one of {MODES}, got {mode!r}"
         return slack_bolt_bot.create_app(
             url,
             prefix,
@@ -43,7 +46,7 @@ def build(kind: str) -> web.Application:
             api_url=api,
             delay=delay,
             serve=serve,
-            mode=mode,
+            mode=cast("Mode", mode),
             lock_ttl=lock_ttl,
         )
     from tests.integration._standins import TELEGRAM_TOKEN
