@@ -16,11 +16,9 @@ import asyncio
 import os
 import signal
 import sys
-from typing import cast
-
 from aiohttp import web
 
-from asynclock.integrations.slack_bolt import MODES, Mode
+from asynclock.integrations.slack_bolt import MODES
 
 
 def build(kind: str) -> web.Application:
@@ -46,7 +44,7 @@ def build(kind: str) -> web.Application:
             api_url=api,
             delay=delay,
             serve=serve,
-            mode=cast("Mode", mode),
+            mode=mode,
             lock_ttl=lock_ttl,
         )
     from tests.integration._standins import TELEGRAM_TOKEN
