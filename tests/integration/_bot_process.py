@@ -16,9 +16,8 @@ import asyncio
 import os
 import signal
 import sys
-from aiohttp import web
 
-from asynclock.integrations.slack_bolt import MODES
+from aiohttp import web
 
 
 def build(kind: str) -> web.Application:
@@ -31,6 +30,7 @@ def build(kind: str) -> web.Application:
     delay = float(os.environ.get("BOT_DELAY", "0.02"))
     lock_ttl = float(os.environ.get("BOT_LOCK_TTL", "30"))
     if kind == "slack":
+        from asynclock.integrations.slack_bolt import MODES
         from examples import slack_bolt_bot
         from tests.integration._standins import BOT_TOKEN, SIGNING_SECRET
 
