@@ -183,6 +183,16 @@ def parse_payload(payload: object) -> Event | Challenge:
     )
 
 
+def is_redelivery(headers: Mapping[str, str]) -> bool:
+    """Whether a request is Slack's redelivery of an event (``X-Slack-Retry-Num``).
+
+    Slack redelivers when it did not get a 2xx within 3 seconds: the first delivery may still be
+    in progress here or elsewhere, in a process that died. Such a delivery is answered after its
+    outcome (``deliver``), never with an unconditional 2xx.
+    """
+    return any(name.lower() == "x-slack-retry-num" for name in headers)
+
+
 def _header_seconds(seconds: float) -> int:
     """``Retry-After`` is whole seconds: rounded up, so the retry never comes early; at least 1."""
     return max(1, math.ceil(seconds))
