@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, final
 
 from aiogram import BaseMiddleware, Bot
-from aiogram.dispatcher.event.bases import UNHANDLED
+from aiogram.dispatcher.event.bases import UNHANDLED, SkipHandler
 from aiogram.dispatcher.middlewares.user_context import (
     EVENT_CONTEXT_KEY,
     EventContext,
@@ -78,7 +78,7 @@ def telegram_event(
     )
 
 
-class UpdateInProgressError(web.HTTPServiceUnavailable):
+class UpdateInProgressError(web.HTTPServiceUnavailable, SkipHandler):
     """A redelivered update is still being handled: answered 503 with ``Retry-After``.
 
     Raised by :class:`UpdateMiddleware` for a delivery whose update is being handled elsewhere
@@ -86,7 +86,8 @@ class UpdateInProgressError(web.HTTPServiceUnavailable):
     now). It is an aiohttp ``HTTPServiceUnavailable``, so aiogram's webhook handlers on aiohttp
     answer Telegram 503 and Telegram delivers the update again later; with another web framework,
     map it to a 503 yourself. A 2xx would make Telegram forget an update that may never be
-    handled.
+    handled. It is also aiogram's ``SkipHandler``, which aiogram's errors middleware passes on
+    without calling the error handlers: a catch-all ``@dp.error()`` cannot turn it into a 200.
 
     Attributes:
         update_id: the update's id.
