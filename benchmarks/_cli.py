@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 
 from benchmarks import (
+    _aiogram,
     _cluster,
     _contended,
     _dedupe,
@@ -61,7 +62,11 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox-sql": _sql_inbox.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
+    "aiogram": _aiogram.run,
 }
+#: scenarios that `all` leaves out: run them on their own (``aiogram``: its children import
+#: aiogram, seconds of CPU each, and its long handler runs 70 s)
+NOT_IN_ALL = {"aiogram"}
 NEEDS_REDIS = {
     "uncontended",
     "contended",
@@ -71,6 +76,7 @@ NEEDS_REDIS = {
     "cluster",
     "inbox",
     "held",
+    "aiogram",
 }
 
 PREAMBLE = """# Benchmarks
@@ -106,6 +112,9 @@ python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy 
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
 python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
+python -m benchmarks aiogram --write    # ~2 min: EventIsolation vs aiogram's RedisEventIsolation,
+                                        # a burst and a 70 s handler (--quick: the burst only);
+                                        # not part of `all`
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -201,7 +210,9 @@ async def _amain(args: argparse.Namespace) -> int:
     if args.scenario == "plots":
         return _plots_only(args)
     cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds)
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    names = (
+        [n for n in SCENARIOS if n not in NOT_IN_ALL] if args.scenario == "all" else [args.scenario]
+    )
     if cfg.rounds is not None and cfg.rounds < 1:
         log("--rounds must be at least 1")
         return 2
@@ -264,7 +275,7 @@ async def _amain(args: argparse.Namespace) -> int:
         path = Path(args.doc)
         # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
         # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"])
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["aiogram"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

@@ -171,6 +171,7 @@ _ORDER = (
     "inbox",
     "inbox-sql",
     "held",
+    "aiogram",
 )
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"
