@@ -1,7 +1,8 @@
 """One bot process of the cross-process tests: ``python -m tests.integration._bot_process KIND``.
 
-``KIND`` is ``slack`` (``examples.slack_bolt_bot``), ``telegram`` (``examples.aiogram_bot``) or
-``telegram-inbox`` (``examples.aiogram_inbox_bot``). Configured by the environment the test sets:
+``KIND`` is ``slack`` (``examples.slack_bolt_bot``), ``telegram`` (``examples.aiogram_bot``),
+``telegram-inbox`` (``examples.aiogram_inbox_bot``) or ``telegram-isolation``
+(``examples.aiogram_isolation_bot``). Configured by the environment the test sets:
 ``BOT_STATE_URL``, ``BOT_PREFIX`` (the shared Redis namespace) and ``BOT_API_URL`` (the test's
 API stand-in); ``BOT_SERVE`` (``0``: a web process that only stores and acknowledges, draining
 nothing), ``BOT_MODE`` (Slack's middleware mode), ``BOT_DELAY`` (seconds each handler works) and
@@ -49,6 +50,12 @@ def build(kind: str) -> web.Application:
         )
     from tests.integration._standins import TELEGRAM_TOKEN
 
+    if kind == "telegram-isolation":
+        from examples import aiogram_isolation_bot
+
+        return aiogram_isolation_bot.create_app(
+            url, prefix, token=TELEGRAM_TOKEN, api_url=api, delay=delay
+        )
     if kind == "telegram-inbox":
         from examples import aiogram_inbox_bot
 
