@@ -18,7 +18,7 @@ from asynclock.integrations.taskiq import TaskAlreadyQueuedError
 from tests._helpers import reply
 from tests._matrix import MYSQL, POSTGRES, REDIS, Backend, purge_namespace, require
 from tests.integration import _taskiq_keyed as app
-from tests.integration._fleet import Workers, until
+from tests.integration._fleet import ROOT, Workers, until
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -195,3 +195,47 @@ async def clear_orphaned_autoclaim_lock(redis: Redis, namespace: str) -> None:
             return
     print(f"\ndeleting {name}, orphaned by the killed worker (taskiq-redis#131)")
     await reply(redis.delete(name))
+
+
+@pytest.mark.redis
+async def test_the_example_app_charges_one_invoice_at_a_time_and_refuses_a_second_report(
+    namespace: str, redis: Redis
+) -> None:
+    """``examples/taskiq_app.py`` as documented: two ``taskiq worker`` processes, then
+    ``python -m examples.taskiq_app`` kicks ten read-work-write charges of one invoice and one
+    day's report twice. Every charge counts (the balance is 1,000), and the second report kiq
+    is refused with the first one's task id."""
+    prefix = f"asynclock-test:{namespace}:"
+    workers = Workers(namespace, unit=1.0, fair=True)
+    workers.env.update(
+        ASYNCLOCK_STATE_URL=REDIS.url,
+        ASYNCLOCK_PREFIX=prefix,
+        TASKIQ_BROKER_URL=REDIS.url,
+        TASKIQ_QUEUE=f"{prefix}app",
+        ASYNCLOCK_EXAMPLE_DELAY="0.05",
+    )
+    balance = f"{prefix}invoice:7:balance"
+    for _ in range(2):
+        workers.start(
+            sys.executable, "-m", "taskiq", "worker", "examples.taskiq_app:broker",
+            "--workers", "1", "--no-configure-logging",
+        )  # fmt: skip
+    try:
+        kicker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "examples.taskiq_app",
+            cwd=ROOT,
+            env=workers.env,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(kicker.communicate(), 120)
+        assert kicker.returncode == 0, stderr.decode()
+        assert "not sent: the report of that day is task" in stderr.decode()
+
+        async def charged() -> bool:
+            return bool(await reply(redis.get(balance)) == b"1000")
+
+        await until(charged, within=120, what="ten charges of 100", workers=workers)
+    finally:
+        workers.stop()
