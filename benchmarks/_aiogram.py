@@ -301,6 +301,14 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 metrics = await _burst(fleet, variant, spread, work, chat, counter)
                 rounds.add(row(variant, spread, work), metrics)
             log(f"  aiogram burst round {r + 1}/{rounds_n} done")
+        # one more burst per row, watched by MONITOR (not timed: MONITOR slows the server): the
+        # commands the clients sent (round trips) apart from those the scripts ran
+        prefix = f"{KEY_ROOT}:{cfg.run_id}:"
+        for v, (variant, spread, work) in enumerate(ROWS):
+            sent, scripted = await _watched_burst(fleet, cfg.url, prefix, variant, spread, work, v)
+            rounds.data[row(variant, spread, work)][-1].update(
+                round_trips=sent / BURST, scripted=scripted / BURST
+            )
         if not cfg.quick:
             log(f"  aiogram long handler: about {LONG:.0f} s")
             long_pairs = _long(fleet)
@@ -320,11 +328,49 @@ COLUMNS = [
     Column("handoff p50 (ms)", "handoff_p50", 2),
     Column("handoff p99 (ms)", "handoff_p99", 2),
     Column("pairs out of order", "inversions", 0),
-    Column("rounds in order", "in_order", 2, median_only=True),
     Column("overlaps", "overlaps", 0),
     Column("burst (ms)", "burst_ms", 0),
-    Column("Redis commands / update", "commands_per_update", 1),
+    Column("server commands / update", "commands_per_update", 1),
+    Column("round trips / update", "round_trips", 1, median_only=True),
+    Column("of which in scripts", "scripted", 1, median_only=True),
 ]
+
+
+async def _watched_burst(
+    fleet: Fleet, url: str, prefix: str, variant: str, spread: int, work: float, v: int
+) -> tuple[int, int]:
+    """One burst under MONITOR: (commands the clients sent, commands scripts ran), of this run."""
+    monitor = redis.asyncio.Redis.from_url(url)
+    sent = scripted = 0
+    listening = asyncio.Event()
+
+    async def watch() -> None:
+        nonlocal sent, scripted
+        async with monitor.monitor() as watching:
+            listening.set()
+            async for entry in watching.listen():
+                if prefix not in str(entry.get("command", "")):
+                    continue
+                if entry.get("client_type") == "lua":
+                    scripted += 1
+                else:
+                    sent += 1
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait_for(listening.wait(), 10)
+        handled: dict[int, Handled] = {}
+        for n in range(BURST):
+            update_id = next(fleet.ids)
+            handled[update_id] = Handled(update_id, n)
+            fleet.send(n % spread, TAGS[variant], _update(update_id, 20_000 + v, work))
+        fleet.collect(handled, 60.0)
+        await asyncio.sleep(0.5)  # what the server did last reaches the monitor
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        await monitor.aclose()
+    return sent, scripted
 
 
 def _headlines(rounds: Rounds) -> list[tuple[str, str]]:
@@ -334,7 +380,8 @@ def _headlines(rounds: Rounds) -> list[tuple[str, str]]:
         theirs = rounds.spread(row(THEIRS, spread, work), "handoff_p50")
         if ours.count and theirs.count:
             heads.add(
-                f"aiogram burst ({spread} process(es), {work * 1000:g} ms handlers): handoff p50, "
+                f"aiogram burst ({spread} process{'es' if spread > 1 else ''}, {work * 1000:g} ms "
+                "handlers): handoff p50, "
                 "RedisEventIsolation / EventIsolation",
                 f"**{theirs.median / ours.median:.1f}x** ({fmt(theirs.median, 1)} ms vs "
                 f"{fmt(ours.median, 2)} ms)",
@@ -355,8 +402,10 @@ def _markdown(rounds: Rounds, pairs: dict[str, tuple[Handled, Handled]], rounds_
         (
             f"A burst of {BURST} updates of one chat, {SPACING * 1000:g} ms apart, to one process "
             f"or alternately to {PROCESSES}; each handler works 10 or 100 ms. {rounds_n} "
-            "rounds, every row in every round, on the same Redis server. *rounds in order*: the "
-            "share of rounds whose updates were handled in sending order."
+            "rounds, every row in every round, on the same Redis server (a private one with "
+            "`--private-server`, so the commands are the run's own). *pairs out of order*: pairs "
+            "of updates handled against their sending order (0: in order; how many rounds were "
+            "in order: the headlines)."
         ),
         "",
         table(rounds, COLUMNS, label="isolation"),
