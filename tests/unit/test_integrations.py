@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 
 import pytest
 from aiogram import Bot, Dispatcher
@@ -18,8 +19,15 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 
 from asynclock import Event, EventDispatcher, HandlerContext, MemoryState, Outcome, state_from_url
-from asynclock.integrations.aiogram import UpdateInProgressError, UpdateMiddleware, telegram_event
+from asynclock.integrations.aiogram import (
+    InboxRequestHandler,
+    UpdateFeeder,
+    UpdateInProgressError,
+    UpdateMiddleware,
+    telegram_event,
+)
 from asynclock.integrations.slack_bolt import SlackEventsMiddleware, slack_event
+from asynclock.integrations.taskiq import LockMiddleware, TaskAlreadyQueuedError, UniqueMiddleware
 from tests._helpers import LocksOnly
 
 
@@ -288,3 +296,45 @@ class TestAiogramErrors:
         assert answer.status == 503
         assert 1 <= int(answer.headers["Retry-After"]) <= 11
         assert (answer.update_id, bot.stats[Outcome.DUPLICATE]) == (11, 2)
+
+
+class TestAiogramDurableWebhookArguments:
+    def test_the_request_handler_needs_a_dispatcher_and_a_bot(self) -> None:
+        bot = EventDispatcher(MemoryState(), on_lock_conflict="queue")
+        telegram = Bot(token="42:UNIT-TEST")
+        with pytest.raises(TypeError, match="needs an EventDispatcher"):
+            InboxRequestHandler("bot", telegram)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="needs an aiogram Bot"):
+            InboxRequestHandler(bot, "telegram")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="secret_token"):
+            InboxRequestHandler(bot, telegram, secret_token="")
+        assert repr(InboxRequestHandler(bot, telegram)) == (
+            "<InboxRequestHandler bot_id=42 per_thread=False>"
+        )
+
+    def test_the_feeder_needs_a_dispatcher_an_aiogram_dispatcher_and_a_bot(self) -> None:
+        bot = EventDispatcher(MemoryState(), on_lock_conflict="queue")
+        telegram = Bot(token="42:UNIT-TEST")
+        with pytest.raises(TypeError, match="needs an aiogram Dispatcher"):
+            UpdateFeeder(bot, "dp", telegram)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="context_key"):
+            UpdateFeeder(bot, Dispatcher(), telegram, context_key="")
+        feeder = UpdateFeeder(bot, Dispatcher(), telegram)
+        assert feeder.bot is bot
+
+
+class TestTaskiqMiddlewareArguments:
+    def test_bad_prefixes_and_labels_are_named(self) -> None:
+        state = MemoryState()
+        with pytest.raises(TypeError, match="prefix must be a str"):
+            LockMiddleware(state, prefix=None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="label"):
+            UniqueMiddleware(state, label="")
+        with pytest.raises(ValueError, match="ttl"):
+            UniqueMiddleware(state, ttl=-1)
+
+    def test_a_refusal_pickles_with_its_fields(self) -> None:
+        refused = TaskAlreadyQueuedError("report:monday", "t-1", 12.5)
+        again = pickle.loads(pickle.dumps(refused))
+        assert (again.key, again.task_id, again.retry_after) == ("report:monday", "t-1", 12.5)
+        assert str(again) == str(refused)
