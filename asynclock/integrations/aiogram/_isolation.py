@@ -55,8 +55,8 @@ class EventIsolation(BaseEventIsolation):
 
     * At most one update per key is handled at any time, across every process sharing the
       state. Another update of the key waits for it: woken by the release (pub/sub,
-      LISTEN/NOTIFY, MySQL's named-lock bell), not by polling; the waiters of one process are served
-      in arrival order, and every waiting process gets its turn.
+      LISTEN/NOTIFY, MySQL's named-lock bell), not by polling; the waiters of one process are
+      served in arrival order, and every waiting process gets its turn.
     * The lock is renewed every ``ttl / 3`` while the handler runs, however long it runs. If it
       is lost anyway (the state unreachable for ``ttl``), the handler is cancelled and aiogram
       gets :class:`~asynclock.LockLostError`.
