@@ -2,7 +2,8 @@
 # Start the servers the test suite talks to, if they are not answering, and wait until they do:
 # Redis 6379, a 3-master Redis Cluster 7000-7002, PostgreSQL 5432 (trust, database `test`),
 # PgBouncer 6432 (transaction pooling in front of it), MariaDB 3306 (root without password,
-# database `test`). Only loopback addresses are used.
+# database `test`). Only loopback addresses are used. It also makes sure Debian's headless
+# Chromium is there for tests/web (.ci/browser.sh).
 #
 # A server whose programs are missing is installed with apt-get when that is possible (root,
 # or password-less sudo, on Debian/Ubuntu); otherwise the script stops with one line naming
@@ -223,6 +224,12 @@ wait_for() {  # name, probe; waits at most 60 s
 }
 
 # -- main -----------------------------------------------------------------------------------
+# the headless Chromium of tests/web (not a server: never fatal here, see .ci/browser.sh)
+if [ "$CHECK_ONLY" = 1 ]; then
+    bash "$(dirname "$0")/browser.sh" --check
+else
+    bash "$(dirname "$0")/browser.sh" || true
+fi
 down=""
 for svc in $SERVICES; do
     "${svc}_up" || down="$down $svc"

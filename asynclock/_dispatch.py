@@ -28,7 +28,7 @@ from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._freeing import FreeingEstimate
 from asynclock._grant import _granted, granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
-from asynclock._inbox import Drainer, encode
+from asynclock._inbox import MAX_KEYS, Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
 from asynclock._lean import LeanHold
 from asynclock._lock import AsyncLock
@@ -969,6 +969,8 @@ class EventDispatcher:
             claim=claim.key if claim is not None else None,
             claim_ttl=self._dedupe_ttl,
             max_pending=self._max_pending,
+            lock_ttl=self._lock_ttl,
+            with_entry=self._policy not in ("latest", "debounce"),
         )
         if result.status == "full":
             retry_after = self._retry_after(lock_key)
@@ -984,11 +986,13 @@ class EventDispatcher:
         outcome = _DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
         return await self._record(event, outcome, lock_key, started=started)
 
-    async def serve(self) -> None:
+    async def serve(self, *, max_keys: int = MAX_KEYS) -> None:
         """Drain the durable inbox of this dispatcher's state until cancelled or :meth:`aclose`.
 
         Any number of processes may serve the same state: per lock key, events are handled one
-        at a time, in accept order, by whichever worker holds the key's lock. Each handling is
+        at a time, in accept order, by whichever worker holds the key's lock. A key with work
+        is handed to one worker (docs/inbox.md, "Scaling workers"), which drains at most
+        ``max_keys`` keys at once (default 64): more are left to the other workers. Each handling is
         recorded (``HANDLED``, or ``FAILED`` for an attempt that raised); an entry that failed
         ``max_attempts`` deliveries is dead-lettered, logged at ERROR, and the key goes on.
 
@@ -1001,8 +1005,10 @@ class EventDispatcher:
 
         Raises:
             TypeError: the state has no inbox capability.
+            ValueError: ``max_keys`` is not an int >= 1.
         """
         inbox = self._inbox()
+        max_keys = _check_count(max_keys, "max_keys")
         stopping = asyncio.Event()
         if self._closed:
             stopping.set()
@@ -1027,6 +1033,7 @@ class EventDispatcher:
             record=self._record,
             observe=self._freeing.observe,
             folding=folding,
+            max_keys=max_keys,
         )
         try:
             await drainer.run(stopping)

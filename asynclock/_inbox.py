@@ -9,11 +9,12 @@ head; once its lock's TTL ran out, another worker takes the key over and deliver
 again with ``ctx.attempt`` one higher. Under ``latest`` and ``debounce`` a held key is drained
 by batches instead (``_inbox_fold.py``), with the same crash-safety per handler call.
 
-Workers learn of new work by push (:meth:`InboxState.inbox_watch`) and rescan the keys with
-work every few seconds, which is how a key whose drainer died is picked up again. A wake-up
-whose scan finds its key still taken by a drainer of this worker (one that has just released
-it on an empty inbox, but whose task has not ended yet) is not lost: that task's end triggers
-a new scan.
+The hand-out: a key with work and no holder goes to **one** worker
+(:meth:`InboxState.inbox_worker`), which gets it with the key's lock held for it already (on
+Redis the accept reserves the lock and queues the grant; on the SQL states the accept wakes one
+worker, which takes the key), so the cost of an event does not grow with the number of workers.
+Every few seconds each worker also rescans the keys with work whose lock is free: the safety
+net that finds a key whose worker died, or whose grant was lost on its way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import asyncio
 import functools
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from asynclock import metrics as _metrics
 from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailableError
@@ -31,21 +32,25 @@ from asynclock._handlers import call_all
 from asynclock._lock import AsyncLock
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
     from asynclock._handlers import HandlerTable
     from asynclock._inbox_fold import FoldingDrain
-    from asynclock.state._protocol import InboxEntry, InboxState, State
+    from asynclock.state._protocol import InboxEntry, InboxGrant, InboxState, State
 
     #: ``(event, outcome, lock_key, error)``: how a drained entry's outcome is recorded
     Recorder = Callable[[Event, Outcome, str, BaseException | None], Awaitable[object]]
 
 logger = logging.getLogger("asynclock")
 
+T = TypeVar("T")
+
 #: seconds between two rescans of the keys with work (also bounded by ``lock_ttl / 2``)
 RESCAN = 5.0
 #: the longest pause between two deliveries of an entry whose handler failed
 MAX_RETRY_PAUSE = 5.0
+#: keys one ``serve()`` drains at once by default (``serve(max_keys=...)``)
+MAX_KEYS = 64
 
 
 def encode(event: Event) -> str:
@@ -95,19 +100,27 @@ def decode(payload: str) -> Event:
 
 
 class Drainer:
-    """One ``serve()``: finds the keys with work and drains each in a task of its own."""
+    """One ``serve()``: takes the keys handed to it and drains each in a task of its own.
+
+    Invariants: this worker drains a key in at most one task at a time (a grant for a key whose
+    previous task is still winding down waits for that task), and at most ``max_keys`` keys at
+    once (it asks for no grant while it has that many: they go to other workers); a grant is always drained, even
+    once stopping (the entry in hand is finished); the rescan (:meth:`_rescan`) is the safety
+    net only, never on the path of an event: it takes the keys that no hand-out reached (their
+    worker died, or the grant was lost on its way) once their lock is free.
+    """
 
     __slots__ = (
-        "_again",
         "_folding",
         "_handlers",
         "_inbox",
         "_keys",
         "_lock_ttl",
         "_max_attempts",
+        "_max_keys",
         "_observe",
-        "_recheck",
         "_record",
+        "_room",
         "_state",
     )
 
@@ -122,8 +135,12 @@ class Drainer:
         record: Recorder,
         observe: Callable[[str, float], None],
         folding: FoldingDrain | None = None,
+        max_keys: int = MAX_KEYS,
     ) -> None:
         self._state = state
+        #: keys drained at once at most: grants beyond are left to the other workers
+        self._max_keys = max_keys
+        self._room = asyncio.Event()
         #: ``latest`` / ``debounce``: how a held key is drained instead of one entry at a time
         self._folding = folding
         self._inbox = inbox
@@ -134,74 +151,127 @@ class Drainer:
         #: told how long each successful handling of a key took (the dispatcher's estimates)
         self._observe = observe
         self._keys: dict[str, asyncio.Task[None]] = {}
-        #: keys the last scan found with work while their drainer still ran: that drainer may
-        #: be past its last step (it released the lock on an empty inbox before the accept
-        #: landed), so the end of its task triggers a new scan instead of waiting for a rescan
-        self._again: set[str] = set()
-        self._recheck = asyncio.Event()
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Drain until ``stopping`` is set, then let each key finish the entry in hand."""
         interval = min(RESCAN, self._lock_ttl / 2)
+        handout = self._inbox.inbox_worker(
+            lock_ttl=self._lock_ttl, with_entry=self._folding is None
+        )
+        rescans: asyncio.Task[None] | None = None
         try:
-            async with self._inbox.inbox_watch() as watch:
+            async with handout as worker:
+                rescans = asyncio.ensure_future(self._rescan_every(interval, stopping))
                 while not stopping.is_set():
-                    watch.reset()
-                    self._recheck.clear()
+                    if len(self._keys) >= self._max_keys:
+                        self._room.clear()
+                        await _unless(self._room.wait(), stopping)
+                        continue
                     try:
-                        ready = await self._inbox.inbox_ready()
+                        grant = await _unless(worker.next(interval), stopping)
                     except StateUnavailableError as exc:
-                        logger.warning("asynclock: inbox rescan failed: %s", exc)
-                        ready = []
-                    self._again = {key for key in ready if key in self._keys}
-                    for key in ready:
-                        if key not in self._keys:
-                            task = asyncio.ensure_future(self._drain(key, stopping))
-                            task.set_name(f"asynclock inbox {key!r}")
-                            self._keys[key] = task
-                            task.add_done_callback(functools.partial(self._gone, key))
-                    await _first_of(watch.wait(interval), stopping.wait(), self._recheck.wait())
+                        logger.warning("asynclock: waiting for inbox work failed: %s", exc)
+                        await _unless(asyncio.sleep(min(interval, 1.0)), stopping)
+                        continue
+                    if grant is not None:
+                        self._start(grant.key, self._drain_granted(grant, stopping))
         finally:
+            if rescans is not None:
+                rescans.cancel()
+                await asyncio.gather(rescans, return_exceptions=True)
             drainers = tuple(self._keys.values())
             if not stopping.is_set():  # cancelled: the drainers go too (their entries stay)
                 for task in drainers:
                     task.cancel()
             await asyncio.gather(*drainers, return_exceptions=True)
 
-    def _gone(self, key: str, _: asyncio.Task[None]) -> None:
-        self._keys.pop(key, None)
-        if key in self._again:
-            self._again.discard(key)
-            self._recheck.set()
+    def _start(self, key: str, drain: Coroutine[object, object, None]) -> None:
+        """Drain ``key`` in a task of its own, after the task still draining it here, if any."""
+        before = self._keys.get(key)
+        task = asyncio.ensure_future(drain if before is None else _after(before, drain))
+        task.set_name(f"asynclock inbox {key!r}")
+        self._keys[key] = task
+        task.add_done_callback(functools.partial(self._gone, key))
 
-    async def _drain(self, key: str, stopping: asyncio.Event) -> None:
+    def _gone(self, key: str, task: asyncio.Task[None]) -> None:
+        if self._keys.get(key) is task:
+            del self._keys[key]
+            self._room.set()
+
+    async def _rescan_every(self, interval: float, stopping: asyncio.Event) -> None:
+        """The safety net: every ``interval`` seconds, take the keys no hand-out reached.
+
+        Not at once: a worker that starts gets the keys waiting for it through the hand-out
+        (grants queued for it, or its first claim), as their first delivery.
+        """
+        while not stopping.is_set():
+            await _unless(asyncio.sleep(interval), stopping)
+            if stopping.is_set():
+                return
+            try:
+                ready = await self._inbox.inbox_ready()
+            except StateUnavailableError as exc:
+                logger.warning("asynclock: inbox rescan failed: %s", exc)
+                ready = []
+            for key in ready:
+                if len(self._keys) >= self._max_keys or stopping.is_set():
+                    break
+                if key not in self._keys:
+                    self._start(key, self._take_over(key, stopping))
+
+    async def _take_over(self, key: str, stopping: asyncio.Event) -> None:
+        """Drain ``key`` found by a rescan: acquire its lock without waiting, then drain."""
         lock = AsyncLock(self._state, key, self._lock_ttl, auto_renew=True)
         try:
             if not await lock.acquire(blocking=False):
                 return  # another worker drains it; if it dies, a rescan finds the key again
+            await self._drain(key, lock, stopping, None)
+        except (StateUnavailableError, LockNotOwnedError) as exc:
+            logger.warning("asynclock: draining inbox %r stopped: %s", key, exc)
+
+    async def _drain_granted(self, grant: InboxGrant, stopping: asyncio.Event) -> None:
+        """Drain the key of ``grant``, whose lock the hand-out holds for us already."""
+        lock = AsyncLock(self._state, grant.key, self._lock_ttl, auto_renew=True)
+        # as if acquired ``lock_ttl`` before it expires: the renewals keep to that schedule
+        since = asyncio.get_running_loop().time() + grant.expires_in - self._lock_ttl
+        lock._hold_granted(grant.owner, grant.token, since)
+        try:
+            await self._drain(grant.key, lock, stopping, grant.entry)
+        except (StateUnavailableError, LockNotOwnedError) as exc:
+            logger.warning("asynclock: draining inbox %r stopped: %s", grant.key, exc)
+
+    async def _drain(
+        self, key: str, lock: AsyncLock, stopping: asyncio.Event, first: InboxEntry | None
+    ) -> None:
+        try:
             async with lock._holding():
                 if self._folding is not None:
                     await self._folding.drain(key, lock, stopping)
                 else:
-                    await self._drain_held(key, lock, stopping)
+                    await self._drain_held(key, lock, stopping, first)
         except LockLostError:
             logger.warning("asynclock: lost the lock of inbox %r; its entry is redelivered", key)
-        except (StateUnavailableError, LockNotOwnedError) as exc:
-            logger.warning("asynclock: draining inbox %r stopped: %s", key, exc)
 
-    async def _drain_held(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> None:
+    async def _drain_held(
+        self, key: str, lock: AsyncLock, stopping: asyncio.Event, entry: InboxEntry | None
+    ) -> None:
+        """Handle ``key``'s entries one at a time; ``entry``: the head, handed out already."""
         done: int | None = None
         dead: str | None = None
         failures = 0
         while True:
-            take = not stopping.is_set()
-            entry = await self._inbox.inbox_step(key, lock.owner, done=done, dead=dead, take=take)
             if entry is None:
-                lock._released_by_step()  # the step released it: the inbox was empty
-                return
-            if not take:
-                return  # stopping: leaving `async with` releases the lock, the entry stays
+                take = not stopping.is_set()
+                entry = await self._inbox.inbox_step(
+                    key, lock.owner, done=done, dead=dead, take=take
+                )
+                if entry is None:
+                    lock._released_by_step()  # the step released it: the inbox was empty
+                    return
+                if not take:
+                    return  # stopping: leaving `async with` releases the lock, the entry stays
             done, dead = await self._handle(key, lock, entry)
+            entry = None
             if done is None:
                 failures += 1
                 await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
@@ -245,12 +315,30 @@ class Drainer:
         return entry.id, None
 
 
-async def _first_of(*waits: Awaitable[object]) -> None:
-    """Wait until the first of ``waits`` is done; the others are cancelled."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
+async def _unless(work: Awaitable[T], stopping: asyncio.Event) -> T | None:
+    """``work``'s result, or ``None`` if ``stopping`` was set first (``work`` is cancelled).
+
+    A result that ``work`` produced anyway wins over the stop: a grant in hand is drained.
+    """
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stopping.wait())
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
+        stopped.cancel()
+        if not task.done():
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(task, stopped, return_exceptions=True)
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _after(before: asyncio.Task[None], drain: Coroutine[object, object, None]) -> None:
+    """Run ``drain`` once ``before`` (the key's previous drain here) has ended."""
+    try:
+        await asyncio.wait((before,))
+    except BaseException:
+        drain.close()
+        raise
+    await drain

@@ -696,6 +696,24 @@ class AsyncLock:
         else:  # the member, with nothing on the server: its one attempt found the key busy
             line.leave(ticket)
 
+    def _hold_granted(self, owner: str, token: int, since: float) -> None:
+        """Hold the lock the state handed to this task for ``owner`` at loop time ``since``
+        (the inbox's hand-out), as if this object had acquired it then.
+
+        ``async with lock._holding()`` follows: it renews the lock on the schedule that began at
+        ``since`` and releases it on exit (unless a step of the caller released it first).
+        """
+        if self._busy or self._placed or self._token is not None or self._granted:
+            raise RuntimeError(f"AsyncLock {self._key!r} is already held or being acquired")
+        line, ticket = line_for(self._state, self._key), Ticket(owner, self._ttl)
+        self._use_ticket(line, ticket)
+        if line.member is None:
+            line.hold(ticket, self._ttl, since)
+        else:  # an acquirer of this process contends at the server: the release wakes it
+            ticket.expires = since + self._ttl
+        self._won(line, ticket, token, handed=True)
+        self._held_since = since
+
     def _released_by_step(self) -> None:
         """The server released the lock in a step of the caller's (the inbox's release-if-empty).
 
@@ -712,7 +730,10 @@ class AsyncLock:
         line.leave(ticket)
 
     def _holding(self) -> _Holding:
-        """``async with`` for a lock acquired (or granted) already: renewal, then release."""
+        """``async with`` for a lock acquired (or granted) already: renewal, then release.
+
+        Renewal counts from the acquisition (:meth:`_hold_granted`: from the hand-out).
+        """
         self._check_held()
         return _Holding(self)
 
@@ -887,13 +908,22 @@ class AsyncLock:
         self._start_holding()
         return self
 
-    def _start_holding(self) -> None:
-        """The body begins: start renewing (``auto_renew``), able to cancel the body."""
+    def _start_holding(self, since: float | None = None) -> None:
+        """The body begins: start renewing (``auto_renew``), able to cancel the body.
+
+        ``since``: the loop time the lock's TTL started, when that was before now.
+        """
         if self._auto_renew and not self._granted:
             self._body = BodyCanceller()
             assert self._ticket is not None
             self._renewer = Renewer(
-                self._state, self._key, self._ticket, self._ttl, self._max_lifetime, self._on_lost
+                self._state,
+                self._key,
+                self._ticket,
+                self._ttl,
+                self._max_lifetime,
+                self._on_lost,
+                started=since,
             )
 
     def _on_lost(self, reason: str) -> None:
@@ -974,8 +1004,9 @@ class _Holding:
         self._lock = lock
 
     async def __aenter__(self) -> AsyncLock:
-        self._lock._start_holding()
-        return self._lock
+        lock = self._lock
+        lock._start_holding(lock._held_since)
+        return lock
 
     async def __aexit__(
         self,

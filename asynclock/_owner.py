@@ -78,6 +78,30 @@ def new_owner(task: asyncio.Task[object] | None = None) -> str:
 _recent: tuple[int, str, str] | None = None
 
 
+def new_handout_owner() -> str:
+    """A fresh owner id for a lock that a state hands out to a worker it does not know yet (the
+    inbox's hand-out on Redis): ``"inbox-handout:<random>"``; the worker that takes the grant
+    drains the key under this id."""
+    return f"inbox-handout:{_random_part()}"
+
+
 def new_process_id() -> str:
     """An id for one state instance in this process: ``"<host>:<pid>:<random>"``."""
     return f"{_prefix}:{secrets.token_hex(4)}"
+
+
+def owner_parts(owner: str) -> tuple[str, str]:
+    """``(host, pid)`` of an owner id ``"<host>:<pid>:<task>:<random>"``, for operators' tools.
+
+    Best effort: an id of another shape (a custom owner) comes back whole, with ``"?"`` as pid.
+
+    Example:
+        >>> owner_parts("vm:2932:7f160691bd00:9fb8e92294cb7c01")
+        ('vm', '2932')
+        >>> owner_parts("someone")
+        ('someone', '?')
+    """
+    parts = owner.rsplit(":", 3)
+    if len(parts) == 4:
+        return parts[0], parts[1]
+    return owner, "?"

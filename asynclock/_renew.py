@@ -60,15 +60,18 @@ class Renewer:
         self._on_lost = on_lost
         self._task: asyncio.Task[None] | None = None
         self._timer: Timer | None = None
-        if started is not None:  # held since then: the schedule counts from there, starting now
-            self._started = started
-            self._start()
-            return
-        self._started = asyncio.get_running_loop().time()
+        now = asyncio.get_running_loop().time()
+        #: held since then (``started``: the lock was taken before this renewer, e.g. handed
+        #: over by the state or by the lean path): the schedule counts from there
+        self._started = now if started is None else started
         # Lazy: nothing but a cheap timer exists until the first renewal (or the max_lifetime
         # cap) is due, so a body shorter than ttl/3 costs no task, which is nearly every one.
         first = ttl / 3 if max_lifetime is None else min(ttl / 3, max_lifetime)
-        self._timer = call_later(first, self._start)
+        delay = self._started + first - now
+        if delay <= 0:
+            self._start()
+        else:
+            self._timer = call_later(delay, self._start)
 
     def _start(self) -> None:
         self._timer = None

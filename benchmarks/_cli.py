@@ -14,11 +14,13 @@ from benchmarks import (
     _aiogram,
     _cluster,
     _contended,
+    _dashboard,
     _dedupe,
     _dispatcher,
     _growth,
     _held,
     _inbox,
+    _inbox_scale,
     _memory,
     _plots,
     _progress,
@@ -62,6 +64,8 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox-sql": _sql_inbox.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
+    "inbox-scale": _inbox_scale.run,
+    "dashboard": _dashboard.run,
     "aiogram": _aiogram.run,
 }
 #: scenarios that `all` leaves out: run them on their own (``aiogram``: its children import
@@ -76,6 +80,7 @@ NEEDS_REDIS = {
     "cluster",
     "inbox",
     "held",
+    "inbox-scale",
     "aiogram",
 }
 
@@ -112,6 +117,11 @@ python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy 
 python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
 python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
                                         # every backend and redis-py's Lock
+python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox with 1-16
+                                          # worker processes on every backend, beside
+                                          # procrastinate and a Redis Streams group
+python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
+                                        # each server (its own redis-server, database, user)
 python -m benchmarks aiogram --write    # ~2 min: EventIsolation vs aiogram's RedisEventIsolation,
                                         # a burst and a 70 s handler (--quick: the burst only);
                                         # not part of `all`
@@ -209,7 +219,7 @@ def _plots_only(args: argparse.Namespace) -> int:
 async def _amain(args: argparse.Namespace) -> int:
     if args.scenario == "plots":
         return _plots_only(args)
-    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds)
+    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds, write=args.write)
     names = (
         [n for n in SCENARIOS if n not in NOT_IN_ALL] if args.scenario == "all" else [args.scenario]
     )
@@ -273,9 +283,10 @@ async def _amain(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.write:
         path = Path(args.doc)
-        # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
-        # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["aiogram"])
+        # the sql, cluster, inbox, held, inbox-scale, dashboard and aiogram blocks carry their
+        # own environment (servers, drivers, commit): a run of one of them alone keeps the others'
+        own = ("sql", "cluster", "inbox", "held", "inbox-scale", "dashboard", "aiogram")
+        kept = len(names) == 1 and names[0] in own
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

@@ -35,6 +35,8 @@ class Config:
     url: str = DEFAULT_URL
     quick: bool = False
     rounds: int | None = None
+    #: ``--write``: a scenario that keeps a record of its own (``inbox-scale``) stores it
+    write: bool = False
     run_id: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     def rounds_or(self, default: int, quick: int) -> int:

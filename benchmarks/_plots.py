@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from benchmarks import _contended, _dedupe, _growth, _uncontended
+from benchmarks import _contended, _dedupe, _growth, _inbox_scale, _uncontended
 from benchmarks._env import REPO, log
 
 if TYPE_CHECKING:
@@ -333,6 +333,61 @@ def _draw_dedupe_rates(view: View, plt: Any) -> Any:
     return fig
 
 
+_SCALE_COLOR = {
+    "redis": "#d62728",
+    "redis-cluster": "#ff7f0e",
+    "postgres": "#1f77b4",
+    "mysql": "#2ca02c",
+    "procrastinate": PEER_COLOR,
+    "streams": "#000000",
+}
+
+
+def _draw_inbox_scale(view: View, plt: Any) -> Any:
+    """Per-event server work and events/s against workers, trickle and backlog, from the runs
+    stored by ``inbox-scale --write`` (its own file): the newest run solid, the one before it
+    dashed."""
+    runs = _inbox_scale.stored()
+    if not runs:
+        return None
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    for age, run in enumerate(reversed(runs[-2:])):
+        style = "-" if age == 0 else "--"
+        cells = _inbox_scale.cells_of(run)
+        for series in _inbox_scale.SERIES:
+            for row, mode in enumerate(("trickle", "backlog")):
+                mine = sorted(
+                    (c for c in cells if c.series == series and c.mode == mode),
+                    key=lambda c: c.workers,
+                )
+                if not mine:
+                    continue
+                xs = [c.workers for c in mine]
+                label = f"{_name(_inbox_scale.LABEL[series])} ({run['asynclock']})"
+                for col, values in enumerate(([c.cost for c in mine], [c.events_s for c in mine])):
+                    axes[row][col].plot(
+                        xs, values, style, marker="o", color=_SCALE_COLOR[series], label=label
+                    )
+    for row, mode in enumerate(("trickle", "backlog")):
+        for col, what in enumerate(("server work per event", "events/s")):
+            ax = axes[row][col]
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(_inbox_scale.WORKERS, [str(w) for w in _inbox_scale.WORKERS])
+            ax.set_xlabel("worker processes")
+            ax.set_ylabel(what + (" (log scale)" if col == 0 else ""))
+            if col == 0:
+                ax.set_yscale("log")
+            ax.set_title(f"{mode}: {what}", fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+    axes[0][1].legend(fontsize=6, loc="best")
+    fig.suptitle(
+        "Durable inbox against worker processes (Redis: requests, PostgreSQL: transactions, "
+        "MariaDB: statements; solid: newest run, dashed: the one before)",
+        fontsize=10,
+    )
+    return fig
+
+
 CHARTS: dict[str, tuple[str, Callable[[View, Any], Any]]] = {
     "uncontended.png": ("Uncontended pairs/s per variant", _draw_uncontended),
     "contended-handoff.png": ("Contended handoff p50/p99 per variant (log scale)", _draw_handoff),
@@ -344,11 +399,16 @@ CHARTS: dict[str, tuple[str, Callable[[View, Any], Any]]] = {
     "dispatcher.png": ("Dispatcher events/s", _draw_dispatch),
     "memory-growth.png": ("MemoryState memory growth over distinct keys", _draw_growth_curve),
     "dedupe.png": ("Deduper checks/s", _draw_dedupe_rates),
+    "inbox-scale.png": (
+        "Durable inbox: server work per event and events/s against workers",
+        _draw_inbox_scale,
+    ),
 }
 
 
-def render(view: View, out: Path = IMG) -> list[tuple[str, str]]:
-    """Write every chart that has data; returns (file name, caption) of those written."""
+def render(view: View, out: Path = IMG, only: str | None = None) -> list[tuple[str, str]]:
+    """Write every chart that has data (``only``: that one); returns (file name, caption) of
+    those written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -357,6 +417,8 @@ def render(view: View, out: Path = IMG) -> list[tuple[str, str]]:
     out.mkdir(parents=True, exist_ok=True)
     written: list[tuple[str, str]] = []
     for filename, (caption, draw) in CHARTS.items():
+        if only is not None and filename != only:
+            continue
         try:
             fig = draw(view, plt)
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)

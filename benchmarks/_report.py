@@ -171,6 +171,8 @@ _ORDER = (
     "inbox",
     "inbox-sql",
     "held",
+    "inbox-scale",
+    "dashboard",
     "aiogram",
 )
 _DEFAULT_NOTES = (

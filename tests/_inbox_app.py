@@ -8,6 +8,9 @@ counts such stale writes. The hash ``<prefix>inside`` counts each worker's runni
 so the test can kill a worker in the middle of one. ``INBOX_TEST_POLICY`` (default ``queue``)
 sets ``on_lock_conflict``: under ``latest`` a call writes one effect per event it covers (its
 ``ctx.skipped``, then the event), and ``INBOX_TEST_PAUSE`` (seconds) makes each call that long.
+``INBOX_TEST_GATE`` names a key of the effect store: while it reads ``closed``, every call waits
+(inside, counted in ``<prefix>inside``) before it writes its effect, so a test can keep workers
+busy until each of them has taken an event.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ return 1
 """
 
 
+#: tasks started by make_bot (kept referenced until the worker exits)
+_tasks: set[asyncio.Task[int]] = set()
+
+
 def make_bot() -> EventDispatcher:
     """The worker's dispatcher (``asynclock worker tests._inbox_app:make_bot``)."""
     prefix = os.environ["INBOX_TEST_PREFIX"]
@@ -46,7 +53,10 @@ def make_bot() -> EventDispatcher:
         lock_ttl=float(os.environ.get("INBOX_TEST_TTL", "1.0")),
     )
     pause = os.environ.get("INBOX_TEST_PAUSE")
+    gate = os.environ.get("INBOX_TEST_GATE")
     inside, pid = f"{prefix}inside", os.getpid()
+    # the worker handles SIGTERM from here on (``asynclock worker`` listens before it loads us)
+    _tasks.add(asyncio.get_running_loop().create_task(effects.sadd(f"{prefix}ready", str(pid))))
 
     @bot.on("*")
     async def handle(event: Event, ctx: HandlerContext) -> None:
@@ -54,6 +64,9 @@ def make_bot() -> EventDispatcher:
         # handler's end must not hide another that is still running
         await effects.hincrby(inside, str(pid), 1)
         try:
+            # the gate is a key another process opens: polled (the test bounds its own wait)
+            while gate is not None and await effects.get(gate) == b"closed":  # noqa: ASYNC110
+                await asyncio.sleep(0.002)
             await asyncio.sleep(float(pause) if pause else random.uniform(0.005, 0.03))
             keys = [f"{prefix}fx:{ctx.lock_key}", f"{prefix}fx-token:{ctx.lock_key}"]
             for covered in (*ctx.skipped, event):

@@ -122,8 +122,6 @@ INBOX_BACKENDS: tuple[Backend, ...] = (
 INBOX_STATES = [_param(b) for b in INBOX_BACKENDS]
 #: the inbox backends that several OS processes can share (``test_inbox_processes.py``)
 INBOX_SERVER_STATES = [_param(b) for b in INBOX_BACKENDS if b.server]
-#: the inbox backends whose watch is pushed by the accept itself (MySQL's workers poll instead)
-PUSH_INBOX_STATES = [_param(b) for b in INBOX_BACKENDS if b is not MYSQL]
 #: the SQL states' inbox (``test_inbox_sql.py``)
 SQL_INBOX_STATES = [_param(b) for b in INBOX_BACKENDS if b in (POSTGRES, POSTGRES_PGBOUNCER, MYSQL)]
 

@@ -6,6 +6,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from asynclock._owner import owner_parts
 from asynclock.state import state_from_url
 from asynclock.state._protocol import LockAdmin, LockInfo
 
@@ -51,19 +52,11 @@ async def unlock(state: State, key: str) -> LockInfo | None:
     return info
 
 
-def _split_owner(owner: str) -> tuple[str, str]:
-    """``(host, pid)`` of an owner id ``"<host>:<pid>:<task>:<random>"`` (best effort)."""
-    parts = owner.rsplit(":", 3)
-    if len(parts) == 4:
-        return parts[0], parts[1]
-    return owner, "?"
-
-
 def format_locks(infos: list[LockInfo], *, as_json: bool = False) -> str:
     """A table (or JSON lines) of ``infos``: key, host, pid, seconds left, token, owner."""
     rows = []
     for info in infos:
-        host, pid = _split_owner(info.owner)
+        host, pid = owner_parts(info.owner)
         rows.append(
             {
                 "key": info.key,
@@ -105,7 +98,7 @@ def print_locks(infos: list[LockInfo]) -> bool:
         return False
     table = Table("key", "host", "pid", "seconds left", "token", "owner", title="locks held")
     for info in infos:
-        host, pid = _split_owner(info.owner)
+        host, pid = owner_parts(info.owner)
         table.add_row(info.key, host, pid, f"{info.remaining:.3f}", str(info.token), info.owner)
     Console().print(table)
     return True

@@ -8,6 +8,8 @@ Subcommands:
   durable inbox's keys, oldest ages and dead letters (``inbox requeue KEY``).
 * ``locks``: the locks held now (key, owner host and pid, seconds left, token), as a table or
   JSON; ``unlock``: force-release one key after a confirmation (``--yes`` skips it), logged.
+* ``dashboard``: the web dashboard of the inbox, dead letters and locks (see
+  :mod:`asynclock.cli._dashboard`; needs ``asynclock[web]``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asynclock._errors import StateUnavailableError
+from asynclock._inbox import MAX_KEYS
 from asynclock.cli._admin import format_locks, held_locks, open_state, print_locks, unlock
 from asynclock.cli._demo import format_result, run_demo
 from asynclock.cli._worker import inbox_command, run_worker
@@ -120,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         "exits 0.",
     )
     worker.add_argument("target", metavar="MODULE:ATTR", help="e.g. examples.fastapi_bot:bot")
+    worker.add_argument(
+        "--max-keys",
+        type=int,
+        default=MAX_KEYS,
+        help=f"keys drained at once at most; more go to other workers (default {MAX_KEYS})",
+    )
     inbox = commands.add_parser(
         "inbox",
         help="keys with pending events, the oldest age, dead letters; requeue KEY",
@@ -132,7 +141,56 @@ def _parser() -> argparse.ArgumentParser:
     inbox.add_argument(
         "--prefix", metavar="PREFIX", default=None, help="the state's key prefix (asynclock:)"
     )
+    _dashboard_options(
+        commands.add_parser(
+            "dashboard",
+            help="a web page of the inbox, dead letters and locks, refreshed live",
+            description="Serves the web dashboard (asynclock.web.dashboard) with uvicorn: keys "
+            "with work, depth and lag, dead letters, locks held. Read-only and on 127.0.0.1 "
+            "unless told otherwise. Needs `pip install 'asynclock[web]'`.",
+        )
+    )
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {value}")
+    return value
+
+
+def _dashboard_options(sub: argparse.ArgumentParser) -> None:
+    """The options of ``asynclock dashboard``."""
+    sub.add_argument("--state", metavar="URL", required=True, help="e.g. redis://127.0.0.1:6379/0")
+    sub.add_argument(
+        "--prefix", metavar="PREFIX", default=None, help="the state's key prefix (asynclock:)"
+    )
+    sub.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)"
+    )
+    sub.add_argument("--port", type=_port, default=8765, help="port to listen on (8765)")
+    sub.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="offer requeue, discard and force-unlock (each confirmed in the page, logged)",
+    )
+    sub.add_argument(
+        "--refresh",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between two refreshes of an open page (2)",
+    )
+    sub.add_argument(
+        "--no-payloads",
+        dest="payloads",
+        action="store_false",
+        help="never show a dead letter's payload (by default one is shown when clicked for)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit_code(command, lambda: _admin_command(args))
     if command in ("worker", "inbox"):
         return _exit_code(command, lambda: _inbox_command(parser, args))
+    if command == "dashboard":
+        return _exit_code(command, lambda: _dashboard_command(args))
     return _exit_code(command, lambda: _demo_command(args))
 
 
@@ -249,10 +309,27 @@ def _admin_command(args: argparse.Namespace) -> int:
     return asyncio.run(release())
 
 
+def _dashboard_command(args: argparse.Namespace) -> int:
+    """``dashboard``: serve the web page until SIGINT/SIGTERM."""
+    from asynclock.cli._dashboard import serve_dashboard
+
+    return asyncio.run(
+        serve_dashboard(
+            args.state,
+            args.prefix,
+            host=args.host,
+            port=args.port,
+            allow_actions=args.allow_actions,
+            refresh=args.refresh,
+            payloads=args.payloads,
+        )
+    )
+
+
 def _inbox_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``worker`` and ``inbox``."""
     if args.command == "worker":
-        return asyncio.run(run_worker(args.target))
+        return asyncio.run(run_worker(args.target, max_keys=args.max_keys))
     action: list[str] = args.action
     if action and (action[0] != "requeue" or len(action) != 2):
         parser.error(f"inbox takes no argument or `requeue KEY`, got {' '.join(action)!r}")

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from asynclock._dispatch import EventDispatcher
+from asynclock._inbox import MAX_KEYS
 from asynclock.cli._admin import open_state
 from asynclock.state._protocol import InboxState
 
@@ -52,14 +53,17 @@ async def dispatcher_of(target: str) -> EventDispatcher:
     return found
 
 
-async def run_worker(target: str) -> int:
-    """Serve the dispatcher at ``target`` until SIGTERM/SIGINT, then close it."""
-    bot = await dispatcher_of(target)
+async def run_worker(target: str, *, max_keys: int = MAX_KEYS) -> int:
+    """Serve the dispatcher at ``target`` (``max_keys`` at once) until SIGTERM/SIGINT, then close
+    it."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    # before the user's module loads (it may take a while): a SIGTERM then still ends the worker
+    # cleanly, with nothing in hand
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, stop.set)
-    serving = asyncio.ensure_future(bot.serve())
+    bot = await dispatcher_of(target)
+    serving = asyncio.ensure_future(bot.serve(max_keys=max_keys))
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -315,6 +315,27 @@ class InboxAccepted(NamedTuple):
     pending: int
 
 
+class InboxGrant(NamedTuple):
+    """A key handed to one worker by :meth:`InboxWorker.next`: its lock is held for ``owner``.
+
+    The worker drains the key as ``owner`` (its steps are fenced by that owner, as after an
+    acquire) and renews the lock while it does; ``expires_in`` tells how long the lock surely
+    has left, so the first renewal comes in time.
+    """
+
+    key: str
+    #: the owner id the key's lock is held for (unique per hand-out, as an acquire's)
+    owner: str
+    #: the lock's fencing token (higher than every token issued for the key before)
+    token: int
+    #: seconds the lock had left when the worker got the grant (by the state's clock; a lower
+    #: bound: the worker renews it before then)
+    expires_in: float
+    #: the key's head entry, handed out with its attempt counted (``with_entry=True``), or
+    #: ``None``: the worker takes the key's entries itself (:meth:`InboxState.inbox_take`)
+    entry: InboxEntry | None = None
+
+
 class InboxKey(NamedTuple):
     """One key of :meth:`InboxState.inbox_keys`: its pending entries and dead letters."""
 
@@ -347,15 +368,31 @@ class InboxState(Protocol):
     """
 
     async def inbox_accept(
-        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+        self,
+        key: str,
+        payload: str,
+        *,
+        claim: str | None,
+        claim_ttl: float,
+        max_pending: int,
+        lock_ttl: float = 30.0,
+        with_entry: bool = True,
     ) -> InboxAccepted:
         """Append ``payload`` to ``key``'s inbox, atomically with its dedupe record.
 
         Atomic against every process: if ``claim`` is recorded (not expired) nothing is appended
         (``"duplicate"``); if ``max_pending`` entries are pending nothing is appended
         (``"full"``); else the entry is appended, ``claim`` is recorded for ``claim_ttl``
-        seconds, the key is marked as having work and inbox watchers are woken (unless the key's
-        lock is held: see :meth:`inbox_watch`). Returns once the server confirmed the write.
+        seconds and the key is marked as having work. Returns once the server confirmed the
+        write.
+
+        The hand-out: if nobody holds the key's lock, the key is handed to **one** worker
+        (:meth:`inbox_worker`), never to all of them. A backend may do it in the accept itself
+        (reserve the lock for ``lock_ttl`` seconds for a fresh owner and queue the grant, with
+        the head entry handed out when ``with_entry``) or wake one worker that then takes the
+        key. While the lock is held nobody is woken: the holder's next step, atomic with this
+        accept, takes the entry (or its release-if-empty came first, and this accept found the
+        key free).
         """
         ...
 
@@ -412,16 +449,26 @@ class InboxState(Protocol):
         ...
 
     async def inbox_ready(self) -> list[str]:
-        """The keys with pending entries, oldest first (for a worker that starts or rescans)."""
+        """The keys with pending entries whose lock nobody holds, oldest first.
+
+        The safety net of the hand-out (a worker that starts, or rescans every few seconds): it
+        finds the keys of a worker that died, and any key whose hand-out was lost. A backend may
+        list a held key too (its acquire then fails); it never leaves out a free one.
+        """
         ...
 
-    def inbox_watch(self) -> AbstractAsyncContextManager[Watch]:
-        """A watch woken whenever an entry is accepted, for any key.
+    def inbox_worker(
+        self, *, lock_ttl: float, with_entry: bool
+    ) -> AbstractAsyncContextManager[InboxWorker]:
+        """This process's place in the hand-out, for the life of one ``serve()``.
 
-        A backend may leave it asleep for an entry accepted while the key's lock is held: the
-        holder drains the key, and its next :meth:`inbox_step` (atomic with the accept) hands
-        the entry out, or a release-if-empty that came first left the lock free for this
-        accept to see. So only a key nobody drains wakes every worker to try its lock.
+        Keys with work and no holder are handed out by :meth:`inbox_accept` (and
+        :meth:`inbox_requeue`) to exactly one worker, which gets them from
+        :meth:`InboxWorker.next` with the lock already held for it (``lock_ttl`` seconds from
+        the hand-out; with ``with_entry`` the head entry comes along, handed out). The workers
+        and the accepts of one deployment pass the same ``lock_ttl`` and ``with_entry``.
+        A worker that dies holding grants loses nothing: their locks expire and the keys are
+        found again by the rescan (:meth:`inbox_ready`).
         """
         ...
 
@@ -435,6 +482,22 @@ class InboxState(Protocol):
 
     async def inbox_requeue(self, key: str) -> int:
         """Put ``key``'s dead letters back at the head of its inbox, in their order; how many."""
+        ...
+
+
+class InboxWorker(Protocol):
+    """One worker's side of the inbox's hand-out (:meth:`InboxState.inbox_worker`).
+
+    Invariant: a grant reaches one worker only, with the key's lock held for the grant's owner;
+    a worker that does not drain a grant it got leaves the key to the lock's expiry.
+    """
+
+    async def next(self, timeout: float) -> InboxGrant | None:
+        """The next key handed to this worker, waiting up to ``timeout`` seconds (``None``).
+
+        Cancelled while waiting, it may lose a grant on its way (the key is then found again by
+        a rescan once the lock expired); it never hands one out twice.
+        """
         ...
 
 

@@ -24,15 +24,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asynclock._errors import LockNotOwnedError
+from asynclock._owner import new_owner
 from asynclock._validate import check_key, check_limit, check_ttl
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._lines import Lines
+from asynclock.state._memory_handout import Handout, MemoryWorker
 from asynclock.state._protocol import (
     DeadLetter,
     Grant,
     InboxAccepted,
     InboxBatch,
     InboxEntry,
+    InboxGrant,
     InboxKey,
     LockInfo,
     Release,
@@ -119,8 +122,8 @@ class MemoryState(ClosesOnExit):
         "_clock",
         "_closed",
         "_dedupe",
+        "_handout",
         "_heap",
-        "_inbox_watchers",
         "_inboxes",
         "_lines",
         "_locks",
@@ -140,7 +143,8 @@ class MemoryState(ClosesOnExit):
         self._watchers: dict[str, set[EventWatch]] = {}
         #: the durable inbox (durable for this process's life only: it is memory)
         self._inboxes: dict[str, _Inbox] = {}
-        self._inbox_watchers: set[EventWatch] = set()
+        #: the inbox's hand-out: keys with work and no holder, and the workers waiting for one
+        self._handout = Handout()
         self._lines = Lines()  # FairState: the per-key lines of fair retries
         self._tokens = itertools.count(1)
         self._closed = False
@@ -601,9 +605,18 @@ class MemoryState(ClosesOnExit):
     # -- the inbox (InboxState) ----------------------------------------------------------------
 
     async def inbox_accept(
-        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+        self,
+        key: str,
+        payload: str,
+        *,
+        claim: str | None,
+        claim_ttl: float,
+        max_pending: int,
+        lock_ttl: float = 30.0,
+        with_entry: bool = True,
     ) -> InboxAccepted:
-        """See :meth:`asynclock.state.InboxState.inbox_accept` (kept in this process's memory)."""
+        """See :meth:`asynclock.state.InboxState.inbox_accept` (kept in this process's memory;
+        a key nobody holds is offered to one waiting worker, which takes it in one step)."""
         check_key(key)
         await asyncio.sleep(0)
         with self._mutex:
@@ -623,8 +636,8 @@ class MemoryState(ClosesOnExit):
                 inbox = self._inboxes[key] = _Inbox()
             inbox.entries.append(_Entry(inbox.next_id, 0, payload, now))
             inbox.next_id += 1
-            if self._live(key, now) is None:  # a holder's next step takes it (inbox_watch)
-                self._wake(self._inbox_watchers)
+            if self._live(key, now) is None:  # else the holder's next step takes the entry
+                self._handout.offer(key)
             return InboxAccepted("accepted", pending + 1)
 
     async def inbox_step(
@@ -714,20 +727,46 @@ class MemoryState(ClosesOnExit):
         """See :meth:`asynclock.state.InboxState.inbox_ready`."""
         await asyncio.sleep(0)
         with self._mutex:
-            waiting = [(b.entries[0].accepted_at, k) for k, b in self._inboxes.items() if b.entries]
+            now = self._clock()
+            waiting = [
+                (b.entries[0].accepted_at, k)
+                for k, b in self._inboxes.items()
+                if b.entries and self._live(k, now) is None
+            ]
         return [key for _, key in sorted(waiting)]
 
     @asynccontextmanager
-    async def inbox_watch(self) -> AsyncIterator[EventWatch]:
-        """See :meth:`asynclock.state.InboxState.inbox_watch`."""
-        watch = EventWatch(asyncio.get_running_loop())
-        with self._mutex:
-            self._inbox_watchers.add(watch)
+    async def inbox_worker(
+        self, *, lock_ttl: float, with_entry: bool
+    ) -> AsyncIterator[MemoryWorker]:
+        """See :meth:`asynclock.state.InboxState.inbox_worker` (``_memory_handout.py``)."""
+        check_ttl(lock_ttl, "lock_ttl")
+        worker = MemoryWorker(
+            self._handout, self._mutex, lambda: self._hand_out(lock_ttl, with_entry)
+        )
         try:
-            yield watch
+            yield worker
         finally:
-            with self._mutex:
-                self._inbox_watchers.discard(watch)
+            worker.close()
+
+    def _hand_out(self, lock_ttl: float, with_entry: bool) -> InboxGrant | None:
+        """Take the oldest offered key that still has work and no holder: its lock for a fresh
+        owner, and its head handed out with ``with_entry`` (call with the mutex held)."""
+        now = self._clock()
+        while (key := self._handout.pop()) is not None:
+            inbox = self._inboxes.get(key)
+            if inbox is None or not inbox.entries or self._live(key, now) is not None:
+                continue  # drained meanwhile, or taken by a rescan: nothing to hand out
+            owner = new_owner()
+            token = self._grant(key, owner, now + lock_ttl)
+            entry = None
+            if with_entry:
+                head = inbox.entries[0]
+                head.attempts += 1
+                age = now - head.accepted_at
+                entry = InboxEntry(head.id, head.attempts, head.payload, age, len(inbox.entries))
+            return InboxGrant(key, owner, token, lock_ttl, entry)
+        return None
 
     async def inbox_keys(self) -> list[InboxKey]:
         """See :meth:`asynclock.state.InboxState.inbox_keys`."""
@@ -762,7 +801,8 @@ class MemoryState(ClosesOnExit):
             moved = [_Entry(d.id, 0, d.payload, now) for d in inbox.dead]
             inbox.entries.extendleft(reversed(moved))
             inbox.dead.clear()
-            self._wake(self._inbox_watchers)
+            if self._live(key, now) is None:
+                self._handout.offer(key)
             return len(moved)
 
     def size(self) -> tuple[int, int]:

@@ -29,6 +29,8 @@ from tests.conftest import new_namespace
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
+    from asynclock.state._protocol import InboxGrant
+
 pytestmark = pytest.mark.redis
 
 SCRIPTS = resources.files("asynclock.state.redis")
@@ -59,6 +61,11 @@ class Inbox:
         assert node is not None
         return str(node.name)
 
+    def master_address(self, name: str) -> tuple[str, int]:
+        node = self.raw.get_node_from_key(name)
+        assert node is not None
+        return str(node.host), int(node.port)
+
     async def accept(self, key: str, n: int = 0, *, max_pending: int = 100) -> str:
         reply = await self.state.inbox_accept(
             key, f'{{"n": {n}}}', claim=None, claim_ttl=60.0, max_pending=max_pending
@@ -68,7 +75,12 @@ class Inbox:
     async def drain(self, key: str, *, dead: str | None = None) -> None:
         """Take every entry of ``key`` as its lock holder (dead-lettering them with ``dead``)."""
         owner = "test-drainer"
-        assert (await self.state.acquire(key, owner, 10.0)).token is not None
+        if (await self.state.acquire(key, owner, 10.0)).token is None:
+            # the accept handed the key out (its lock reserved for a grant on the lane): drain it
+            # as the worker that takes the grant would
+            holder = await self.state.inspect(key)
+            assert holder is not None
+            owner = holder.owner
         entry = await self.state.inbox_step(key, owner)
         while entry is not None:
             entry = await self.state.inbox_step(key, owner, done=entry.id, dead=dead)
@@ -96,7 +108,7 @@ def test_every_slot_has_a_tag_that_hashes_to_it() -> None:
 async def test_the_keys_with_work_spread_over_slots_and_masters(inbox: Inbox) -> None:
     keys = [f"slack:C1:T{n}" for n in range(300)]
     await asyncio.gather(*(inbox.accept(key) for key in keys))
-    assert sorted(await inbox.state.inbox_ready()) == sorted(keys)
+    assert sorted(await inbox.index.keys()) == sorted(keys)
     # each key joined the set of its own lock's slot, and each set holds only a few keys
     sets = Counter(inbox.state._ready.ready_key(inbox.state.lock_key(key)) for key in keys)
     for name, members in sets.items():
@@ -114,8 +126,11 @@ async def test_the_keys_with_work_spread_over_slots_and_masters(inbox: Inbox) ->
         listed |= {int(slot) for slot in await reply(inbox.raw.hkeys(shard))}
     assert listed == {inbox.slot(key) for key in keys}
     assert len({inbox.master_of(shard) for shard in inbox.index.directory}) == 3
-    # none of it is taken for a lock by the operators' listing
-    assert [info async for info in inbox.state.held_locks()] == []
+    # none of it is taken for a lock by the operators' listing: the locks it shows are the
+    # keys' own, each reserved for the grant its first accept handed out
+    held = [info async for info in inbox.state.held_locks()]
+    assert sorted(info.key for info in held) == sorted(keys)
+    assert all(info.owner.startswith("inbox-handout:") for info in held)
 
 
 async def test_a_slot_is_listed_once_and_pruned_only_when_empty(inbox: Inbox) -> None:
@@ -129,14 +144,14 @@ async def test_a_slot_is_listed_once_and_pruned_only_when_empty(inbox: Inbox) ->
     assert await inbox.index.prune({inbox.slot(key)}) == 0  # it has work: it stays
     assert await inbox.listed(key) == first
     await inbox.drain(key)
-    assert await inbox.state.inbox_ready() == []
+    assert await inbox.index.keys() == []
     assert await inbox.index.prune({inbox.slot(key)}) == 1
     assert await inbox.listed(key) is None
     # the next accept lists the slot again, under a new generation, and a rescan finds the key
     assert await inbox.accept(key, 3) == "accepted"
     again = await inbox.listed(key)
     assert again not in (None, first)
-    assert await inbox.state.inbox_ready() == [key]
+    assert await inbox.index.keys() == [key]
 
 
 async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
@@ -163,7 +178,7 @@ async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
     forgotten = await reply(inbox.raw.eval(forget, 1, shard, str(inbox.slot(key)), taken))
     assert int(forgotten) == 0
     assert await inbox.listed(key) not in (None, taken)
-    assert await inbox.state.inbox_ready() == [key]
+    assert await inbox.index.keys() == [key]
 
 
 async def test_requeue_on_a_pruned_slot_lists_it_again_and_the_cli_shows_it(inbox: Inbox) -> None:
@@ -178,7 +193,7 @@ async def test_requeue_on_a_pruned_slot_lists_it_again_and_the_cli_shows_it(inbo
     assert "1" in listing.split(key, 1)[1].splitlines()[0]  # its one dead letter
     assert await _run(*command, "requeue", key) == f"requeued 1 dead letter(s) of {key!r}\n"
     assert await inbox.listed(key) is not None
-    assert await inbox.state.inbox_ready() == [key]
+    assert await inbox.index.keys() == [key]
     [info] = await inbox.state.inbox_keys()
     assert (info.key, info.pending, info.dead) == (key, 1, 0)
 
@@ -205,29 +220,57 @@ async def test_a_claim_outside_the_keys_slot_still_dedupes(inbox: Inbox) -> None
     assert await accept(claims[1]) == "accepted"
 
 
-async def test_the_wake_up_subscription_comes_back_after_its_connection_is_killed(
+async def test_a_worker_waits_on_every_masters_lane_and_comes_back_after_a_kill(
     inbox: Inbox,
 ) -> None:
-    # Only this state's own subscriber connection is killed (the cluster is shared): by the
-    # client address it has on the master it subscribed on.
-    async with inbox.state.inbox_watch() as watch:
-        subscriber = inbox.index.wake_subscriber()
-        conn, address = subscriber._conn, inbox.index._subscribed_at
-        assert conn is not None
-        assert address is not None
-        host, port = conn._writer.get_extra_info("sockname")[:2]  # type: ignore[union-attr]
-        watch.reset()
-        master = node_client(*address)
+    # One lane per master, each in a slot that master serves; a grant for a key of any master
+    # reaches the worker, also after the connection it waits on was killed (only this worker's
+    # own connection: by the client address it has on that master).
+    await inbox.raw.initialize()
+    async with inbox.state.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
+        lanes = await inbox.index.lanes()
+        assert len(lanes) == len({inbox.master_of(lane) for lane in lanes}) == 3
+        keys = _one_key_per_master(inbox)
+        for key in keys:
+            assert await inbox.accept(key) == "accepted"
+        got = {(await _grant(worker)).key for _ in keys}
+        assert got == set(keys)
+        lane = lanes[0]
+        await _eventually(lambda: lane in worker._connections)
+        conn = worker._connections[lane]
+        writer = conn._writer
+        assert writer is not None
+        host, port = writer.get_extra_info("sockname")[:2]
+        master = node_client(*inbox.master_address(lane))
         try:
             assert await master.client_kill(f"{host}:{port}")
         finally:
             await master.aclose()
-        # the subscriber reconnects, subscribes again, and wakes its watchers to rescan
-        assert await watch.wait(5.0)
-        await _eventually(lambda: subscriber._conn not in (None, conn))
-        watch.reset()
-        assert await inbox.accept("slack:C1:after-kill") == "accepted"
-        assert await watch.wait(5.0)  # an accept on any master is heard again
+        await _eventually(lambda: worker._connections.get(lane) not in (None, conn))
+        lane_master = inbox.master_of(lane)
+        again = next(
+            k
+            for k in _one_key_per_master(inbox, "again")
+            if inbox.master_of(inbox.state.lock_key(k)) == lane_master
+        )
+        assert await inbox.accept(again) == "accepted"
+        assert (await _grant(worker)).key == again
+
+
+async def _grant(worker: object) -> InboxGrant:
+    grant = await worker.next(5.0)  # type: ignore[attr-defined]
+    assert grant is not None, "no grant within 5 s"
+    return grant  # type: ignore[no-any-return]
+
+
+def _one_key_per_master(inbox: Inbox, tag: str = "k") -> list[str]:
+    found: dict[str, str] = {}
+    n = 0
+    while len(found) < 3:
+        key = f"slack:C1:{tag}{n}"
+        found.setdefault(inbox.master_of(inbox.state.lock_key(key)), key)
+        n += 1
+    return list(found.values())
 
 
 async def _eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
@@ -249,7 +292,7 @@ async def test_an_unreachable_cluster_is_unavailable_to_the_inbox() -> None:
         with pytest.raises(StateUnavailableError):
             await state.inbox_requeue("k")
         with pytest.raises(StateUnavailableError):
-            async with state.inbox_watch():
+            async with state.inbox_worker(lock_ttl=5.0, with_entry=True):
                 pass
 
 

@@ -8,7 +8,9 @@ here; ``test_inbox_processes.py`` does it with real processes and ``kill -9``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -26,9 +28,10 @@ from asynclock import (
     Outcome,
     state_from_url,
 )
+from asynclock._inbox import encode
 from asynclock.state._protocol import InboxState
 from tests._helpers import LocksOnly
-from tests._matrix import INBOX_STATES, PUSH_INBOX_STATES, Backend, purge_namespace, require
+from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -140,7 +143,6 @@ class TestAccept:
         assert await bot.accept(ev(2)) is Outcome.ACCEPTED
         assert recorder.calls == []
         assert isinstance(state, InboxState)
-        assert await state.inbox_ready() == ["slack:C1:T1"]
         [info] = await state.inbox_keys()
         assert (info.key, info.pending, info.dead) == ("slack:C1:T1", 2, 0)
         assert bot.stats[Outcome.ACCEPTED] == 2
@@ -295,31 +297,95 @@ class TestServe:
         await stop(worker, task)
 
 
-@pytest.mark.parametrize("space", PUSH_INBOX_STATES, indirect=True)
-class TestWakeUps:
-    """Who an accept wakes: the workers, unless the key's lock is held (its holder drains it)."""
+class TestHandOut:
+    """Who gets a key: one worker, with its lock held for it, unless the lock is held already
+    (its holder drains it)."""
 
-    # how long an absent wake-up is waited for: a pushed one takes about a millisecond here
+    # how long an absent hand-out is waited for: a pushed one takes about a millisecond here
     QUIET = 0.3
 
-    async def test_an_accept_for_a_held_key_wakes_no_worker(self, space: Namespace) -> None:
+    async def test_an_accept_for_a_held_key_hands_nothing_out(self, space: Namespace) -> None:
         state, worker = space.open(), space.open()  # the worker: another process's client
         assert isinstance(worker, InboxState)
         bot = bot_on(state, Recorder())
         try:
-            async with worker.inbox_watch() as watch:
+            async with worker.inbox_worker(lock_ttl=5.0, with_entry=True) as handout:
                 async with AsyncLock(state, "slack:C1:T1", 5.0):  # as a drainer holds it
-                    watch.reset()
                     assert await bot.accept(ev(1)) is Outcome.ACCEPTED
-                    assert not await watch.wait(self.QUIET), "woken for a held key"
-                watch.reset()
+                    assert await handout.next(self.QUIET) is None, "handed a held key"
                 assert await bot.accept(ev(2, thread="T2")) is Outcome.ACCEPTED
-                assert await watch.wait(SOON), "not woken for a key nobody holds"
+                # T1 has work and nobody holds it any more: a backend may hand it out too (MySQL's
+                # ear looks for such keys whenever it waits again)
+                grant = await handout.next(SOON)
+                while grant is not None and grant.key == "slack:C1:T1":
+                    grant = await handout.next(SOON)
+                assert grant is not None, "a key nobody holds was not handed out"
+                assert grant.key == "slack:C1:T2"
+                assert grant.entry is not None
+                assert grant.entry.attempt == 1
+                assert json.loads(grant.entry.payload)["message_id"] == "m2"
+                info = await state.inspect("slack:C1:T2")  # the lock is held for the grant
+                assert info is not None
+                assert (info.owner, info.token) == (grant.owner, grant.token)
             # the entry accepted under the held lock is there for whoever takes the key next
-            assert sorted(await worker.inbox_ready()) == ["slack:C1:T1", "slack:C1:T2"]
+            keys = await worker.inbox_keys()
+            assert sorted((k.key, k.pending) for k in keys) == [
+                ("slack:C1:T1", 1),
+                ("slack:C1:T2", 1),
+            ]
         finally:
             await bot.aclose()
             await close_all(state, worker)
+
+    async def test_a_backlog_older_than_the_lock_ttl_is_drained_once_in_order(
+        self, space: Namespace
+    ) -> None:
+        # No worker ran while the events were accepted, for longer than the lock's TTL: a
+        # hand-out made then (on Redis, a reservation and a grant queued on the lane) has run
+        # out. A worker that starts later still handles each event once, per key in accept
+        # order, as its first delivery.
+        producer = EventDispatcher(space.open(), on_lock_conflict="queue", lock_ttl=0.5)
+        for n in range(9):
+            assert await producer.accept(ev(n, thread=f"T{n % 3}")) is Outcome.ACCEPTED
+        await asyncio.sleep(0.6)  # the reservations' TTL runs out: time passing, not a race
+        recorder = Recorder()
+        worker = bot_on(space.open(), recorder)  # its own lock_ttl: it renews what it is handed
+        task = await serving(worker)
+        try:
+            await until(lambda: len(recorder.calls) == 9, "the backlog handled")
+        finally:
+            await stop(worker, task)
+            await producer.aclose()
+        assert sorted(m or "" for _, m, _ in recorder.calls) == [f"m{n}" for n in range(9)]
+        for t in range(3):
+            assert recorder.per_key[f"slack:C1:T{t}"] == [f"m{n}" for n in range(t, 9, 3)]
+        assert {attempt for _, _, attempt in recorder.calls} == {1}
+        assert recorder.overlaps == 0
+
+    async def test_a_key_reaches_one_worker_not_all(self, space: Namespace) -> None:
+        state = space.open()
+        workers = [space.open() for _ in range(3)]
+        bot = bot_on(state, Recorder())
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                handouts = [
+                    await stack.enter_async_context(
+                        w.inbox_worker(lock_ttl=5.0, with_entry=True)  # type: ignore[attr-defined]
+                    )
+                    for w in workers
+                ]
+                waits = [asyncio.ensure_future(h.next(SOON)) for h in handouts]
+                await asyncio.sleep(0.05)  # every worker waits for work (it would anyway)
+                assert await bot.accept(ev(1)) is Outcome.ACCEPTED
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=self.QUIET)  # a second hand-out, if any
+                grants = [w.result() for w in waits if w.done()]
+                for wait in waits:
+                    wait.cancel()
+                assert [g.key for g in grants if g is not None] == ["slack:C1:T1"]
+        finally:
+            await bot.aclose()
+            await close_all(state, *workers)
 
     async def test_the_holders_next_step_takes_what_was_accepted(self, space: Namespace) -> None:
         # a worker draining a key hears of nothing new, yet hands out each entry in turn
@@ -402,25 +468,39 @@ class TestFailures:
 
     async def test_a_stale_drainer_cannot_ack(self, state: State) -> None:
         # Fenced by the lock: a step by an owner that does not hold the key changes nothing.
-        from asynclock import AsyncLock, LockNotOwnedError
+        from asynclock import LockNotOwnedError
 
-        bot = bot_on(state, Recorder())
-        await bot.accept(ev(1))
         assert isinstance(state, InboxState)
         with pytest.raises(LockNotOwnedError):
             await state.inbox_step("slack:C1:T1", "someone", done=1)
-        lock = AsyncLock(state, "slack:C1:T1", ttl=5.0)
-        await lock.acquire()
-        entry = await state.inbox_step("slack:C1:T1", lock.owner)
+        owner = await taken(state, "slack:C1:T1", ev(1))
+        entry = await state.inbox_step("slack:C1:T1", owner)
         assert entry is not None
         assert entry.attempt == 1
         with pytest.raises(LockNotOwnedError):
             await state.inbox_step("slack:C1:T1", "someone", done=entry.id)
-        again = await state.inbox_step("slack:C1:T1", lock.owner)  # not acked: same entry
+        again = await state.inbox_step("slack:C1:T1", owner)  # not acked: same entry
         assert again is not None
         assert (again.id, again.attempt) == (entry.id, 2)
-        assert await state.inbox_step("slack:C1:T1", lock.owner, done=entry.id) is None
+        assert await state.inbox_step("slack:C1:T1", owner, done=entry.id) is None
         assert await state.inspect("slack:C1:T1") is None  # released with the last step
+
+
+async def taken(state: State, key: str, *events: Event) -> str:
+    """Accept ``events`` and take ``key`` as a worker does (its lock held, no entry handed out
+    with it); the owner the lock is held for."""
+    assert isinstance(state, InboxState)
+    for event in events:
+        accepted = await state.inbox_accept(
+            key, encode(event), claim=None, claim_ttl=60.0, max_pending=100, with_entry=False
+        )
+        assert accepted.status == "accepted"
+    async with state.inbox_worker(lock_ttl=5.0, with_entry=False) as worker:
+        grant = await worker.next(SOON)
+    assert grant is not None
+    assert grant.key == key
+    assert grant.entry is None
+    return grant.owner
 
 
 class Folds:
@@ -581,35 +661,31 @@ class TestTake:
     """The batch step of the protocol (``InboxState.inbox_take``), below the dispatcher."""
 
     async def test_fenced_counted_and_released_when_empty(self, state: State) -> None:
-        from asynclock import AsyncLock, LockNotOwnedError
+        from asynclock import LockNotOwnedError
 
-        bot = bot_on(state, Recorder())
-        for n in range(3):
-            await bot.accept(ev(n))
         assert isinstance(state, InboxState)
         key = "slack:C1:T1"
         with pytest.raises(LockNotOwnedError):
             await state.inbox_take(key, "someone", limit=5)
-        lock = AsyncLock(state, key, ttl=5.0)
-        await lock.acquire()
+        owner = await taken(state, key, ev(0), ev(1), ev(2))
         with pytest.raises(ValueError, match="-1"):
-            await state.inbox_take(key, lock.owner, limit=-1)
-        looked = await state.inbox_take(key, lock.owner, limit=0)
+            await state.inbox_take(key, owner, limit=-1)
+        looked = await state.inbox_take(key, owner, limit=0)
         assert looked is not None
         assert (looked.entries, looked.pending) == ((), 3)
         assert 0.0 <= looked.quiet < SOON
-        first = await state.inbox_take(key, lock.owner, limit=2)
+        first = await state.inbox_take(key, owner, limit=2)
         assert first is not None
         assert [(e.id, e.attempt, e.pending) for e in first.entries] == [(1, 1, 3), (2, 1, 3)]
-        again = await state.inbox_take(key, lock.owner, done=[1], limit=5)
+        again = await state.inbox_take(key, owner, done=[1], limit=5)
         assert again is not None
         assert [(e.id, e.attempt) for e in again.entries] == [(2, 2), (3, 1)]
         with pytest.raises(LockNotOwnedError):  # a stale drainer cannot ack
             await state.inbox_take(key, "someone", done=[2, 3], limit=0)
-        dead = await state.inbox_take(key, lock.owner, done=[2], dead="Boom: no", limit=0)
+        dead = await state.inbox_take(key, owner, done=[2], dead="Boom: no", limit=0)
         assert dead is not None
         assert dead.pending == 1
-        assert await state.inbox_take(key, lock.owner, done=[3, 99], limit=5) is None
+        assert await state.inbox_take(key, owner, done=[3, 99], limit=5) is None
         assert await state.inspect(key) is None  # released in the same step
         assert await state.inbox_ready() == []
         [letter] = await state.inbox_dead_letters(key)
@@ -677,7 +753,12 @@ class TestInboxMetrics:
             await stop(bot, task)
         finally:
             set_metrics(previous)
-        assert [(k, p) for k, p, _ in both.entries] == [("slack:C1:T1", n) for n in (3, 2, 1)]
+        assert [k for k, _, _ in both.entries] == ["slack:C1:T1"] * 3
+        # the first entry may have been handed out by the first accept (pending 1 then), the
+        # others are taken by the drain's steps
+        first, *rest = [p for _, p, _ in both.entries]
+        assert 1 <= first <= 3
+        assert rest == [2, 1]
         assert all(age >= 0 for _, _, age in both.entries)
         assert both.dead == ["slack:C1:T1"]
         assert (

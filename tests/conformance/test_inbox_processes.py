@@ -107,6 +107,16 @@ class Fleet:
         pids = {int(pid) for pid, count in running.items() if int(count) > 0}
         return next((w.pid for w in self.workers if w.pid in pids and w.poll() is None), None)
 
+    async def ready(self, within: float = 30.0) -> None:
+        """Wait until every worker still running listens for SIGTERM (``_inbox_app.py``)."""
+        deadline = time.monotonic() + within
+        while True:
+            marked = {int(pid) for pid in await self.effects.smembers(f"{self.prefix}ready")}
+            if all(w.pid in marked for w in self.workers if w.poll() is None):
+                return
+            assert time.monotonic() < deadline, f"workers not ready after {within} s"
+            await asyncio.sleep(0.01)
+
     def stop(self) -> list[int]:
         codes = []
         for worker in self.workers:
@@ -207,6 +217,7 @@ async def test_three_workers_a_kill_9_mid_handler_and_a_new_one(fleet: Fleet) ->
     found = await fleet.wait_all(EVENTS)
     doubles = check_history(found, events)
     assert int(await fleet.effects.get(f"{fleet.prefix}stale") or 0) == 0
+    await fleet.ready()
     codes = fleet.stop()
     assert sorted(codes) == [-signal.SIGKILL, 0, 0, 0], codes
     # only entries the killed worker had in hand (at most one per key it was draining) ran twice
@@ -252,6 +263,7 @@ async def test_accepted_then_the_only_process_killed_a_fresh_worker_handles_all(
     events = [event(n % KEYS, n // KEYS) for n in range(50)]
     found = await fleet.wait_all(50)
     assert check_history(found, events) == 0
+    await fleet.ready()
     assert fleet.stop() == [0]
 
 
@@ -279,6 +291,7 @@ async def test_latest_a_kill_9_mid_batch_redelivers_the_whole_batch(fleet: Fleet
         if {m for m, a, _ in effects if a == 2} == {m for m, _, _ in effects}
     ]
     assert redelivered, f"no batch was redelivered whole: {found}"
+    await fleet.ready()
     assert fleet.stop() == [-signal.SIGKILL, 0]
     state = state_from_url(fleet.backend.url, prefix=fleet.prefix)
     try:

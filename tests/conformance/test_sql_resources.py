@@ -29,29 +29,50 @@ QUERIES = {
     "inbox_ready",
     "inbox_keys",
     "inbox_dead_letters",
+    "inbox_claim",
+    "inbox_worker_seen",
+    "inbox_worker_gone",
 }
 #: statements only one backend has (PostgreSQL's claims carry their owner: ClaimingState)
-OWN_QUERIES = {"asynclock.state.postgres": {"forget_claimed"}, "asynclock.state.mysql": set()}
+OWN_QUERIES = {
+    "asynclock.state.postgres": {"forget_claimed"},
+    # MySQL's inbox workers wait in a statement of their own (the ear, killed by the hand-out)
+    "asynclock.state.mysql": {"inbox_ear"},
+}
 #: the tables schema.sql creates, and its versioned routines (functions or procedures), in order
-TABLES = ("locks", "dedupe", "inboxes", "inbox_entries")
+TABLES = ("locks", "dedupe", "inboxes", "inbox_entries", "inbox_workers")
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
-    # the workers only for a key nobody holds, and v2 (older releases call it) is v3 waking always
+    # the workers only for a key nobody holds, and v2 (older releases call it) is v3 waking always;
+    # v4 (and requeue v2) wake one worker, which claims the key (the hand-out, #24); the earlier
+    # versions stay for workers of older releases, their bodies shared with the newer ones
     "asynclock.state.postgres": (
         *_SHARED_ROUTINES,
+        "inbox_append_v1",
         "inbox_accept_v3",
         "inbox_accept_v2",
         "inbox_step_v2",
+        "inbox_requeue_rows_v1",
         "inbox_requeue_v1",
         "inbox_take_v2",
+        "inbox_wake_one_v1",
+        "inbox_accept_v4",
+        "inbox_claim_v1",
+        "inbox_requeue_v2",
     ),
     "asynclock.state.mysql": (
         *_SHARED_ROUTINES,
+        "inbox_append_v1",
         "inbox_accept_v1",
         "inbox_step_v2",
+        "inbox_requeue_rows_v1",
         "inbox_requeue_v1",
         "inbox_take_v2",
+        "inbox_wake_one_v1",
+        "inbox_accept_v2",
+        "inbox_requeue_v2",
+        "inbox_claim_v1",
     ),
 }
 

@@ -28,6 +28,8 @@ SCRIPTS = {
     "_inbox_take.lua",
     "inbox_requeue.lua",
     "_listed.lua",
+    "_handout.lua",
+    "inbox_adopt.lua",
     "inbox_unlist.lua",
     "inbox_forget_slot.lua",
     "_fair_open.lua",
@@ -81,3 +83,5 @@ def test_the_wheel_contains_the_scripts_and_py_typed(tmp_path: Path) -> None:
     for name in SCRIPTS:
         assert f"asynclock/state/redis/{name}" in names
     assert "asynclock/py.typed" in names
+    for name in ("dashboard.js", "dashboard.css"):  # the dashboard's page (asynclock.web)
+        assert f"asynclock/web/static/{name}" in names

@@ -15,13 +15,13 @@ dedicated connection (its ear), then re-checks the key. A release wakes the wait
 state at once. Where the push path does not reach (the ear waits for another key, a connection
 is down, the holder does not ring), a waiter re-checks after a bounded back-off (5 ms, doubling
 up to 100 ms, never past the holder's remaining TTL): see :class:`PollingWatch`. The durable
-inbox's watchers poll that way: an accept wakes the workers of the same state at once, a worker
-of another process rescans the keys with work (one indexed read) after the same back-off, which
-a rescan that found work restarts at 5 ms.
+inbox's hand-out reaches other processes another way: each serving worker's own ear waits in a
+``SLEEP`` that an accept for a free key interrupts with ``KILL QUERY`` (``_ear.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -34,6 +34,7 @@ from asynclock._validate import check_seconds
 from asynclock.state._pool import ConnectionPool
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
+from asynclock.state.mysql._ear import InboxEar
 from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
 from asynclock.state.sql._inbox import SQLInboxState
 from asynclock.state.sql._options import (
@@ -44,10 +45,11 @@ from asynclock.state.sql._options import (
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 
     from typing_extensions import Unpack
 
+    from asynclock.state.sql._handout import HintWatch
     from asynclock.state.sql._options import SQLOptions
     from asynclock.state.sql._queries import Query
 
@@ -105,9 +107,9 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
       connection is discarded, never reused.
     * A waiter in another process is woken by the holder's bell (a named lock freed after the
       release) once the key is contended (see :meth:`acquire`); where that does not reach, it
-      polls with a bounded back-off (:class:`PollingWatch`). The inbox workers of other
-      processes poll. Neither ever blocks a pooled connection: the bell and the ear are two
-      connections of their own, opened on first use.
+      polls with a bounded back-off (:class:`PollingWatch`). An inbox worker is woken by the
+      ``KILL QUERY`` of its own ear's ``SLEEP``. None of them ever blocks a pooled connection:
+      the bell, the ear and each inbox worker's ear are connections of their own.
     * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
       running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`).
 
@@ -144,6 +146,8 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
             connect, _discard, _close, check_max_connections(max_connections), alive=_alive
         )
         super().__init__(pool, where=where, **options)
+        #: opens a connection outside the pool (the wake-up bell and ear, each inbox worker's ear)
+        self._connect_dedicated = connect
         # two connections of its own, outside the pool: nothing a waiter blocks on is pooled
         self._wake_channel = WakeChannel(
             connect, table_prefix=self._table_prefix, op_timeout=self._op_timeout
@@ -307,15 +311,29 @@ class MySQLState(SQLInboxState[_Connection, str, _Result]):
     def _rows(self, answer: _Result) -> Sequence[Sequence[object]]:
         return answer[2]
 
-    def _inbox_found_work(self) -> None:
-        # work is flowing: the next accept of another process is likely soon, so the inbox
-        # watchers poll closely again (5 ms, doubling back to 100 ms while nothing comes)
-        for watch in self._inbox_watches:
-            if isinstance(watch, PollingWatch):
-                watch.hurry()
+    @contextlib.asynccontextmanager
+    async def _wake_ups(self, worker: str, channel: str) -> AsyncIterator[HintWatch]:
+        """See :meth:`SQLInboxState._wake_ups`: the worker's ear (``_ear.py``), a connection of
+        its own that an accept's ``KILL QUERY`` interrupts; its id is what the row names."""
+        if not self._schema_ready:
+            await self._ensure_schema()
+        ear = InboxEar(
+            self._connect_dedicated,
+            self._statements["inbox_ear"],
+            space=self._space.hex(),
+            op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,
+        )
+        async with self._guard():
+            watch = await ear.start()
+        self._worker_watches[worker] = watch
+        try:
+            yield watch
+        finally:
+            self._worker_watches.pop(worker, None)
+            await ear.aclose()
 
     def _new_watch(self, loop: asyncio.AbstractEventLoop) -> PollingWatch:
-        return PollingWatch(loop)  # the inbox's: accepts of other processes are polled for
+        return PollingWatch(loop)
 
     def _new_key_watch(self, loop: asyncio.AbstractEventLoop, ident: str) -> PushWatch:
         return PushWatch(loop, self._wake_channel, ident)

@@ -43,6 +43,7 @@ __all__ = [
     "MAX_HOT",
     "MAX_PUSH_WAIT",
     "RECONNECT_DELAY",
+    "DedicatedConnection",
     "PollingWatch",
     "PushWatch",
     "WakeChannel",
@@ -70,14 +71,18 @@ FIRST_MISS = 0.001
 RUNG, FREE, TIMED_OUT, FAILED = "rung", "free", "timed out", "failed"
 
 
-class _Cursor(Protocol):
+class DedicatedCursor(Protocol):
+    """The part of a cursor a connection of its own uses."""
+
     async def execute(self, query: str, args: Mapping[str, object] | None = None) -> int: ...
     async def fetchall(self) -> Sequence[Sequence[object]]: ...
     async def close(self) -> None: ...
 
 
-class _Connection(Protocol):
-    def cursor(self) -> Awaitable[_Cursor]: ...
+class DedicatedConnection(Protocol):
+    """The part of ``aiomysql.Connection`` a connection of its own (bell, ear) uses."""
+
+    def cursor(self) -> Awaitable[DedicatedCursor]: ...
     def close(self) -> None: ...
 
 
@@ -98,14 +103,14 @@ class _Link:
 
     def __init__(
         self,
-        connect: Callable[[], Coroutine[object, object, _Connection]],
+        connect: Callable[[], Coroutine[object, object, DedicatedConnection]],
         op_timeout: float,
         role: str,
     ) -> None:
         self._connect = connect
         self._op_timeout = op_timeout
         self._role = role
-        self._conn: _Connection | None = None
+        self._conn: DedicatedConnection | None = None
         self._retry_at = 0.0
 
     def down(self) -> bool:
@@ -150,7 +155,7 @@ class WakeChannel:
 
     def __init__(
         self,
-        connect: Callable[[], Coroutine[object, object, _Connection]],
+        connect: Callable[[], Coroutine[object, object, DedicatedConnection]],
         *,
         table_prefix: str,
         op_timeout: float,
@@ -301,10 +306,6 @@ class PollingWatch:
     def fire(self) -> None:
         """A release was seen in this state: wake the waiter now."""
         self._event.fire()
-
-    def hurry(self) -> None:
-        """Something moved (an inbox rescan found work): restart the back-off at its shortest."""
-        self._delay = FIRST_POLL
 
     def reset(self) -> None:
         """Forget notifications received so far."""

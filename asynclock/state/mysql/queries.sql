@@ -179,11 +179,44 @@ ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)
 -- inbox_accept --
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
 -- entries are pending ("full"); record the claim for claim_ttl_ms and mark the key as having
--- work. Answers one row (status, pending). Atomic: one CALL of inbox_accept_v1 (schema.sql), one
--- transaction that first locks the key's inboxes row, so concurrent accepts and drain steps of
--- one key run one after the other. No wake-up: workers of other processes poll (MySQLState).
-CALL {prefix}inbox_accept_v1(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payload)s,
+-- work; then, committed, unless the key's lock is held, wake one live worker (the hand-out).
+-- Answers one row (status, pending). Atomic: one CALL of inbox_accept_v2 (schema.sql), whose
+-- append is one transaction that first locks the key's inboxes row, so concurrent accepts and
+-- drain steps of one key run one after the other.
+CALL {prefix}inbox_accept_v2(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payload)s,
                              UNHEX(%(claim)s), %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s)
+
+-- inbox_claim --
+-- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock
+-- (hint's first), for ttl_ms, with its head handed out when "take". Answers one row (status,
+-- name, token, entry, attempts, payload, age, pending, more). Atomic: one CALL of inbox_claim_v1
+-- (schema.sql), one transaction that passes over every row another one holds (SKIP LOCKED).
+CALL {prefix}inbox_claim_v1(UNHEX(%(space)s), %(owner)s, %(ttl_ms)s, %(take)s, UNHEX(%(hint)s))
+
+-- inbox_worker_seen --
+-- A serving worker of the prefix is alive until lease_ms from now; its ear is connection
+-- "channel" (its CONNECTION_ID()).
+INSERT INTO {prefix}inbox_workers (id, space, conn, expires_at)
+VALUES (%(worker)s, UNHEX(%(space)s), %(channel)s,
+        UTC_TIMESTAMP(3) + INTERVAL %(lease_ms)s * 1000 MICROSECOND)
+ON DUPLICATE KEY UPDATE space = VALUES(space), conn = VALUES(conn),
+                        expires_at = VALUES(expires_at)
+
+-- inbox_worker_gone --
+-- A worker stops serving: no accept wakes it any more.
+DELETE FROM {prefix}inbox_workers WHERE id = %(worker)s
+
+-- inbox_ear --
+-- What a worker's ear waits in: at once 0 when a key of the prefix has work and a free lock (a
+-- wake-up missed between two of these costs nothing), else SLEEP(wait), which the accept that
+-- wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 1 after the
+-- whole wait. The marker lets inbox_wake_one_v1 kill only a waiting ear.
+SELECT 'asynclock-inbox-ear', IF(EXISTS (
+    SELECT 1 FROM {prefix}inboxes AS i
+    LEFT JOIN {prefix}locks AS l ON l.id = i.id
+    WHERE i.space = UNHEX(%(space)s) AND i.ready_at IS NOT NULL
+      AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3) OR (l.owner IS NULL AND l.flag IS NULL))
+), 0, SLEEP(%(wait)s))
 
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
@@ -196,9 +229,9 @@ CALL {prefix}inbox_step_v2(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(take)
 
 -- inbox_requeue --
 -- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
--- counts. Answers one row: how many. Atomic: one CALL of inbox_requeue_v1 (schema.sql), under
--- the key's inboxes row lock.
-CALL {prefix}inbox_requeue_v1(UNHEX(%(id)s))
+-- counts; then, committed, unless the key's lock is held, wake one live worker. Answers one row:
+-- how many. Atomic: one CALL of inbox_requeue_v2 (schema.sql), under the key's inboxes row lock.
+CALL {prefix}inbox_requeue_v2(UNHEX(%(id)s), UNHEX(%(space)s))
 
 -- inbox_ready --
 -- The prefix's keys with pending entries, longest waiting first, except those whose lock is held

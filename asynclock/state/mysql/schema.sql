@@ -117,15 +117,15 @@ BEGIN
 END
 $$;
 
--- inbox_accept: dedupe check, max_pending check, append, atomically. The claim is recorded by
--- the upsert of dedupe_add, which only takes over an expired record, so two accepts of one
--- event id never both succeed, even across keys. Answers one row (status, pending) after the
--- commit.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v1(
+-- inbox_append: dedupe check, max_pending check, append, atomically, in a transaction of its own
+-- (committed when it returns). The claim is recorded by the upsert of dedupe_add, which only
+-- takes over an expired record, so two accepts of one event id never both succeed, even across
+-- keys. Sets o_status and o_pending. The start of every inbox_accept_v*.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_append_v1(
     IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
     IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
     IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
-    IN p_max_pending INT
+    IN p_max_pending INT, OUT o_status VARCHAR(16), OUT o_pending INT
 )
 SQL SECURITY INVOKER
 $$
@@ -170,6 +170,25 @@ BEGIN
         VALUES (p_id, v_id, 0, UTC_TIMESTAMP(3), p_payload);
     END IF;
     COMMIT;
+    SET o_status = v_status, o_pending = v_pending;
+END
+$$;
+
+-- inbox_accept_v1: inbox_append_v1, answered as one row (status, pending). No wake-up: kept for
+-- releases before the hand-out (inbox_accept_v2), whose workers poll.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v1(
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
+    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
+    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
+    IN p_max_pending INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_status VARCHAR(16);
+    DECLARE v_pending INT;
+    CALL {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending, v_status, v_pending);
     SELECT v_status, v_pending;
 END
 $$;
@@ -239,31 +258,43 @@ BEGIN
 END
 $$;
 
--- inbox_requeue: put the key's dead letters back at the head of its inbox, in id (accept)
--- order, with fresh attempt counts. Locks the key's inboxes row first, as accept and step do,
--- so the counters stay exact. Answers one row: how many were put back.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v1(IN p_id BINARY(32))
+-- inbox_requeue_rows: put the key's dead letters back at the head of its inbox, in id (accept)
+-- order, with fresh attempt counts, in a transaction of its own. Locks the key's inboxes row
+-- first, as accept and step do, so the counters stay exact. Sets o_moved: how many were put back.
+-- The start of every inbox_requeue_v*.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_rows_v1(IN p_id BINARY(32), OUT o_moved INT)
 SQL SECURITY INVOKER
 $$
 BEGIN
     DECLARE v_rows INT;
-    DECLARE v_moved INT DEFAULT 0;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    SET o_moved = 0;
     START TRANSACTION;
     SELECT COUNT(*) INTO v_rows FROM {prefix}inboxes WHERE id = p_id FOR UPDATE;
     IF v_rows > 0 THEN
         UPDATE {prefix}inbox_entries
         SET error = NULL, attempts = 0, accepted_at = UTC_TIMESTAMP(3)
         WHERE inbox = p_id AND error IS NOT NULL;
-        SET v_moved = ROW_COUNT();
-        IF v_moved > 0 THEN
+        SET o_moved = ROW_COUNT();
+        IF o_moved > 0 THEN
             UPDATE {prefix}inboxes
-            SET pending = pending + v_moved, dead = 0,
+            SET pending = pending + o_moved, dead = 0,
                 ready_at = COALESCE(ready_at, UTC_TIMESTAMP(3))
             WHERE id = p_id;
         END IF;
     END IF;
     COMMIT;
+END
+$$;
+
+-- inbox_requeue_v1: inbox_requeue_rows_v1, answered as one row (how many). Kept for releases
+-- before the hand-out (inbox_requeue_v2).
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v1(IN p_id BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_moved INT;
+    CALL {prefix}inbox_requeue_rows_v1(p_id, v_moved);
     SELECT v_moved;
 END
 $$;
@@ -335,5 +366,196 @@ BEGIN
      WHERE v_status = 'pending' AND inbox = p_id AND error IS NULL
      ORDER BY id LIMIT p_limit);
     COMMIT;
+END
+$$;
+
+-- The inbox's hand-out (EventDispatcher.serve): a key with work and no holder goes to ONE worker.
+-- Each serving worker has a row here, kept alive by its lease, naming the connection of its "ear":
+-- a session that waits in SLEEP() for work. An accept that finds its key free wakes one live
+-- worker, chosen at random, by killing its ear's query (KILL QUERY: a user may kill the queries of
+-- its own sessions); the worker then takes a key (inbox_claim_v1).
+CREATE TABLE IF NOT EXISTS {prefix}inbox_workers (
+    id          VARBINARY(128) NOT NULL PRIMARY KEY, -- the worker's id ("<host>:<pid>:<random>")
+    space       BINARY(32) NOT NULL,                 -- SHA-256 of the state's key prefix
+    conn        BIGINT NOT NULL,                     -- CONNECTION_ID() of its ear
+    expires_at  DATETIME(3) NOT NULL,                -- end of its lease
+    KEY by_space (space, expires_at)
+) ENGINE = InnoDB;
+
+-- inbox_wake_one: the hand-out's wake-up, after an accept or a requeue committed: unless the
+-- key's lock is held (its holder's next step takes the entry), wake one live worker of the space
+-- (at random) whose ear is waiting, by killing the ear's query. The ear's query starts by looking
+-- for a free key with work, so an ear between two queries misses nothing. A kill that is refused
+-- (another user's session) or an ear that is gone wakes nobody: a rescan finds the key.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_wake_one_v1(IN p_id BINARY(32), IN p_space BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_conn BIGINT DEFAULT NULL;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_conn = NULL;
+    DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET v_conn = NULL;
+    IF NOT EXISTS (SELECT 1 FROM {prefix}locks
+                   WHERE id = p_id AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)) THEN
+        SELECT w.conn INTO v_conn FROM {prefix}inbox_workers AS w
+        WHERE w.space = p_space AND w.expires_at > UTC_TIMESTAMP(3)
+        ORDER BY RAND() LIMIT 1;
+        -- only an ear that waits (a connection id could name another session after a restart)
+        IF v_conn IS NOT NULL AND EXISTS (
+            SELECT 1 FROM information_schema.PROCESSLIST
+            WHERE ID = v_conn AND INFO LIKE '%asynclock-inbox-ear%'
+        ) THEN
+            KILL QUERY v_conn;
+        END IF;
+    END IF;
+END
+$$;
+
+-- inbox_accept_v2: inbox_append_v1, then (committed) the hand-out's wake-up. One row (status,
+-- pending).
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v2(
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
+    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
+    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
+    IN p_max_pending INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_status VARCHAR(16);
+    DECLARE v_pending INT;
+    CALL {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending, v_status, v_pending);
+    IF v_status = 'accepted' THEN
+        CALL {prefix}inbox_wake_one_v1(p_id, p_space);
+    END IF;
+    SELECT v_status, v_pending;
+END
+$$;
+
+-- inbox_requeue_v2: inbox_requeue_rows_v1, then (committed) the hand-out's wake-up. One row: how
+-- many were put back.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v2(IN p_id BINARY(32), IN p_space BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_moved INT;
+    CALL {prefix}inbox_requeue_rows_v1(p_id, v_moved);
+    IF v_moved > 0 THEN
+        CALL {prefix}inbox_wake_one_v1(p_id, p_space);
+    END IF;
+    SELECT v_moved;
+END
+$$;
+
+-- inbox_claim: the hand-out's take. As p_owner, take one key of the space that has pending entries
+-- and whose lock is free (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the
+-- next fencing token, and with p_take its head entry handed out (attempts + 1). Never waits for a
+-- row: the lock row, then the inboxes row (the order of inbox_step and inbox_take), each FOR
+-- UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two claims
+-- never take one key. Answers one row: status 'none' or 'taken' (the key's prefixed name, its
+-- token, and with p_take the entry: id, attempts, payload, age in seconds, pending), and whether
+-- another free key with work was seen ("more": the worker claims again at once).
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v1(
+    IN p_space BINARY(32), IN p_owner VARBINARY(512), IN p_ttl_ms BIGINT, IN p_take BOOLEAN,
+    IN p_hint BINARY(32)
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_done INT DEFAULT 0;
+    DECLARE v_id BINARY(32);
+    DECLARE v_name LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_found INT;
+    DECLARE v_free INT;
+    DECLARE v_last BIGINT;
+    DECLARE v_pending INT;
+    DECLARE v_token BIGINT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'none';
+    DECLARE v_taken BINARY(32);
+    DECLARE v_taken_name LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_entry BIGINT;
+    DECLARE v_attempts INT;
+    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_age_us BIGINT;
+    DECLARE v_more INT DEFAULT 0;
+    DECLARE candidates CURSOR FOR
+        SELECT c.id, c.name FROM (
+            SELECT i.id, i.name, 0 AS o, i.ready_at FROM {prefix}inboxes AS i
+            WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space
+            UNION ALL
+            SELECT i.id, i.name, 1 AS o, i.ready_at FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL
+              AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3)
+                   OR (l.owner IS NULL AND l.flag IS NULL))
+        ) AS c
+        ORDER BY c.o, c.ready_at
+        LIMIT 17;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    OPEN candidates;
+    scan: LOOP
+        FETCH candidates INTO v_id, v_name;
+        IF v_done = 1 THEN
+            LEAVE scan;
+        END IF;
+        IF v_status = 'taken' THEN
+            IF v_id <> v_taken THEN  -- another free key with work: claim again
+                SET v_more = 1;
+                LEAVE scan;
+            END IF;
+            ITERATE scan;
+        END IF;
+        -- the lock row first, without waiting: a missing row is created (and so locked by us)
+        SELECT COUNT(*), COALESCE(MAX(expires_at <= UTC_TIMESTAMP(3)
+                                      OR (owner IS NULL AND flag IS NULL)), 0),
+               COALESCE(MAX(token), 0)
+        INTO v_found, v_free, v_last
+        FROM {prefix}locks WHERE id = v_id FOR UPDATE SKIP LOCKED;
+        IF v_found = 0 THEN
+            IF EXISTS (SELECT 1 FROM {prefix}locks WHERE id = v_id) THEN
+                ITERATE scan;  -- another transaction is changing it: pass it over
+            END IF;
+            INSERT IGNORE INTO {prefix}locks
+                (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
+            VALUES (v_id, v_name, NULL, NULL, 0, '1970-01-01 00:00:00', '',
+                    '1970-01-01 00:00:00');
+            IF ROW_COUNT() = 0 THEN
+                ITERATE scan;
+            END IF;
+            SET v_free = 1, v_last = 0;
+        END IF;
+        IF v_free = 0 THEN
+            ITERATE scan;  -- held, or reserved for a waiter of another state
+        END IF;
+        SELECT COUNT(*), COALESCE(MAX(pending), 0) INTO v_found, v_pending
+        FROM {prefix}inboxes WHERE id = v_id FOR UPDATE SKIP LOCKED;
+        IF v_found = 0 OR v_pending = 0 THEN
+            ITERATE scan;  -- being changed (an accept: it wakes a worker if need be), or drained
+        END IF;
+        SET v_token = GREATEST(v_last + 1,
+                               TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
+        UPDATE {prefix}locks
+        SET owner = p_owner, flag = NULL, token = v_token,
+            expires_at = UTC_TIMESTAMP(3) + INTERVAL p_ttl_ms * 1000 MICROSECOND
+        WHERE id = v_id;
+        IF p_take THEN
+            SELECT id, attempts, payload,
+                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
+            INTO v_entry, v_attempts, v_payload, v_age_us
+            FROM {prefix}inbox_entries
+            WHERE inbox = v_id AND error IS NULL
+            ORDER BY id LIMIT 1;
+            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
+            WHERE inbox = v_id AND id = v_entry;
+            SET v_attempts = v_attempts + 1;
+        END IF;
+        SET v_status = 'taken', v_taken = v_id, v_taken_name = v_name;
+    END LOOP;
+    CLOSE candidates;
+    COMMIT;
+    SELECT v_status, v_taken_name, v_token, v_entry, v_attempts, v_payload,
+           GREATEST(v_age_us, 0) / 1000000, v_pending, v_more;
 END
 $$;

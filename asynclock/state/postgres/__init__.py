@@ -40,11 +40,12 @@ from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
 from asynclock.state.postgres._pooler import pooler_options
+from asynclock.state.sql._handout import HintWatch
 from asynclock.state.sql._inbox import SQLInboxState
 from asynclock.state.sql._options import check_connect_options
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
     from typing_extensions import Unpack
 
@@ -73,6 +74,9 @@ class _Connection(Protocol):
     def terminate(self) -> None: ...
     def is_closed(self) -> bool: ...
     async def add_listener(
+        self, channel: str, callback: Callable[[object, object, object, object], None]
+    ) -> None: ...
+    async def remove_listener(
         self, channel: str, callback: Callable[[object, object, object, object], None]
     ) -> None: ...
     def add_termination_listener(self, callback: Callable[[object], None]) -> None: ...
@@ -406,14 +410,27 @@ class PostgresState(SQLInboxState[_Connection, _Statement, _Rows]):
             self._listener = _Listener(self)
         async with self._guard():
             await self._listener.ensure()
+            await self._listener.listen()
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.aclose()
 
-    def _accepted_here(self) -> None:
-        pass  # the accept's NOTIFY wakes this state's inbox watchers too
+    @contextlib.asynccontextmanager
+    async def _wake_ups(self, worker: str, channel: str) -> AsyncIterator[HintWatch]:
+        """See :meth:`SQLInboxState._wake_ups`: a NOTIFY on ``channel`` (its payload: the key's
+        id in hex), heard on this state's LISTEN connection."""
+        watch = HintWatch(channel)
+        self._worker_watches[channel] = watch
+        try:
+            await self._listen()  # LISTENs on every worker channel of the state
+            yield watch
+        finally:
+            self._worker_watches.pop(channel, None)
+            listener = self._listener
+            if listener is not None:
+                await listener.unlisten(channel)
 
     @staticmethod
     def _listener_from_pool(pool: object) -> Callable[[], Awaitable[_Connection]]:
@@ -486,6 +503,8 @@ class _Listener:
     def __init__(self, state: PostgresState) -> None:
         self._state = state
         self._conn: _Connection | None = None
+        #: the worker channels LISTENed on by the connection
+        self._heard: set[str] = set()
         self._connecting = asyncio.Lock()
         self._reconnect: asyncio.Task[None] | None = None
         self._closed = False
@@ -501,7 +520,9 @@ class _Listener:
             try:
                 conn.add_termination_listener(self._on_terminated)
                 await conn.add_listener(self._state._channel, self._on_notify)
-                await conn.add_listener(self._state._inbox_channel, self._on_accept)
+                for channel in tuple(self._state._worker_watches):
+                    await conn.add_listener(channel, self._on_wake)
+                    self._heard.add(channel)
             except BaseException:
                 conn.terminate()
                 raise
@@ -517,13 +538,41 @@ class _Listener:
     def _on_notify(self, conn: object, pid: object, channel: object, payload: object) -> None:
         self._state._wake(str(payload))
 
-    def _on_accept(self, conn: object, pid: object, channel: object, payload: object) -> None:
-        self._state._inbox_notified(str(payload))
+    def _on_wake(self, conn: object, pid: object, channel: object, payload: object) -> None:
+        watch = self._state._worker_watches.get(str(channel))
+        if watch is not None:
+            try:
+                hint: bytes | None = bytes.fromhex(str(payload))
+            except ValueError:
+                hint = None
+            watch.wake(hint)
+
+    async def listen(self) -> None:
+        """LISTEN on the state's worker channels not heard yet (a new worker's)."""
+        conn = self._conn
+        if conn is None:
+            return  # the reconnect LISTENs on all of them
+        for channel in tuple(self._state._worker_watches):
+            if channel not in self._heard:
+                await conn.add_listener(channel, self._on_wake)
+                self._heard.add(channel)
+
+    async def unlisten(self, channel: str) -> None:
+        """Stop hearing ``channel`` (its worker stopped)."""
+        if channel not in self._heard:
+            return
+        self._heard.discard(channel)
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(Exception):  # the worker is gone either way
+                async with deadline_after(self._state._op_timeout):
+                    await conn.remove_listener(channel, self._on_wake)
 
     def _on_terminated(self, conn: object) -> None:
         if conn is not self._conn or self._closed:
             return
         self._conn = None
+        self._heard.clear()
         # A release may have gone unheard: every watcher re-checks its key, but only once the
         # listener LISTENs again (the reconnect loop wakes them). Woken now, they would retry
         # when the state's other connections were most likely cut too (a restart, the
@@ -539,7 +588,9 @@ class _Listener:
         try:
             state = self._state
             while (
-                not self._closed and (state._watches or state._inbox_watches) and self._conn is None
+                not self._closed
+                and (state._watches or state._worker_watches)
+                and self._conn is None
             ):
                 try:
                     async with deadline_after(self._state._op_timeout):

@@ -277,15 +277,33 @@ RETURNING 1
 
 -- inbox_accept --
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
--- entries are pending ("full"); record the claim for claim_ttl_ms, mark the key as having work
--- and NOTIFY the inbox channel (payload: the prefix's id in hex) unless the key's lock is held
--- (its holder's next step takes the entry). Answers (status, pending).
--- Atomic: one call of inbox_accept_v3 (schema.sql), one transaction that first locks the key's
+-- entries are pending ("full"); record the claim for claim_ttl_ms and mark the key as having work;
+-- unless the key's lock is held (its holder's next step takes the entry), NOTIFY one live worker
+-- of the prefix (at most one per wake_gap_ms for the key): the hand-out. Answers (status, pending).
+-- Atomic: one call of inbox_accept_v4 (schema.sql), one transaction that first locks the key's
 -- inboxes row, so concurrent accepts and drain steps of one key run one after the other.
 SELECT status, pending
-FROM {prefix}inbox_accept_v3(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
-                             %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s, %(channel)s,
-                             %(wake)s, false)
+FROM {prefix}inbox_accept_v4(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
+                             %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s, %(wake_gap_ms)s)
+
+-- inbox_claim --
+-- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock
+-- (hint's first), for ttl_ms, with its head handed out when "take". Answers (status, name, token,
+-- entry, attempts, payload, age, pending, more). Atomic: one call of inbox_claim_v1 (schema.sql),
+-- which passes over every row another transaction holds (SKIP LOCKED) and so never waits.
+SELECT status, name, token, entry, attempts, payload, age, pending, more
+FROM {prefix}inbox_claim_v1(%(space)s, %(owner)s, %(ttl_ms)s, %(take)s, %(hint)s)
+
+-- inbox_worker_seen --
+-- A serving worker of the prefix is alive until lease_ms from now, and LISTENs on "channel".
+INSERT INTO {prefix}inbox_workers AS w (id, space, channel, expires_at)
+VALUES (%(worker)s, %(space)s, %(channel)s, now() + %(lease_ms)s::bigint * interval '1 millisecond')
+ON CONFLICT (id) DO UPDATE SET (space, channel, expires_at) =
+    (EXCLUDED.space, EXCLUDED.channel, EXCLUDED.expires_at)
+
+-- inbox_worker_gone --
+-- A worker stops serving: no accept wakes it any more.
+DELETE FROM {prefix}inbox_workers AS w WHERE w.id = %(worker)s
 
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
@@ -299,9 +317,9 @@ FROM {prefix}inbox_step_v2(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s,
 
 -- inbox_requeue --
 -- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
--- counts; NOTIFY the inbox channel. Answers how many. Atomic: one call of inbox_requeue_v1
--- (schema.sql), under the key's inboxes row lock.
-SELECT {prefix}inbox_requeue_v1(%(id)s, %(channel)s, %(wake)s)
+-- counts; if nobody holds the key, NOTIFY one live worker (the hand-out). Answers how many.
+-- Atomic: one call of inbox_requeue_v2 (schema.sql), under the key's inboxes row lock.
+SELECT {prefix}inbox_requeue_v2(%(id)s, %(space)s)
 
 -- inbox_ready --
 -- The prefix's keys with pending entries, longest waiting first, except those whose lock is held

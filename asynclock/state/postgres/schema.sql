@@ -109,21 +109,16 @@ BEGIN
 END
 $$;
 
--- inbox_accept: dedupe check, max_pending check, append and wake-up, atomically. The first
--- statement locks the key's inboxes row (creating it); every later statement runs on a fresh
--- snapshot (READ COMMITTED, a VOLATILE function), so it sees every accept and step of the key
--- that committed before. The claim is recorded with an upsert that only takes over an expired
--- record, so two accepts of one event id never both succeed, even across keys; a record taken
--- over loses its owner, so the late forget_claimed of the dispatch whose claim lapsed cannot
--- delete it (v1 kept the owner). The NOTIFY reaches the listeners when the transaction commits.
--- v3: the NOTIFY goes out only while nobody holds the key's lock (unless p_wake_always): a holder
--- drains the key, and its next step, serialized with this accept on the inboxes row, takes the
--- entry, so waking every worker to try the lock would only cost them a failed try each.
--- Versioned name: a later change adds _v4.
-CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v3(
+-- inbox_append: dedupe check, max_pending check and append, atomically. The first statement
+-- locks the key's inboxes row (creating it); every later statement runs on a fresh snapshot (READ
+-- COMMITTED, a VOLATILE function), so it sees every accept and step of the key that committed
+-- before. The claim is recorded with an upsert that only takes over an expired record, so two
+-- accepts of one event id never both succeed, even across keys; a record taken over loses its
+-- owner, so the late forget_claimed of the dispatch whose claim lapsed cannot delete it. The start
+-- of every inbox_accept_v*, which then wake whom they wake.
+CREATE OR REPLACE FUNCTION {prefix}inbox_append_v1(
     p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
-    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text,
-    p_wake_always boolean
+    p_claim_ttl_ms bigint, p_max_pending integer
 ) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
 DECLARE
     v_pending integer;
@@ -159,13 +154,33 @@ BEGIN
     RETURNING i.last_id, i.pending INTO v_id, v_pending;
     INSERT INTO {prefix}inbox_entries (inbox, id, attempts, accepted_at, payload)
     VALUES (p_id, v_id, 0, now(), p_payload);
-    IF p_wake_always OR NOT EXISTS (
+    RETURN QUERY SELECT 'accepted'::text, v_pending;
+END
+$$;
+
+-- inbox_accept_v3: inbox_append_v1, then a NOTIFY to every worker of the prefix, only while
+-- nobody holds the key's lock (unless p_wake_always): a holder drains the key, and its next step,
+-- serialized with this accept on the inboxes row, takes the entry. Kept for workers of releases
+-- before the hand-out (inbox_accept_v4). Versioned name: a later change adds _v5.
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v3(
+    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
+    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text,
+    p_wake_always boolean
+) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+    v_pending integer;
+BEGIN
+    SELECT a.status, a.pending INTO v_status, v_pending
+    FROM {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending) AS a;
+    IF v_status = 'accepted' AND (p_wake_always OR NOT EXISTS (
         SELECT 1 FROM {prefix}locks l
         WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
-    ) THEN
+    )) THEN
         PERFORM pg_notify(p_channel, p_wake);
     END IF;
-    RETURN QUERY SELECT 'accepted'::text, v_pending;
+    RETURN QUERY SELECT v_status, v_pending;
 END
 $$;
 
@@ -238,12 +253,11 @@ BEGIN
 END
 $$;
 
--- inbox_requeue: put the key's dead letters back at the head of its inbox, in id (accept)
--- order, with fresh attempt counts, and wake the workers. Locks the key's inboxes row first,
--- as accept and step do, so the counters stay exact. Answers how many were put back.
-CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v1(
-    p_id bytea, p_channel text, p_wake text
-) RETURNS integer LANGUAGE plpgsql AS $$
+-- inbox_requeue_rows: put the key's dead letters back at the head of its inbox, in id (accept)
+-- order, with fresh attempt counts. Locks the key's inboxes row first, as accept and step do, so
+-- the counters stay exact. Answers how many were put back. The start of every inbox_requeue_v*.
+CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_rows_v1(p_id bytea)
+RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_moved integer;
 BEGIN
@@ -258,6 +272,21 @@ BEGIN
         UPDATE {prefix}inboxes AS i
         SET pending = i.pending + v_moved, dead = 0, ready_at = coalesce(i.ready_at, now())
         WHERE i.id = p_id;
+    END IF;
+    RETURN v_moved;
+END
+$$;
+
+-- inbox_requeue_v1: inbox_requeue_rows_v1, then a NOTIFY to every worker of the prefix (kept for
+-- releases before the hand-out: inbox_requeue_v2).
+CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v1(
+    p_id bytea, p_channel text, p_wake text
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    v_moved := {prefix}inbox_requeue_rows_v1(p_id);
+    IF v_moved > 0 THEN
         PERFORM pg_notify(p_channel, p_wake);
     END IF;
     RETURN v_moved;
@@ -327,5 +356,191 @@ BEGIN
     PERFORM {prefix}inbox_release_v1(p_id, v_dead, p_reservation_ms, p_channel, p_payload);
     RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
                         NULL::float8, NULL::integer;
+END
+$$;
+
+-- The inbox's hand-out (EventDispatcher.serve): a key with work and no holder goes to ONE worker.
+-- Each serving worker has a row here, kept alive by its lease, and LISTENs on a channel of its
+-- own; an accept that finds its key free NOTIFYs one live worker, chosen at random, which then
+-- takes the key (inbox_claim_v1). Rows of workers gone without saying so expire with their lease.
+CREATE TABLE IF NOT EXISTS {prefix}inbox_workers (
+    id          text PRIMARY KEY,                    -- the worker's id ("<host>:<pid>:<random>")
+    space       bytea NOT NULL,                      -- SHA-256 of the state's key prefix
+    channel     text NOT NULL,                       -- the channel it LISTENs on
+    expires_at  timestamptz NOT NULL                 -- end of its lease
+);
+CREATE INDEX IF NOT EXISTS {prefix}inbox_workers_space ON {prefix}inbox_workers (space, expires_at);
+
+-- When the last worker was woken for a key that is still free: an accept wakes nobody else for it
+-- within p_wake_gap_ms (a burst of accepts for one free key costs one wake-up). Looked up first,
+-- like dedupe.owner above, as ALTER TABLE locks the table even when the column exists.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{prefix}inboxes'::regclass
+                   AND attname = 'woken_at' AND NOT attisdropped) THEN
+        ALTER TABLE {prefix}inboxes ADD COLUMN woken_at timestamptz;
+    END IF;
+END $$;
+
+-- inbox_wake_one: the hand-out's wake-up, at the end of an accept or a requeue that left the key's
+-- lock free: unless a worker was woken for the key less than p_wake_gap_ms ago, NOTIFY one live
+-- worker of the space (at random), with the key's id in hex as the payload. A worker that is gone
+-- without its lease having run out misses it; a rescan finds the key.
+CREATE OR REPLACE FUNCTION {prefix}inbox_wake_one_v1(
+    p_id bytea, p_space bytea, p_wake_gap_ms bigint
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_channel text;
+BEGIN
+    UPDATE {prefix}inboxes AS i SET woken_at = now()
+    WHERE i.id = p_id
+      AND (i.woken_at IS NULL OR i.woken_at <= now() - p_wake_gap_ms * interval '1 millisecond');
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT w.channel INTO v_channel FROM {prefix}inbox_workers AS w
+    WHERE w.space = p_space AND w.expires_at > now()
+    ORDER BY random() LIMIT 1;
+    IF FOUND THEN
+        PERFORM pg_notify(v_channel, encode(p_id, 'hex'));
+    END IF;
+END
+$$;
+
+-- inbox_accept_v4: v3, with the hand-out's wake-up (inbox_wake_one_v1) in place of the NOTIFY to
+-- every worker: only while nobody holds the key's lock (its holder's next step takes the entry).
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v4(
+    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
+    p_claim_ttl_ms bigint, p_max_pending integer, p_wake_gap_ms bigint
+) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+    v_pending integer;
+BEGIN
+    SELECT a.status, a.pending INTO v_status, v_pending
+    FROM {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending) AS a;
+    IF v_status = 'accepted' AND NOT EXISTS (
+        SELECT 1 FROM {prefix}locks l
+        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
+    ) THEN
+        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, p_wake_gap_ms);
+    END IF;
+    RETURN QUERY SELECT v_status, v_pending;
+END
+$$;
+
+-- inbox_claim: the hand-out's take. As p_owner, take one key of the space that has pending entries
+-- and whose lock is free (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the
+-- next fencing token, and with p_take its head entry handed out (attempts + 1). Never waits for a
+-- row: the lock row, then the inboxes row (the order of inbox_step and inbox_take), each FOR
+-- UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two claims never
+-- take one key. Answers one row: status 'none' (nothing to take) or 'taken' (the key's prefixed
+-- name, its token, and with p_take the entry: id, attempts, payload, age in seconds, pending), and
+-- "more": whether another free key with work was seen (the worker claims again at once).
+CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v1(
+    p_space bytea, p_owner text, p_ttl_ms bigint, p_take boolean, p_hint bytea
+) RETURNS TABLE (
+    status text, name text, token bigint, entry bigint, attempts integer, payload text,
+    age float8, pending integer, more boolean
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bytea;
+    v_lock {prefix}locks%ROWTYPE;
+    v_name text;
+    v_pending integer;
+    v_token bigint;
+    v_seen integer := 0;
+    v_head {prefix}inbox_entries%ROWTYPE;
+BEGIN
+    FOR v_id, v_name IN
+        (SELECT i.id, i.name FROM {prefix}inboxes AS i
+         WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space)
+        UNION ALL
+        (SELECT c.id, c.name FROM (
+            SELECT i.id, i.name FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL
+              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL))
+            ORDER BY i.ready_at
+            LIMIT 16) AS c)
+    LOOP
+        v_seen := v_seen + 1;
+        SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            IF NOT (v_lock.expires_at <= now() OR (v_lock.owner IS NULL AND v_lock.flag IS NULL))
+            THEN
+                CONTINUE;  -- held, or reserved for a waiter of another state
+            END IF;
+        ELSE
+            IF EXISTS (SELECT 1 FROM {prefix}locks AS l WHERE l.id = v_id) THEN
+                CONTINUE;  -- another transaction is changing it: pass it over
+            END IF;
+            INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at)
+            VALUES (v_id, v_name, NULL, 0, '-infinity')
+            ON CONFLICT (id) DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;
+            END IF;
+            SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id;
+        END IF;
+        SELECT i.pending INTO v_pending FROM {prefix}inboxes AS i
+        WHERE i.id = v_id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND OR coalesce(v_pending, 0) = 0 THEN
+            CONTINUE;  -- being changed (an accept: it wakes a worker if need be), or drained
+        END IF;
+        v_token := greatest(v_lock.token + 1, (extract(epoch FROM now()) * 1000000)::bigint);
+        UPDATE {prefix}locks AS l
+        SET owner = p_owner, flag = NULL, token = v_token,
+            expires_at = now() + p_ttl_ms * interval '1 millisecond'
+        WHERE l.id = v_id;
+        UPDATE {prefix}inboxes AS i SET woken_at = NULL WHERE i.id = v_id;
+        IF p_take THEN
+            SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = v_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
+            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+            WHERE e.inbox = v_id AND e.id = v_head.id;
+            RETURN QUERY SELECT 'taken'::text, v_name, v_token, v_head.id, v_head.attempts + 1,
+                                v_head.payload,
+                                greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
+                                v_pending, v_seen > 1 OR EXISTS (
+                                    SELECT 1 FROM {prefix}inboxes AS i
+                                    LEFT JOIN {prefix}locks AS l ON l.id = i.id
+                                    WHERE i.space = p_space AND i.ready_at IS NOT NULL
+                                      AND i.id <> v_id
+                                      AND (l.id IS NULL OR l.expires_at <= now()
+                                           OR (l.owner IS NULL AND l.flag IS NULL)));
+        ELSE
+            RETURN QUERY SELECT 'taken'::text, v_name, v_token, NULL::bigint, NULL::integer,
+                                NULL::text, NULL::float8, v_pending, v_seen > 1 OR EXISTS (
+                                    SELECT 1 FROM {prefix}inboxes AS i
+                                    LEFT JOIN {prefix}locks AS l ON l.id = i.id
+                                    WHERE i.space = p_space AND i.ready_at IS NOT NULL
+                                      AND i.id <> v_id
+                                      AND (l.id IS NULL OR l.expires_at <= now()
+                                           OR (l.owner IS NULL AND l.flag IS NULL)));
+        END IF;
+        RETURN;
+    END LOOP;
+    RETURN QUERY SELECT 'none'::text, NULL::text, NULL::bigint, NULL::bigint, NULL::integer,
+                        NULL::text, NULL::float8, NULL::integer, false;
+END
+$$;
+
+-- inbox_requeue_v2: v1, with the hand-out's wake-up in place of the NOTIFY to every worker.
+CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v2(
+    p_id bytea, p_space bytea
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    v_moved := {prefix}inbox_requeue_rows_v1(p_id);
+    IF v_moved > 0 AND NOT EXISTS (
+        SELECT 1 FROM {prefix}locks l
+        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
+    ) THEN
+        UPDATE {prefix}inboxes AS i SET woken_at = NULL WHERE i.id = p_id;
+        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, 0);
+    END IF;
+    RETURN v_moved;
 END
 $$;

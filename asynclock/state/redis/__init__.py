@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from redis.asyncio import Redis, RedisCluster
+    from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state.redis._pool import LeanPool
     from asynclock.state.redis._ready import ReadyIndex
@@ -298,6 +299,12 @@ class RedisState(RedisInbox, ClosesOnExit):
         """One command about ``key`` (``args`` include it), on the node owning it."""
         async with self._guard():
             return await self._transport.command(key, *args)
+
+    async def _blocking_connection(self, key: str) -> AbstractConnection:
+        """A connection of its own to the server owning ``key`` (``Transport.blocking_connection``),
+        opened under the state's deadline and error mapping."""
+        async with self._guard():
+            return await self._transport.blocking_connection(key)
 
     async def _scan(self, pattern: str) -> AsyncIterator[str]:
         """Every key matching ``pattern`` (``SCAN``, on every master of a cluster); each page

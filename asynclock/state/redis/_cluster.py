@@ -102,6 +102,7 @@ class ClusterRouter:
         self._pools: dict[Address, LeanPool] = {}
         self._slots: list[Address | None] = [None] * SLOTS
         self._masters: list[Address] = []
+        self._first_slots: dict[Address, int] = {}
         self._stale = True
         self._refreshing: asyncio.Lock | None = None
         self._generation = 0  # slot maps read so far
@@ -113,6 +114,10 @@ class ClusterRouter:
     def masters(self) -> list[Address]:
         """The masters of the last slot map read (empty before the first command)."""
         return list(self._masters)
+
+    def first_slot(self, address: Address) -> int:
+        """The lowest slot ``address`` serves in the last slot map read."""
+        return self._first_slots[address]
 
     def new_connection(
         self, address: Address, *, protocol: int | None = None
@@ -180,16 +185,17 @@ class ClusterRouter:
         if not isinstance(reply, list) or not reply:
             return False
         slots: list[Address | None] = [None] * SLOTS
-        masters: dict[Address, None] = {}
+        masters: dict[Address, int] = {}  # each master's lowest slot
         for entry in reply:
             start, end, master = int(entry[0]), int(entry[1]), entry[2]
             host = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
             # an empty or "?" host means "the address you reached me at" (cluster-announce)
             address = (host or self._startup[0][0], int(master[1]))
-            masters[address] = None
+            masters[address] = min(masters.get(address, start), start)
             slots[start : end + 1] = [address] * (end - start + 1)
         self._slots = slots
         self._masters = list(masters)
+        self._first_slots = masters
         self._stale = False
         self._generation += 1
         return True

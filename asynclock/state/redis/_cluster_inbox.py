@@ -22,10 +22,12 @@ starts or stops being listed, not per event. Invariants (``_listed.lua``):
   stays. A crash between the two steps leaves an entry listing an empty slot: one extra read per
   rescan until the slot is listed again, never a key missed.
 
-Workers hear of new work by a plain PUBLISH from the accept script: Redis Cluster broadcasts it on
-its bus to every node, so one subscription on any master hears every accept (a sharded SPUBLISH
-would have to go to a channel of the key's own slot, and a worker would have to subscribe on every
-slot). The broadcast costs each node one message per accept.
+Workers hear of new work through the hand-out (``_handout.lua``): a grant goes onto the lane of
+the key's master, a list in the lowest slot that master serves (:meth:`SlotReadySets.lane_for`),
+which a script of any slot of that master reaches (an undeclared key of another slot on the same
+node: allowed to scripts without flags). Each worker waits on every master's lane. When the
+slots move, a script that finds its lane elsewhere leaves the key to a rescan and the lanes are
+looked up again.
 """
 
 from __future__ import annotations
@@ -37,13 +39,10 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from asynclock.state.redis._cluster import SLOTS, slot_of
-from asynclock.state.redis._subscriber import Subscriber
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from contextlib import AbstractAsyncContextManager
-
-    from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state.redis._cluster import Address, ClusterRouter
     from asynclock.state.redis._transport import Script
@@ -101,14 +100,11 @@ class SlotReadySets:
         self._unlist = unlist
         self._forget = forget
         self._op_timeout = op_timeout
-        self.channel = f"{prefix}inbox:wake"
         self.directory = tuple(
             # never a name ending in "}": held_locks() takes those for locks
             f"{prefix}{{{prefix}inbox-{j}}}:inbox:slots"
             for j in range(DIRECTORY_SHARDS)
         )
-        self._subscriber: Subscriber | None = None
-        self._subscribed_at: Address | None = None
         self._pruned_at = time.monotonic()
         self._empty_at_last_prune: set[int] = set()
         self._known: set[int] = set()  # the slots the directory listed at the last read
@@ -199,26 +195,37 @@ class SlotReadySets:
             removed = await router.call_each(forget, script=self._forget.text)
         return sum(int(_text(r)) for r in removed)
 
-    def wake_subscriber(self) -> Subscriber:
-        """A plain (not sharded) subscriber on one master: the PUBLISH of any node reaches it."""
-        if self._subscriber is None:
-            self._subscriber = Subscriber(self._connection, self._op_timeout, locate=self._locate)
-        return self._subscriber
+    async def lock_values(self, lock_keys: list[str]) -> list[object]:
+        """See :meth:`ReadyIndex.lock_values` (one pipelined GET per key, the masters at once)."""
+        if not lock_keys:
+            return []
+        async with self._guard():
+            return await self._router.call_each([(slot_of(k), ("GET", k)) for k in lock_keys])
 
-    async def _locate(self) -> None:
-        # before every (re)connection: the master may have failed over meanwhile
+    async def lane_for(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.lane_for`: the lane of the master owning the key's slot."""
+        async with self._guard():
+            address = await self._router.address_of(slot_of(lock_key))
+        return self._lane_of(address)
+
+    async def lanes(self) -> list[str]:
+        """See :meth:`ReadyIndex.lanes`: one per master of the slot map."""
+        async with self._guard():
+            await self._router.refresh()
+        return [self._lane_of(address) for address in self._router.masters]
+
+    def lane_moved(self) -> None:
+        """See :meth:`ReadyIndex.lane_moved`: read the slot map again before the next command."""
         self._router.mark_stale()
-        self._subscribed_at = await self._router.address_of(slot_of(self.channel))
 
-    def _connection(self) -> AbstractConnection:
-        assert self._subscribed_at is not None  # _locate ran first
-        return self._router.new_connection(self._subscribed_at, protocol=2)
+    def _lane_of(self, address: Address) -> str:
+        """``address``'s hand-out lane: a key in the lowest slot it serves, so a script of any
+        slot of that master reaches it (``_handout.lua``)."""
+        slot = self._router.first_slot(address)
+        return f"{self._prefix}{{{slot_tag(slot)}}}:inbox:lane"
 
     async def aclose(self) -> None:
-        """Close the wake-up subscriber."""
-        subscriber, self._subscriber = self._subscriber, None
-        if subscriber is not None:
-            await subscriber.aclose()
+        """Nothing to close: the index opens no connection of its own."""
 
 
 def _text(value: object) -> str:

@@ -14,16 +14,18 @@ from typing import TYPE_CHECKING
 from asynclock.state.redis._cluster import ClusterRouter, slot_of
 from asynclock.state.redis._cluster_inbox import SlotReadySets
 from asynclock.state.redis._plain import scan_pages
+from asynclock.state.redis._pool import opened
 from asynclock.state.redis._subscriber import ShardedSubscriber
 from asynclock.state.redis._transport import LockKeys
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+    from collections.abc import AsyncGenerator, Mapping
 
     from redis.asyncio import RedisCluster
+    from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state._guard import OperationGuard
-    from asynclock.state.redis._ready import ReadyIndex
+    from asynclock.state.redis._ready import Command, ReadyIndex
     from asynclock.state.redis._transport import Args, Script
 
 __all__ = ["BracedLockKeys", "ClusterTransport"]
@@ -130,10 +132,15 @@ class ClusterTransport:
         """See :meth:`Transport.subscriber`: sharded, one connection per master in use."""
         return ShardedSubscriber(self.router, op_timeout)
 
+    async def blocking_connection(self, key: str) -> AbstractConnection:
+        """See :meth:`Transport.blocking_connection`: to the master owning ``key``'s slot."""
+        address = await self.router.address_of(slot_of(key))
+        return await opened(self.router.new_connection(address))
+
     def ready_index(
         self,
         prefix: str,
-        command: Callable[[str, str, str, int, int], Awaitable[object]],
+        command: Command,
         guard: OperationGuard,
         scripts: Mapping[str, Script],
     ) -> ReadyIndex:

@@ -15,7 +15,8 @@ import json
 from typing import TYPE_CHECKING
 
 from asynclock._errors import LockNotOwnedError
-from asynclock._validate import check_key, check_limit, ttl_ms
+from asynclock._owner import new_handout_owner
+from asynclock._validate import check_key, check_limit, check_ttl, ttl_ms
 from asynclock.state._protocol import (
     DeadLetter,
     InboxAccepted,
@@ -23,20 +24,24 @@ from asynclock.state._protocol import (
     InboxEntry,
     InboxKey,
 )
+from asynclock.state.redis._handout import LaneWorker
 from asynclock.state.redis._scripts import as_int, text
 from asynclock.state.redis._transport import glob_escape
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection
-    from contextlib import AbstractAsyncContextManager
+
+    from redis.asyncio.connection import AbstractConnection
 
     from asynclock._errors import StateUnavailableError
-    from asynclock.state._watch import EventWatch
     from asynclock.state.redis._ready import ReadyIndex
-    from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
     from asynclock.state.redis._transport import LockKeys
 
-__all__ = ["RedisInbox"]
+__all__ = ["REQUEUE_RESERVATION", "RedisInbox"]
+
+#: seconds a key put back by ``inbox_requeue`` is reserved for the worker it is handed to (an
+#: operator's command knows no dispatcher's ``lock_ttl``; the worker renews it as its own)
+REQUEUE_RESERVATION = 30.0
 
 
 class RedisInbox:
@@ -47,6 +52,7 @@ class RedisInbox:
     _keys: LockKeys
     _ready: ReadyIndex
     _replicas: int
+    _op_timeout: float | None
     _retention_ms: int
     _reservation_ms: int
 
@@ -70,9 +76,7 @@ class RedisInbox:
 
         def _scan(self, pattern: str) -> AsyncIterator[str]: ...
 
-        def _watch_channel(
-            self, channel: bytes, subscriber: Subscriber | ShardedSubscriber | None = None
-        ) -> AbstractAsyncContextManager[EventWatch]: ...
+        async def _blocking_connection(self, key: str) -> AbstractConnection: ...
 
     def _inbox_keys(self, key: str) -> tuple[str, str, str, str]:
         """The inbox's list, head attempt count, dead letters and entry counter (one slot)."""
@@ -80,31 +84,61 @@ class RedisInbox:
         return base, f"{base}:attempts", f"{base}:dead", f"{base}:seq"
 
     async def inbox_accept(
-        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+        self,
+        key: str,
+        payload: str,
+        *,
+        claim: str | None,
+        claim_ttl: float,
+        max_pending: int,
+        lock_ttl: float = 30.0,
+        with_entry: bool = True,
     ) -> InboxAccepted:
-        """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept.lua``, one EVALSHA;
-        with ``replicas=``, WAIT in the same write; on a cluster, two more the first time a slot
-        gets work: see ``_cluster_inbox.py``)."""
+        """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept.lua``, one EVALSHA,
+        which also hands a free key out: see ``_handout.py``; with ``replicas=``, WAIT in the
+        same write; on a cluster, two more the first time a slot gets work: see
+        ``_cluster_inbox.py``)."""
         check_key(key)
-        entries, _, _, seq = self._inbox_keys(key)
+        entries, attempts, _, seq = self._inbox_keys(key)
         lock_key = self.lock_key(key)
         claim_key = self._prefix + claim if claim is not None else seq
         if not self._keys.atomic_with(lock_key, claim_key):
-            return await self._accept_claimed_apart(key, payload, claim_key, claim_ttl, max_pending)
+            return await self._accept_claimed_apart(
+                key, payload, claim_key, claim_ttl, max_pending, lock_ttl, with_entry
+            )
         ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
         reply = await self._eval_listing(
             "inbox_accept",
             lock_key,
-            (entries, seq, ready, claim_key, mark, lock_key),
+            (entries, seq, ready, claim_key, mark, lock_key, attempts),
             (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
+            await self._hand_out_args(lock_key, lock_ttl, with_entry),
             lambda reply: isinstance(reply, list) and text(reply[0]) == "unlisted",
             f"an event for {key!r} was accepted",
         )
         assert isinstance(reply, list)
+        if len(reply) > 2 and as_int(reply[2]) < 0:
+            self._ready.lane_moved()  # the key waits for a rescan; the next accept looks again
         return InboxAccepted(text(reply[0]), as_int(reply[1]))
 
+    async def _hand_out_args(
+        self, lock_key: str, lock_ttl: float, with_entry: bool
+    ) -> tuple[str | int, ...]:
+        """The ARGV of ``_handout.lua``'s ``hand_out()`` for ``lock_key``'s key: its lane, a
+        fresh owner, the reservation's ttl_ms, whether the head entry goes along."""
+        lane = await self._ready.lane_for(lock_key)
+        ttl = ttl_ms(check_ttl(lock_ttl, "lock_ttl"))
+        return (lane, new_handout_owner(), ttl, "1" if with_entry else "0")
+
     async def _accept_claimed_apart(
-        self, key: str, payload: str, claim_key: str, claim_ttl: float, max_pending: int
+        self,
+        key: str,
+        payload: str,
+        claim_key: str,
+        claim_ttl: float,
+        max_pending: int,
+        lock_ttl: float,
+        with_entry: bool,
     ) -> InboxAccepted:
         """A claim that no script can reach with the inbox (a cluster key starting with a brace,
         see :meth:`lock_key`): record it first, then accept without it, and forget it again if
@@ -114,7 +148,13 @@ class RedisInbox:
             entries = self._inbox_keys(key)[0]
             return InboxAccepted("duplicate", as_int(await self._command(entries, "LLEN", entries)))
         accepted = await self.inbox_accept(
-            key, payload, claim=None, claim_ttl=claim_ttl, max_pending=max_pending
+            key,
+            payload,
+            claim=None,
+            claim_ttl=claim_ttl,
+            max_pending=max_pending,
+            lock_ttl=lock_ttl,
+            with_entry=with_entry,
         )
         if accepted.status != "accepted":
             await self._command(claim_key, "DEL", claim_key)
@@ -126,20 +166,20 @@ class RedisInbox:
         lock_key: str,
         keys: tuple[str, ...],
         args: tuple[str | int, ...],
+        tail: tuple[str | int, ...],
         unlisted: Callable[[object], bool],
         what: str,
     ) -> object:
         """Run a script that may add ``lock_key``'s key to its set of keys with work
         (``_listed.lua``); if that set was ``unlisted``, list it and run the script again.
 
-        The script gets ``args``, then the listing, then the wake-up channel. With
-        ``replicas=N``, each run is confirmed by WAIT (a shortfall raises, naming ``what``).
+        The script gets ``args``, then the listing, then ``tail``. With ``replicas=N``, each
+        run is confirmed by WAIT (a shortfall raises, naming ``what``).
         """
-        channel = self._ready.channel
-        reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, channel), what)
+        reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, *tail), what)
         if unlisted(reply):  # a run with a generation is never unlisted (_listed.lua)
             generation = await self._ready.list_for(lock_key)
-            reply = await self._eval_confirmed(name, keys, (*args, generation, channel), what)
+            reply = await self._eval_confirmed(name, keys, (*args, generation, *tail), what)
         return reply
 
     async def _eval_confirmed(
@@ -232,26 +272,58 @@ class RedisInbox:
         return (owner, "", 0, self._retention_ms, self._reservation_ms)
 
     async def inbox_ready(self) -> list[str]:
-        """See :meth:`asynclock.state.InboxState.inbox_ready` (one ZRANGE; on a cluster, the
-        directory and the sets it lists, see ``_cluster_inbox.py``)."""
-        return await self._ready.keys()
+        """See :meth:`asynclock.state.InboxState.inbox_ready` (the set of keys with work, one
+        ZRANGE, and their locks, one MGET; on a cluster, the directory and the sets it lists,
+        see ``_cluster_inbox.py``, and the locks read per master in one round)."""
+        keys = await self._ready.keys()
+        values = await self._ready.lock_values([self.lock_key(key) for key in keys])
+        return [key for key, value in zip(keys, values, strict=True) if _free(value)]
 
     @contextlib.asynccontextmanager
-    async def inbox_watch(self) -> AsyncIterator[EventWatch]:
-        """See :meth:`asynclock.state.InboxState.inbox_watch` (SUBSCRIBE to the wake-up channel)."""
-        channel = self._ready.channel.encode()
-        async with self._watch_channel(channel, self._ready.wake_subscriber()) as watch:
-            yield watch
+    async def inbox_worker(self, *, lock_ttl: float, with_entry: bool) -> AsyncIterator[LaneWorker]:
+        """See :meth:`asynclock.state.InboxState.inbox_worker` (a BRPOP on each hand-out lane,
+        on connections of its own: ``_handout.py``)."""
+        check_ttl(lock_ttl, "lock_ttl")
+        worker = LaneWorker(
+            lanes=self._ready.lanes,
+            connect=self._blocking_connection,
+            adopt=self._inbox_adopt,
+            lock_ttl=lock_ttl,
+            with_entry=with_entry,
+            op_timeout=self._op_timeout or 5.0,
+        )
+        try:
+            await worker.start()
+            yield worker
+        finally:
+            await worker.aclose()
+
+    async def _inbox_adopt(
+        self, key: str, owner: str, ttl: float, with_entry: bool, handed: InboxEntry | None
+    ) -> object:
+        """``inbox_adopt.lua`` for a grant of ``key`` to ``owner``, which handed out ``handed``
+        (see ``_handout.py``)."""
+        entries, attempts, _, _ = self._inbox_keys(key)
+        return await self._eval(
+            "inbox_adopt",
+            (self.lock_key(key), entries, attempts),
+            owner,
+            ttl_ms(ttl),
+            "1" if with_entry else "0",
+            key,
+            "" if handed is None else str(handed.id),
+            "" if handed is None else str(handed.attempt),
+        )
 
     async def inbox_keys(self) -> list[InboxKey]:
         """See :meth:`asynclock.state.InboxState.inbox_keys` (the set of keys with work, and a
         SCAN for dead letters)."""
-        keys = set(await self.inbox_ready())
+        keys = set(await self._ready.keys())
         pattern = f"{glob_escape(self._prefix)}{{*}}:inbox:dead"
         async for name in self._scan(pattern):
             keys.add(self._keys.key_of(name[: -len(":inbox:dead")]))
         found = []
-        now = await self._command(self._ready.channel, "TIME")  # the server's clock, once
+        now = await self._command(self._prefix, "TIME")  # the server's clock, once
         assert isinstance(now, list)
         now_ms = as_int(now[0]) * 1000 + as_int(now[1]) // 1000
         for key in sorted(keys):
@@ -276,19 +348,30 @@ class RedisInbox:
         return letters
 
     async def inbox_requeue(self, key: str) -> int:
-        """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue.lua``)."""
+        """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue.lua``; a key
+        nobody holds is handed out for ``REQUEUE_RESERVATION`` seconds, without an entry)."""
         entries, attempts, dead_letters, _ = self._inbox_keys(key)
         lock_key = self.lock_key(key)
         ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
+        lane = await self._ready.lane_for(lock_key)
         reply = await self._eval_listing(
             "inbox_requeue",
             lock_key,
-            (entries, attempts, dead_letters, ready, mark),
+            (entries, attempts, dead_letters, ready, mark, lock_key),
             (key,),
+            (lane, new_handout_owner(), ttl_ms(REQUEUE_RESERVATION)),
             lambda reply: as_int(reply) < 0,
             f"dead letters of {key!r} were requeued",
         )
         return as_int(reply)
+
+
+def _free(value: object) -> bool:
+    """Whether a lock key's value (``_value.lua``) leaves the lock free for anyone: missing,
+    or a token alone (no holder, no waiter it is reserved for)."""
+    if value is None:
+        return True
+    return " " not in text(value).split("\n", 1)[0]
 
 
 def _entry(raw: object) -> tuple[int, int, str]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from redis import exceptions as redis_errors
 
-from asynclock.state.redis._pool import LeanPool
+from asynclock.state.redis._pool import LeanPool, opened
 from asynclock.state.redis._ready import ReadySet
 from asynclock.state.redis._subscriber import Subscriber
 from asynclock.state.redis._transport import LockKeys
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state._guard import OperationGuard
-    from asynclock.state.redis._ready import ReadyIndex
+    from asynclock.state.redis._ready import Command, ReadyIndex
     from asynclock.state.redis._sentinel import SentinelMaster
     from asynclock.state.redis._transport import Args, Script
 
@@ -95,10 +95,14 @@ class PlainTransport:
         client = self._client
         return Subscriber(lambda: subscriber_connection(client), op_timeout)
 
+    async def blocking_connection(self, key: str) -> AbstractConnection:
+        """See :meth:`Transport.blocking_connection`."""
+        return await opened(connection_for(self._client))
+
     def ready_index(
         self,
         prefix: str,
-        command: Callable[[str, str, str, int, int], Awaitable[object]],
+        command: Command,
         guard: OperationGuard,
         scripts: Mapping[str, Script],
     ) -> ReadyIndex:

@@ -36,13 +36,7 @@ class LeanPool(ConnectionPool["AbstractConnection"]):
 
     def __init__(self, make: Callable[[], AbstractConnection], size: int) -> None:
         async def connect() -> AbstractConnection:
-            conn = make()
-            try:
-                await conn.connect()  # type: ignore[no-untyped-call]
-            except BaseException:
-                _close_soon(conn)
-                raise
-            return conn
+            return await opened(make())
 
         async def close(conn: AbstractConnection) -> None:
             await conn.disconnect()
@@ -103,6 +97,16 @@ class LeanPool(ConnectionPool["AbstractConnection"]):
         self._count -= len(idle)
         for conn in idle:
             _close_soon(conn)
+
+
+async def opened(conn: AbstractConnection) -> AbstractConnection:
+    """``conn``, connected (closed again if connecting fails)."""
+    try:
+        await conn.connect()  # type: ignore[no-untyped-call]
+    except BaseException:
+        _close_soon(conn)
+        raise
+    return conn
 
 
 def pack(args: tuple[str | int | bytes, ...]) -> bytes:

@@ -10,9 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable
 
-    from asynclock.state.redis._subscriber import Subscriber
+
+class Command(Protocol):
+    """The state's guarded command: ``command(key, *args)``, on the server owning ``key``."""
+
+    def __call__(self, key: str, *args: str | int | bytes) -> Awaitable[object]: ...
 
 
 class ReadyIndex(Protocol):
@@ -25,8 +29,6 @@ class ReadyIndex(Protocol):
 
     #: ``ARGV`` "listing" of an accept or requeue (``_listed.lua``): ``''`` never needs one
     listing: str
-    #: the channel ``accept`` and ``requeue`` PUBLISH the key on
-    channel: str
 
     def ready_key(self, lock_key: str) -> str:
         """The set of keys with work that ``lock_key``'s key joins (in its slot on a cluster)."""
@@ -44,8 +46,20 @@ class ReadyIndex(Protocol):
         """Every key with pending entries, oldest first."""
         ...
 
-    def wake_subscriber(self) -> Subscriber | None:
-        """The subscriber of :attr:`channel` (``None``: the state's own)."""
+    async def lock_values(self, lock_keys: list[str]) -> list[object]:
+        """The values of ``lock_keys`` (``None`` for a missing one), in one round."""
+        ...
+
+    async def lane_for(self, lock_key: str) -> str:
+        """The hand-out lane of ``lock_key``'s key: on its server, where one script reaches it."""
+        ...
+
+    async def lanes(self) -> list[str]:
+        """Every hand-out lane a worker waits on (one per server)."""
+        ...
+
+    def lane_moved(self) -> None:
+        """A script found its lane on another server (a cluster's slots moved): look again."""
         ...
 
     async def aclose(self) -> None:
@@ -54,16 +68,15 @@ class ReadyIndex(Protocol):
 
 
 class ReadySet:
-    """One server: one sorted set ``P inbox:ready`` (key -> accept time of its oldest work)."""
+    """One server: one sorted set ``P inbox:ready`` (key -> accept time of its oldest work), and
+    one hand-out lane ``P inbox:lane``."""
 
     listing = ""
 
-    def __init__(
-        self, prefix: str, command: Callable[[str, str, str, int, int], Awaitable[object]]
-    ) -> None:
+    def __init__(self, prefix: str, command: Command) -> None:
         """``command(key, *args)`` runs one command (the state's, under its deadline)."""
         self._key = f"{prefix}inbox:ready"
-        self.channel = f"{prefix}inbox:wake"
+        self._lane = f"{prefix}inbox:lane"
         self._command = command
 
     def ready_key(self, lock_key: str) -> str:
@@ -84,9 +97,24 @@ class ReadySet:
         assert isinstance(reply, list)
         return [m.decode() if isinstance(m, bytes) else str(m) for m in reply]
 
-    def wake_subscriber(self) -> Subscriber | None:
-        """The state's own subscriber serves the wake-up channel."""
-        return None
+    async def lock_values(self, lock_keys: list[str]) -> list[object]:
+        """See :meth:`ReadyIndex.lock_values` (one MGET)."""
+        if not lock_keys:
+            return []
+        reply = await self._command(lock_keys[0], "MGET", *lock_keys)
+        assert isinstance(reply, list)
+        return reply
+
+    async def lane_for(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.lane_for` (the one lane, whatever the key)."""
+        return self._lane
+
+    async def lanes(self) -> list[str]:
+        """See :meth:`ReadyIndex.lanes`."""
+        return [self._lane]
+
+    def lane_moved(self) -> None:
+        """Never called: one server's lane cannot be elsewhere."""
 
     async def aclose(self) -> None:
         """Nothing to close."""

@@ -53,8 +53,9 @@ def load_scripts(*, sharded: bool = False) -> dict[str, LuaScript]:
     scripts["release_claimed"] = LuaScript("release_claimed", "_settle", "release", sharded=sharded)
     # the inbox wake-up stays a PUBLISH on a cluster too (see _cluster_inbox.py): the prelude
     # that says whether the key may be added to its set of keys with work goes first
-    scripts["inbox_accept"] = LuaScript("inbox_accept", "_listed", "inbox_accept")
-    scripts["inbox_requeue"] = LuaScript("inbox_requeue", "_listed", "inbox_requeue")
+    scripts["inbox_accept"] = LuaScript("inbox_accept", "_listed", "_handout", "inbox_accept")
+    scripts["inbox_requeue"] = LuaScript("inbox_requeue", "_listed", "_handout", "inbox_requeue")
+    scripts["inbox_adopt"] = LuaScript("inbox_adopt", "_handout", "inbox_adopt")
     scripts["inbox_step"] = LuaScript("inbox_step", "_inbox_step", "release", sharded=sharded)
     scripts["inbox_take"] = LuaScript("inbox_take", "_inbox_take", "release", sharded=sharded)
     scripts["inbox_unlist"] = LuaScript("inbox_unlist")

@@ -36,7 +36,7 @@ from redis.asyncio.connection import Connection, SSLConnection
 
 from asynclock._compat import deadline_after
 from asynclock.state.redis._plain import PlainTransport
-from asynclock.state.redis._pool import LeanPool
+from asynclock.state.redis._pool import LeanPool, opened
 from asynclock.state.redis._subscriber import Subscriber
 
 if TYPE_CHECKING:
@@ -242,6 +242,12 @@ class SentinelTransport(PlainTransport):
         return Subscriber(
             lambda: master.new_connection(protocol=2), op_timeout, locate=master.locate
         )
+
+    async def blocking_connection(self, key: str) -> AbstractConnection:
+        """See :meth:`Transport.blocking_connection`: to the master the sentinels name now."""
+        master = self._sentinel_master
+        await master.locate()
+        return await opened(master.new_connection())
 
     async def aclose(self, *, owned: bool) -> None:
         """See :meth:`Transport.aclose` (``owned``: the connections to the sentinels too)."""

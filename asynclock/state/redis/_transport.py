@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Protocol
 from redis import exceptions as redis_errors
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+    from collections.abc import AsyncGenerator, Mapping
+
+    from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state._guard import OperationGuard
     from asynclock.state.redis._pool import LeanPool
-    from asynclock.state.redis._ready import ReadyIndex
+    from asynclock.state.redis._ready import Command, ReadyIndex
     from asynclock.state.redis._sentinel import SentinelMaster
     from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
@@ -119,10 +121,15 @@ class Transport(Protocol):
         """A new subscriber for the release channels of this topology."""
         ...
 
+    async def blocking_connection(self, key: str) -> AbstractConnection:
+        """A new connection, connected, to the server owning ``key``, for blocking commands
+        (the inbox's BRPOP): nobody else uses it; the caller closes it."""
+        ...
+
     def ready_index(
         self,
         prefix: str,
-        command: Callable[[str, str, str, int, int], Awaitable[object]],
+        command: Command,
         guard: OperationGuard,
         scripts: Mapping[str, Script],
     ) -> ReadyIndex:

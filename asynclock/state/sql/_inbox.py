@@ -15,8 +15,6 @@ An implementation detail shared by two backends, not part of the contract.
 from __future__ import annotations
 
 import abc
-import asyncio
-import contextlib
 import functools
 from typing import TYPE_CHECKING, TypeVar
 
@@ -29,15 +27,21 @@ from asynclock.state._protocol import (
     InboxEntry,
     InboxKey,
 )
+from asynclock.state.sql._handout import SQLWorker
 from asynclock.state.sql._queries import key_id
 from asynclock.state.sql._state import SQLState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Collection, Sequence
+    from collections.abc import Collection, Sequence
+    from contextlib import AbstractAsyncContextManager
 
-    from asynclock.state.sql._driver import WakeableWatch
+    from asynclock.state.sql._handout import WakeWatch
 
-__all__ = ["SQLInboxState"]
+__all__ = ["WAKE_GAP_MS", "SQLInboxState"]
+
+#: ms within which an accept wakes nobody else for a key a worker was woken for already (a burst
+#: of accepts for one free key costs one wake-up; a wake-up lost costs this much, or a rescan)
+WAKE_GAP_MS = 1000
 
 C = TypeVar("C")
 S = TypeVar("S")
@@ -66,12 +70,10 @@ class SQLInboxState(SQLState[C, S, R]):
     def _rows(self, answer: R) -> Sequence[Sequence[object]]:
         """The rows of a statement's answer (each a sequence of column values)."""
 
-    def _accepted_here(self) -> None:
-        """This state appended an entry: wake its inbox watchers (unless the server does)."""
-        self._wake_inbox()
-
-    def _inbox_found_work(self) -> None:
-        """A rescan (``inbox_ready``) found keys to drain (a polling backend polls sooner)."""
+    @abc.abstractmethod
+    def _wake_ups(self, worker: str, channel: str) -> AbstractAsyncContextManager[WakeWatch]:
+        """Hear the hand-out's wake-ups of ``worker`` (its row names ``channel``), while in the
+        context (see :class:`~asynclock.state.sql._handout.WakeUps`)."""
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -80,29 +82,26 @@ class SQLInboxState(SQLState[C, S, R]):
         """The id of this state's key prefix: the inbox rows of one prefix carry it."""
         return key_id(self._prefix)
 
-    @property
-    def _inbox_channel(self) -> str:
-        return f"{self._table_prefix}inbox"
-
-    def _wake_inbox(self) -> None:
-        for watch in tuple(self._inbox_watches):
-            watch.fire()
-
-    def _inbox_notified(self, payload: str) -> None:
-        """A NOTIFY of an accept (payload: the prefix's id in hex): wake ours if it is ours."""
-        if payload == self._space.hex():
-            self._wake_inbox()
-
     # -- the InboxState protocol -------------------------------------------------------------
 
     async def inbox_accept(
-        self, key: str, payload: str, *, claim: str | None, claim_ttl: float, max_pending: int
+        self,
+        key: str,
+        payload: str,
+        *,
+        claim: str | None,
+        claim_ttl: float,
+        max_pending: int,
+        lock_ttl: float = 30.0,
+        with_entry: bool = True,
     ) -> InboxAccepted:
         """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept`` in
-        ``queries.sql``: one statement, one transaction; returns after its commit)."""
+        ``queries.sql``: one statement, one transaction; returns after its commit; a key nobody
+        holds wakes one worker, which claims it: ``_handout.py``)."""
         check_key(key)
         if not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
+        check_ttl(lock_ttl, "lock_ttl")
         ident, full = self._ids(key)
         claim_id, claim_name = self._ids(claim) if claim is not None else (None, None)
         answer = await self._run(
@@ -116,15 +115,12 @@ class SQLInboxState(SQLState[C, S, R]):
                 "claim_name": claim_name,
                 "claim_ttl_ms": ttl_ms(check_ttl(claim_ttl, "claim_ttl")),
                 "max_pending": max_pending,
-                "channel": self._inbox_channel,
-                "wake": self._space.hex(),
+                "wake_gap_ms": WAKE_GAP_MS,
             },
             idempotent=False,  # repeated, an accept without a claim would append twice
         )
         status, pending = self._rows(answer)[0][:2]
         accepted = InboxAccepted(_text(status), _int(pending))
-        if accepted.status == "accepted":
-            self._accepted_here()
         self._maybe_purge()
         return accepted
 
@@ -226,25 +222,57 @@ class SQLInboxState(SQLState[C, S, R]):
             "inbox_ready", {"space": self._id_param(self._space)}, idempotent=True
         )
         start = len(self._prefix)
-        keys = [_text(row[0])[start:] for row in self._rows(answer)]
-        if keys:
-            self._inbox_found_work()
-        return keys
+        return [_text(row[0])[start:] for row in self._rows(answer)]
 
-    @contextlib.asynccontextmanager
-    async def inbox_watch(self) -> AsyncIterator[WakeableWatch]:
-        """See :meth:`asynclock.state.InboxState.inbox_watch`.
+    def inbox_worker(
+        self, *, lock_ttl: float, with_entry: bool
+    ) -> AbstractAsyncContextManager[SQLWorker]:
+        """See :meth:`asynclock.state.InboxState.inbox_worker` (a row of ``inbox_workers``, a
+        wake-up of its own, one ``inbox_claim`` per wake-up: ``_handout.py``)."""
+        check_ttl(lock_ttl, "lock_ttl")
+        worker = SQLWorker(
+            claim=self._inbox_claim,
+            seen=self._inbox_worker_seen,
+            lock_ttl=lock_ttl,
+            with_entry=with_entry,
+            channel_prefix=self._table_prefix,
+        )
+        return worker.registered(self._wake_ups(worker.id, worker.channel), self._inbox_worker_gone)
 
-        An accept through this state wakes the watch at once; how accepts of other processes
-        are heard is the backend's (see its module).
-        """
-        watch = self._new_watch(asyncio.get_running_loop())
-        await self._listen()
-        self._inbox_watches.add(watch)
-        try:
-            yield watch
-        finally:
-            self._inbox_watches.discard(watch)
+    async def _inbox_claim(
+        self, owner: str, ttl: float, take: bool, hint: bytes | None
+    ) -> Sequence[object]:
+        """The ``inbox_claim`` row (see ``_handout.py``)."""
+        answer = await self._run(
+            "inbox_claim",
+            {
+                "space": self._id_param(self._space),
+                "owner": owner,
+                "ttl_ms": ttl_ms(ttl),
+                "take": take,
+                "hint": self._id_param(hint) if hint is not None else None,
+            },
+            idempotent=False,
+        )
+        row = list(self._rows(answer)[0])
+        if row[1] is not None:
+            row[1] = _text(row[1])[len(self._prefix) :]  # the prefixed name: the key
+        return row
+
+    async def _inbox_worker_seen(self, worker: str, channel: str, lease: float) -> object:
+        return await self._run(
+            "inbox_worker_seen",
+            {
+                "worker": worker,
+                "space": self._id_param(self._space),
+                "channel": channel,
+                "lease_ms": ttl_ms(lease),
+            },
+            idempotent=True,
+        )
+
+    async def _inbox_worker_gone(self, worker: str) -> object:
+        return await self._run("inbox_worker_gone", {"worker": worker}, idempotent=True)
 
     async def inbox_keys(self) -> list[InboxKey]:
         """See :meth:`asynclock.state.InboxState.inbox_keys` (one read)."""
@@ -270,21 +298,14 @@ class SQLInboxState(SQLState[C, S, R]):
 
     async def inbox_requeue(self, key: str) -> int:
         """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue`` in
-        ``queries.sql``: one statement, one transaction)."""
+        ``queries.sql``: one statement, one transaction; a key nobody holds wakes one worker)."""
         ident, _ = self._ids(key)
         answer = await self._run(
             "inbox_requeue",
-            {
-                "id": self._id_param(ident),
-                "channel": self._inbox_channel,
-                "wake": self._space.hex(),
-            },
+            {"id": self._id_param(ident), "space": self._id_param(self._space)},
             idempotent=False,
         )
-        moved = _int(self._rows(answer)[0][0])
-        if moved:
-            self._accepted_here()
-        return moved
+        return _int(self._rows(answer)[0][0])
 
 
 def _text(value: object) -> str:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from asynclock.state._pool import ConnectionSource
     from asynclock.state._protocol import Grant, Release
     from asynclock.state.sql._driver import WakeableWatch
+    from asynclock.state.sql._handout import HintWatch
 
 __all__ = ["SQLState"]
 
@@ -130,8 +131,8 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
         }
         #: the watches of each key (by the key's id in hex)
         self._watches: dict[str, set[WakeableWatch]] = {}
-        #: the inbox watches (``inbox_watch``: woken by any accept of this prefix)
-        self._inbox_watches: set[WakeableWatch] = set()
+        #: the hand-out's wake-ups of this state's serving workers, by the channel each hears on
+        self._worker_watches: dict[str, HintWatch] = {}
         self._next_purge = 0.0
         self._purge_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -261,9 +262,11 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
             watch.fire()
 
     def _wake_all(self) -> None:
-        for watches in (*self._watches.values(), self._inbox_watches):
+        for watches in self._watches.values():
             for watch in tuple(watches):
                 watch.fire()
+        for worker in tuple(self._worker_watches.values()):
+            worker.wake()
 
     # -- the State protocol -----------------------------------------------------------------
 

@@ -1,0 +1,34 @@
+-- KEYS[1] the key's lock, KEYS[2] its inbox, KEYS[3] the head's attempt count
+-- ARGV[1] the owner of a grant taken off the hand-out lane, ARGV[2] ttl_ms, ARGV[3] '1' to hand
+-- the head entry out (see _handout.lua), ARGV[4] the key (as the caller names it), ARGV[5] the id
+-- of the entry the grant handed out ('' for none), ARGV[6] the attempt count it gave it
+-- A worker checks a grant that waited on the lane for long (its reservation may have run out) before
+-- it drains the key. Returns 'held' when the reservation still holds (now for ARGV[2] ms: the grant
+-- and the head it handed out stand), a new grant (see grant() in _handout.lua) when the lock was
+-- free and the key still has work (the lock now held for ARGV[1]), else false (another worker
+-- holds the key, or it was drained meanwhile: nothing to do). A new grant of the entry the old one
+-- handed out does not count it again if its count is still the one the old grant gave it: nobody
+-- delivered it since (a worker that did would have counted one more, or removed it).
+local value = redis.call('GET', KEYS[1])
+if value then
+  local token, holder = parse(value)
+  if holder == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+    return 'held'
+  end
+end
+if redis.call('LLEN', KEYS[2]) == 0 then
+  return false
+end
+local token, now = free_token(KEYS[1])
+if not token then
+  return false
+end
+redis.call('SET', KEYS[1], fmt(token) .. ' ' .. ARGV[1], 'PX', tonumber(ARGV[2]))
+local counted = false
+if ARGV[5] ~= '' then
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  counted = string.sub(head, 1, string.find(head, ' ', 1, true) - 1) == ARGV[5]
+    and redis.call('GET', KEYS[3]) == ARGV[6]
+end
+return grant(KEYS[2], KEYS[3], ARGV[4], ARGV[1], token, now, tonumber(ARGV[2]), ARGV[3], counted)
