@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable
 
-    from asynclock import State
+    from asynclock import LockInfo, State
     from tests.integration._standins import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,12 +212,23 @@ def tally(
     return figures, got
 
 
-async def holder_pid(state: State, key: str, within: float = 30.0) -> int:
-    """The pid of the process holding lock ``key`` once someone does (owner ids are
-    ``<host>:<pid>:<task>:<random>``): the process a test kills mid-handler."""
+async def held(state: State, key: str, within: float = 30.0) -> LockInfo:
+    """The lock ``key`` once someone holds it: a handler is running for the key."""
     deadline = asyncio.get_running_loop().time() + within
-    while (held := await state.inspect(key)) is None:  # another process's lock: nothing to await
+    while (info := await state.inspect(key)) is None:  # another process's lock: nothing to await
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"nobody took {key!r} within {within} s")
         await asyncio.sleep(0.01)
-    return int(held.owner.split(":")[1])
+    return info
+
+
+async def holder_pid(state: State, key: str, within: float = 30.0) -> int:
+    """The pid of the process holding lock ``key`` once someone does: the process a test kills
+    mid-handler. For a lock taken by a dispatch (``AsyncLock`` owner ids are
+    ``<host>:<pid>:<task>:<random>``); an inbox key handed out to a worker has an owner that
+    names no process (``inbox-handout:<random>`` on Redis)."""
+    info = await held(state, key, within)
+    parts = info.owner.split(":")
+    names_a_process = len(parts) == 4 and parts[1].isdigit()
+    assert names_a_process, f"{key!r} is held by {info.owner!r}, which names no process"
+    return int(parts[1])

@@ -23,7 +23,7 @@ from tests._matrix import REDIS
 from tests.integration._processes import (
     asynclock_workers,
     bot_processes,
-    holder_pid,
+    held,
     tally,
 )
 from tests.integration._standins import TELEGRAM_TOKEN, StandIn, serve_app, telegram_api
@@ -131,17 +131,18 @@ async def test_a_web_process_killed_after_answering_and_a_worker_killed_lose_not
                         assert answer.status_code == 200
                 await web.kill(0)  # SIGKILL right after the last 200: nothing handled yet
             assert api.recorder.replies == []
-            async with asynclock_workers(WORKER, env, 2) as workers:
-                # the worker handling chat 300 dies in its handler: the other takes the chat
-                # over once the dead one's lock ran out (2 s)
-                victim = await holder_pid(state, "telegram:300:chat", within=STARTUP)
-                await workers.kill_pid(victim)
+            async with asynclock_workers(WORKER, env, 1) as first:
+                # the only worker takes chat 300 and dies in its handler
+                await held(state, "telegram:300:chat", within=STARTUP)
+                await first.kill(0)
+            # another worker takes the chat over once the dead one's lock ran out (2 s)
+            async with asynclock_workers(WORKER, env, 1):
                 await api.recorder.wait_for(
                     lambda: (
                         {r.text for r in api.recorder.replies}
                         >= {f"re: {c}-{n}" for c, n in bodies}
                     ),
-                    seconds=60,
+                    seconds=STARTUP,
                 )
     finally:
         await state.aclose()

@@ -22,10 +22,15 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from asynclock import RedisState
 from tests._matrix import REDIS, purge_namespace, require
-from tests.integration._platform import Load, Result, deployed, run_scenario, settings_for
-from tests.integration._processes import holder_pid
+from tests.integration._platform import (
+    Load,
+    Result,
+    deployed,
+    run_scenario,
+    settings_for,
+    worker_running,
+)
 from tests.integration._redelivery import SLACK_RETRIES, redeliver
 
 if TYPE_CHECKING:
@@ -107,37 +112,33 @@ async def test_a_redelivery_after_the_handling_worker_died_is_handled(
     payload = Load(threads=1, messages=1).payloads(str(uuid.uuid4().int % 900 + 100))[0][1]
     inner = payload["event"]
     assert isinstance(inner, dict)
-    message_id, lock_key = str(inner["ts"]), f"slack:{inner['channel']}:{inner['thread_ts']}"
+    message_id = str(inner["ts"])
     settings = {**redis_env, **settings_for(route, "queue", lock_ttl=3.0, delay=1.0)}
-    state = RedisState.from_url(REDIS.url, prefix=redis_env["ASYNCLOCK_PREFIX"])
-    try:
-        async with (
-            deployed(kind, settings, workers=2) as deployment,
-            httpx.AsyncClient(
-                base_url=deployment.base_url,
-                timeout=10.0,
-                # a connection per delivery, as Slack's: none is reused to reach a dead worker
-                limits=httpx.Limits(max_keepalive_connections=0),
-            ) as client,
-        ):
-            first = asyncio.ensure_future(client.post("/slack/events", json=payload))
-            victim = await holder_pid(state, lock_key)
-            os.kill(victim, signal.SIGKILL)  # mid-handler (1 s of work)
-            with contextlib.suppress(httpx.TransportError):  # sync: no answer ever came
-                await first
+    async with (
+        deployed(kind, settings, workers=2) as deployment,
+        httpx.AsyncClient(
+            base_url=deployment.base_url,
+            timeout=10.0,
+            # a connection per delivery, as Slack's: none is reused to reach a dead worker
+            limits=httpx.Limits(max_keepalive_connections=0),
+        ) as client,
+    ):
+        first = asyncio.ensure_future(client.post("/slack/events", json=payload))
+        victim = await worker_running(deployment, message_id)
+        os.kill(victim, signal.SIGKILL)  # mid-handler (1 s of work)
+        with contextlib.suppress(httpx.TransportError):  # sync: no answer ever came
+            await first
 
-            async def retry(n: int) -> httpx.Response:
-                headers = {"X-Slack-Retry-Num": str(n), "X-Slack-Retry-Reason": "http_timeout"}
-                return await client.post("/slack/events", json=payload, headers=headers)
+        async def retry(n: int) -> httpx.Response:
+            headers = {"X-Slack-Retry-Num": str(n), "X-Slack-Retry-Reason": "http_timeout"}
+            return await client.post("/slack/events", json=payload, headers=headers)
 
-            answers = await redeliver(retry, retries=SLACK_RETRIES, honour_retry_after=True)
-            deadline = time.monotonic() + SETTLE
-            # the journal is a file the workers append to: polled, there is nothing to wait on
-            while message_id not in deployment.handled() and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
-            handled = deployment.handled()
-    finally:
-        await state.aclose()
+        answers = await redeliver(retry, retries=SLACK_RETRIES, honour_retry_after=True)
+        deadline = time.monotonic() + SETTLE
+        # the journal is a file the workers append to: polled, there is nothing to wait on
+        while message_id not in deployment.handled() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        handled = deployment.handled()
     print(f"{kind} {route}, handling worker killed: Slack's retries answered {answers}")
     # a retry sent while the killed process's socket still takes connections is lost: Slack
     # tries again, as it does after any failed delivery
