@@ -259,8 +259,13 @@ def _exhaustion_policy(on_exhaustion: object) -> _Exhaustion:
     )
 
 
-def _name(function: object) -> str:
+def function_name(function: object) -> str:
+    """The qualified name of ``function`` for messages (its ``repr`` when it has none); shared
+    with the job-queue integrations, which name the job in their errors."""
     return cast("str", getattr(function, "__qualname__", None) or repr(function))
+
+
+_name = function_name
 
 
 # -- one decoration's policy, shared by the core decorator and the job-queue integrations --------

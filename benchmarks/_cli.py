@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 
 from benchmarks import (
+    _aiogram,
     _cluster,
     _contended,
     _dashboard,
@@ -67,7 +68,11 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "inbox-scale": _inbox_scale.run,
     "semaphore": _semaphore.run,
     "dashboard": _dashboard.run,
+    "aiogram": _aiogram.run,
 }
+#: scenarios that `all` leaves out: run them on their own (``aiogram``: its children import
+#: aiogram, seconds of CPU each, and its long handler runs 70 s)
+NOT_IN_ALL = {"aiogram"}
 NEEDS_REDIS = {
     "uncontended",
     "contended",
@@ -79,6 +84,7 @@ NEEDS_REDIS = {
     "held",
     "inbox-scale",
     "semaphore",
+    "aiogram",
 }
 
 PREAMBLE = """# Benchmarks
@@ -120,6 +126,9 @@ python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox 
 python -m benchmarks semaphore --write  # ~1 min: Semaphore vs py-redis-semaphore, redis-limiters
 python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
                                         # each server (its own redis-server, database, user)
+python -m benchmarks aiogram --write    # ~2 min: EventIsolation vs aiogram's RedisEventIsolation,
+                                        # a burst and a 70 s handler (--quick: the burst only);
+                                        # not part of `all`
 ```
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
@@ -215,7 +224,9 @@ async def _amain(args: argparse.Namespace) -> int:
     if args.scenario == "plots":
         return _plots_only(args)
     cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds, write=args.write)
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    names = (
+        [n for n in SCENARIOS if n not in NOT_IN_ALL] if args.scenario == "all" else [args.scenario]
+    )
     if cfg.rounds is not None and cfg.rounds < 1:
         log("--rounds must be at least 1")
         return 2
@@ -278,15 +289,17 @@ async def _amain(args: argparse.Namespace) -> int:
         path = Path(args.doc)
         # these blocks carry their own environment (servers, drivers, commit): a run of one of
         # them alone keeps the others' above
-        kept = names in (
-            ["sql"],
-            ["cluster"],
-            ["inbox"],
-            ["held"],
-            ["inbox-scale"],
-            ["semaphore"],
-            ["dashboard"],
+        own = (
+            "sql",
+            "cluster",
+            "inbox",
+            "held",
+            "inbox-scale",
+            "semaphore",
+            "dashboard",
+            "aiogram",
         )
+        kept = len(names) == 1 and names[0] in own
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )

@@ -174,6 +174,7 @@ _ORDER = (
     "inbox-scale",
     "semaphore",
     "dashboard",
+    "aiogram",
 )
 _DEFAULT_NOTES = (
     "_No notes yet: add the reading of the numbers here; `--write` keeps this block._\n"

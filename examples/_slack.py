@@ -183,6 +183,16 @@ def parse_payload(payload: object) -> Event | Challenge:
     )
 
 
+def is_redelivery(headers: Mapping[str, str]) -> bool:
+    """Whether a request is Slack's redelivery of an event (``X-Slack-Retry-Num``).
+
+    Slack redelivers when it did not get a 2xx within 3 seconds: the first delivery may still be
+    in progress here or elsewhere, in a process that died. Such a delivery is answered after its
+    outcome (``deliver``), never with an unconditional 2xx.
+    """
+    return any(name.lower() == "x-slack-retry-num" for name in headers)
+
+
 def _header_seconds(seconds: float) -> int:
     """``Retry-After`` is whole seconds: rounded up, so the retry never comes early; at least 1."""
     return max(1, math.ceil(seconds))
@@ -308,7 +318,9 @@ class Journal:
         most_at_once: the most handlers ever seen running at once, all keys together.
         closing: set when the app's shutdown begins (before the dispatcher drains).
         file: where each handled message id is also appended, one line each, as soon as it is
-            handled (``None``: nowhere); lines of several processes do not interleave.
+            handled (``None``: nowhere); lines of several processes do not interleave. Beside it,
+            ``<file>.started`` gets ``<message id> <pid>`` when a handler starts (which process
+            is handling what, for a demo or a test that stops one mid-handler).
     """
 
     def __init__(self, delay: float = 0.0, file: str | None = None) -> None:
@@ -345,6 +357,8 @@ class Journal:
     async def work(self, event: Event, ctx: HandlerContext) -> None:
         """Pretend to answer ``event`` (``delay`` seconds, then the test's ``gate``); record it."""
         key = ctx.lock_key
+        if self.file is not None:
+            _append_line(f"{self.file}.started", f"{event.message_id} {os.getpid()}\n")
         self.running[key] = self.running.get(key, 0) + 1
         self.most_per_key = max(self.most_per_key, self.running[key])
         self.most_at_once = max(self.most_at_once, self.running_total)

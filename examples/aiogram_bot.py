@@ -72,6 +72,7 @@ def create_app(
     per_thread: bool = False,
     handle_in_background: bool = False,
     delay: float = 0.0,
+    lock_ttl: float = 30.0,
 ) -> web.Application:
     """The aiohttp app serving aiogram's webhook handler on ``POST /telegram/webhook``.
 
@@ -85,6 +86,8 @@ def create_app(
         handle_in_background: answer Telegram before handling (aiogram's default) instead of
             after.
         delay: seconds the handler pretends to work.
+        lock_ttl: seconds of each chat's lock between renewals, and of an update's claim: a
+            process that died mid-update holds its chat and its update that long.
     """
     server = PRODUCTION if api_url is None else TelegramAPIServer.from_base(api_url)
     bot = Bot(
@@ -97,7 +100,7 @@ def create_app(
     async def start(app: web.Application) -> None:
         options = {} if state_url.startswith("memory:") else {"prefix": prefix}
         state = asynclock.state_from_url(state_url, **options)
-        dispatcher = EventDispatcher(state, on_lock_conflict=on_lock_conflict)
+        dispatcher = EventDispatcher(state, on_lock_conflict=on_lock_conflict, lock_ttl=lock_ttl)
         dp.update.outer_middleware(UpdateMiddleware(dispatcher, per_thread=per_thread))
         app[STATE], app[DISPATCHER] = state, dispatcher
 

@@ -37,6 +37,7 @@ from examples._slack import (
     accept_answer,
     delivery_answer,
     inbox_summary,
+    is_redelivery,
     parse_payload,
     state_options,
     submit_answer,
@@ -117,6 +118,8 @@ def create_app(
         event = await read_event(request)
         if isinstance(event, web.Response):
             return event
+        if is_redelivery(request.headers):  # its first delivery may be in progress: no 202
+            return respond(delivery_answer(event, await request.app[BOT].deliver(event)))
         return respond(submit_answer(request.app[BOT], event))
 
     async def durable(request: web.Request) -> web.Response:

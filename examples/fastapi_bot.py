@@ -21,7 +21,9 @@ default, ``sync`` or ``background``), ``ASYNCLOCK_ON_LOCK_CONFLICT`` (default ``
   handler failed. Only a handled event gets a 2xx; the platform redelivers the rest.
 * ``POST /slack/events/background`` submits the event and answers 202 at once; the dispatcher
   refuses ``on_lock_conflict="drop"`` there (answered 500), since a dropped event could no
-  longer be answered 503. Shutdown drains every submitted event.
+  longer be answered 503. Shutdown drains every submitted event. A redelivery
+  (``X-Slack-Retry-Num``) is delivered and answered as on the sync route: its first delivery
+  may still be in progress (in a worker that died), so it never gets an unconditional 202.
 * ``GET /stats``: this worker's outcome counts (named by its ``worker`` id) and the
   deployment's inbox depth and lag, read from the state.
 
@@ -57,6 +59,7 @@ from examples._slack import (
     accept_answer,
     delivery_answer,
     inbox_summary,
+    is_redelivery,
     parse_payload,
     state_options,
     submit_answer,
@@ -163,6 +166,8 @@ def create_app(
         event = await read_event(request)
         if isinstance(event, JSONResponse):
             return event
+        if is_redelivery(request.headers):  # its first delivery may be in progress: no 202
+            return respond(delivery_answer(event, await request.state.bot.deliver(event)))
         return respond(submit_answer(request.state.bot, event))
 
     async def durable(request: Request) -> JSONResponse:

@@ -54,9 +54,12 @@ def build_dispatcher(
     *,
     delay: float = 0.0,
     on_lock_conflict: PolicyName = "queue",
+    lock_ttl: float = 30.0,
 ) -> EventDispatcher:
     """The bot's dispatcher and its one handler: reply in the event's thread."""
-    bot = EventDispatcher(state, on_lock_conflict=on_lock_conflict, raise_errors=False)
+    bot = EventDispatcher(
+        state, on_lock_conflict=on_lock_conflict, lock_ttl=lock_ttl, raise_errors=False
+    )
 
     @bot.on("app_mention")
     async def reply(event: Event, ctx: HandlerContext) -> None:
@@ -85,6 +88,7 @@ def create_app(
     on_lock_conflict: PolicyName = "queue",
     delay: float = 0.0,
     serve: bool = True,
+    lock_ttl: float = 30.0,
 ) -> web.Application:
     """The aiohttp app serving Bolt on ``POST /slack/events``.
 
@@ -99,6 +103,8 @@ def create_app(
             thread's event is answered 503 and Slack redelivers it).
         delay: seconds the handler pretends to work.
         serve: drain the durable inbox in this process too.
+        lock_ttl: seconds of each thread's lock between renewals, and of an event's claim: a
+            process that died mid-event holds its thread and its event that long.
     """
     client = AsyncWebClient(token=token or os.environ.get("SLACK_BOT_TOKEN"), base_url=api_url)
     bolt = AsyncApp(
@@ -109,7 +115,9 @@ def create_app(
     async def start(app: web.Application) -> None:
         options = {} if state_url.startswith("memory:") else {"prefix": prefix}
         state = asynclock.state_from_url(state_url, **options)
-        bot = build_dispatcher(state, client, delay=delay, on_lock_conflict=on_lock_conflict)
+        bot = build_dispatcher(
+            state, client, delay=delay, on_lock_conflict=on_lock_conflict, lock_ttl=lock_ttl
+        )
         middleware = SlackEventsMiddleware(bot, mode=mode)
         bolt.use(middleware)
         app[STATE], app[BOT], app[MIDDLEWARE] = state, bot, middleware

@@ -15,7 +15,6 @@ worker module is imported.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -25,8 +24,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra only
     raise ImportError("asynclock.integrations.arq needs arq: pip install 'asynclock[arq]'") from exc
 
-from asynclock._errors import LockAcquisitionError
-from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, _name
+from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, function_name
+from asynclock.integrations._jobs import (
+    Execution,
+    attempts_needed,
+    job_decorator,
+    too_few_tries,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import ParamSpec
@@ -40,8 +44,26 @@ S = TypeVar("S")
 
 __all__ = ["check_tries", "retry_on_lock_conflict"]
 
-#: the attribute a decorated job carries: the ``attempts`` it needs arq to allow
-_ATTEMPTS = "__asynclock_attempts__"
+
+class _ArqQueue:
+    """arq's part of the job decorator: ``ctx["job_try"]`` counts, ``Retry(defer=)`` re-enqueues."""
+
+    noun = "arq jobs"
+
+    def execution(
+        self, function: object, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Execution[None]:
+        ctx = args[0] if args else None
+        if not isinstance(ctx, Mapping) or "job_try" not in ctx:
+            raise TypeError(
+                f"{function_name(function)} runs as an arq job: its first argument must be arq's "
+                f"ctx (with 'job_try'), got {type(ctx).__name__}"
+            )
+        return Execution(int(ctx["job_try"]), f"arq:{ctx.get('job_id')}", None)
+
+    async def requeue(self, execution: Execution[None], delay: float) -> BaseException:
+        # arq puts the job back in its queue, scored for now + delay, once the job raises this
+        return Retry(defer=delay)
 
 
 def retry_on_lock_conflict(
@@ -91,43 +113,7 @@ def retry_on_lock_conflict(
         fair=fair,
         fair_window=fair_window,
     )
-
-    def decorate(
-        function: Callable[P, Coroutine[object, object, R]],
-    ) -> Callable[P, Coroutine[object, object, R | None]]:
-        if not inspect.iscoroutinefunction(function):
-            raise TypeError(
-                f"retry_on_lock_conflict decorates async def arq jobs; {_name(function)} is "
-                f"{type(function).__name__}"
-            )
-
-        @functools.wraps(function)
-        async def job(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            ctx = args[0] if args else None
-            if not isinstance(ctx, Mapping) or "job_try" not in ctx:
-                raise TypeError(
-                    f"{_name(function)} runs as an arq job: its first argument must be arq's "
-                    f"ctx (with 'job_try'), got {type(ctx).__name__}"
-                )
-            executions = int(ctx["job_try"])
-            if executions == 1:
-                retrying.counters.calls += 1
-            async with retrying.turn(f"arq:{ctx.get('job_id')}", executions) as turn:
-                try:
-                    return await function(*args, **kwargs)
-                except LockAcquisitionError as error:
-                    delay = retrying.conflict(function, error, executions)
-                    if delay is None:
-                        result = await retrying.exhaust(function, args, kwargs, error)
-                        return cast("R | None", result)
-                    turn.keep()  # the job comes back: it keeps its places in the lines
-                    raise Retry(defer=delay) from error
-
-        setattr(job, _ATTEMPTS, retrying.attempts)
-        job.statistics = retrying.counters.snapshot  # type: ignore[attr-defined]
-        return job
-
-    return decorate
+    return job_decorator(retrying, _ArqQueue())
 
 
 def check_tries(settings: S) -> S:
@@ -161,12 +147,12 @@ def check_tries(settings: S) -> S:
     functions = cast("list[object]", list(cast("list[object]", values.get("functions", []))))
     for entry in functions:
         coroutine = entry.coroutine if isinstance(entry, Function) else entry
-        attempts = getattr(coroutine, _ATTEMPTS, None)
-        if not isinstance(attempts, int):
+        attempts = attempts_needed(coroutine)
+        if attempts is None:
             continue
         if values.get("retry_jobs", True) is False:
             raise ValueError(
-                f"arq job {_name(coroutine)!r} retries lock conflicts through arq, but "
+                f"arq job {function_name(coroutine)!r} retries lock conflicts through arq, but "
                 f"{where}.retry_jobs is False: arq would never run it again"
             )
         tries: object
@@ -176,10 +162,10 @@ def check_tries(settings: S) -> S:
             tries = default_tries
             source = f"{where}.max_tries" if "max_tries" in values else "arq's default"
         if not isinstance(tries, int) or tries < attempts:
-            raise ValueError(
-                f"arq job {_name(coroutine)!r} needs {attempts} tries "
-                f"(retry_on_lock_conflict(attempts={attempts})), but the worker allows "
-                f"max_tries={tries} ({source}): raise max_tries to at least {attempts} or "
-                "lower attempts"
+            raise too_few_tries(
+                f"arq job {function_name(coroutine)!r}",
+                attempts,
+                f"the worker allows max_tries={tries} ({source})",
+                "max_tries",
             )
     return settings

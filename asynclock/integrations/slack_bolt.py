@@ -111,7 +111,8 @@ class SlackEventsMiddleware(AsyncMiddleware):
     * ``"submit"`` (default): ``bot.submit(event)`` and 200 at once; the handlers run after the
       answer, in this process. A dispatcher with ``on_lock_conflict="drop"`` is refused (a busy
       thread's event would be dropped after Slack got its 200): use ``"queue"``. An event in
-      hand when the process dies is lost.
+      hand when the process dies is lost. A redelivery (``X-Slack-Retry-Num``: Slack did not
+      get the first answer in time) is answered as in ``"dispatch"``, after its outcome.
     * ``"accept"``: ``await bot.accept(event)`` (the durable inbox), 200 once it is stored,
       503 + ``Retry-After`` when its thread's inbox is full or the state is down (nothing
       stored: Slack redelivers). Processes running ``bot.serve()`` handle it, per thread one at
@@ -126,9 +127,12 @@ class SlackEventsMiddleware(AsyncMiddleware):
     Invariants:
 
     * A redelivery of an event (same ``event_id``) that was handled is a ``DUPLICATE`` and
-      answered 200: Slack stops retrying, nothing runs twice. One that is being handled is
-      answered 200 in modes ``"submit"`` and ``"accept"`` (it is in this process's hands, or
-      stored), and 503 in mode ``"dispatch"`` (only a handled event gets a 2xx there).
+      answered 200: Slack stops retrying, nothing runs twice. One whose first delivery is still
+      in progress (its claim leased: by a live process, or by one that died) is never answered
+      2xx in modes ``"submit"`` and ``"dispatch"``: 503 with ``Retry-After`` (the lease's
+      remaining time), and the retry after the lease runs it if nobody finished it. In mode
+      ``"accept"`` an event that was stored is answered 200: the inbox, not Slack, delivers it
+      again to a live worker.
     * Every delivery with ``X-Slack-Retry-Num`` is logged (INFO, with ``X-Slack-Retry-Reason``)
       and counted in :attr:`redeliveries`.
     * Requests that are not Events API deliveries (slash commands, actions, shortcuts, views,
@@ -204,7 +208,9 @@ class SlackEventsMiddleware(AsyncMiddleware):
             )
         if self._mode == "accept":
             return await self._accept(event)
-        if self._mode == "dispatch":
+        if self._mode == "dispatch" or retry is not None:
+            # a redelivery in mode "submit" too: its first delivery may be in progress in a
+            # process that died, and a 200 would make Slack stop asking (#30)
             return self._answer(event, await self._bot.deliver(event))
         try:
             self._bot.submit(event)

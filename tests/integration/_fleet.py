@@ -70,6 +70,16 @@ class Workers:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
+    def kill_group_of(self, pid: int) -> subprocess.Popen[bytes]:
+        """SIGKILL the started command whose process group holds ``pid`` (a forked worker)."""
+        group = os.getpgid(pid)
+        for process in self.processes:
+            if process.pid == group and process.poll() is None:
+                os.killpg(group, signal.SIGKILL)
+                process.wait()
+                return process
+        raise AssertionError(f"pid {pid} is not in a running worker's process group")
+
     def stop(self) -> None:
         for process in self.processes:
             if process.poll() is None:

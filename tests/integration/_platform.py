@@ -147,6 +147,13 @@ class Deployment:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def started(self) -> list[tuple[str, int]]:
+        """``(message id, pid)`` of every handler start, across every process, in order."""
+        path = self.journal.with_name(self.journal.name + ".started")
+        if not path.exists():
+            return []
+        return [(m, int(p)) for m, p in (line.split() for line in path.read_text().splitlines())]
+
     def handled(self) -> list[str]:
         """Every message id the handlers finished, across every process, dead ones included."""
         if not self.journal.exists():
@@ -192,6 +199,7 @@ async def deployed(
     finally:
         await asyncio.to_thread(_stop, processes)
         journal.unlink(missing_ok=True)
+        journal.with_name(journal.name + ".started").unlink(missing_ok=True)
         journal.parent.rmdir()
 
 
@@ -231,6 +239,21 @@ async def every_worker_answers(deployment: Deployment, workers: int) -> set[str]
         except httpx.TransportError:
             await asyncio.sleep(0.1)
     return seen
+
+
+async def worker_running(deployment: Deployment, message_id: str, within: float = 30.0) -> int:
+    """The pid of the worker whose handler started on ``message_id`` (the journal's record).
+
+    Under the durable inbox the key's lock names no process (the inbox hands keys out under
+    owners of its own), so the example's journal tells which worker is handling the event.
+    """
+    deadline = time.monotonic() + within
+    # a file the workers append to: polled, there is nothing to wait on
+    while not (pids := [p for m, p in deployment.started() if m == message_id]):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no worker started on {message_id!r} within {within} s")
+        await asyncio.sleep(0.01)
+    return pids[0]
 
 
 @dataclass

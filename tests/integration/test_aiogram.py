@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from asynclock import Outcome
+from asynclock import Outcome, RedisState
 from examples import aiogram_bot
 from tests._matrix import REDIS
-from tests.integration._processes import bot_processes, deliver_each_twice, tally
+from tests.integration._processes import bot_processes, deliver_each_twice, holder_pid, tally
+from tests.integration._redelivery import TELEGRAM_RETRIES, redeliver
 from tests.integration._standins import TELEGRAM_TOKEN, StandIn, serve_app, telegram_api
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
     from asynclock import EventDispatcher
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
 PATH = aiogram_bot.WEBHOOK_PATH
 _update_ids = itertools.count(1000)
@@ -93,10 +94,13 @@ async def test_one_chat_in_order_other_chats_in_parallel(prefix: str, api: Stand
 async def test_a_duplicate_update_is_never_answered_twice(prefix: str, api: StandIn) -> None:
     async with served(prefix, api, delay=0.05, background=False) as (url, client, bot):
         first = update(3, "once")
-        # Telegram's redelivery arriving while the first is being handled, and after
+        # Telegram's redeliveries arriving while the first is being handled: 503, not 200 (the
+        # handler may die, and a 200 makes Telegram forget the update: #30); one after: 200
         answers = await asyncio.gather(*(client.post(url, json=first) for _ in range(3)))
+        assert sorted(a.status_code for a in answers) == [200, 503, 503]
+        assert all(int(a.headers["Retry-After"]) >= 1 for a in answers if a.status_code == 503)
         again = await client.post(url, json=first)
-        assert [a.status_code for a in (*answers, again)] == [200] * 4
+        assert again.status_code == 200
         await client.post(url, json=update(3, "next"))
         assert replies(api, 3) == ["once", "next"]
         assert bot.stats[Outcome.DUPLICATE] == 3
@@ -124,3 +128,40 @@ async def test_two_processes_sharing_redis_lose_nothing_and_reply_once_in_order(
     print(f"telegram, 2 processes: {figures}")
     assert got == expected
     assert (figures.replies, figures.duplicates, figures.lost) == (sent, 0, 0)
+
+
+@pytest.mark.processes
+async def test_a_redelivery_after_the_handling_process_died_is_handled(
+    prefix: str, api: StandIn
+) -> None:
+    """The process handling an update is SIGKILLed mid-handler (``handle_in_background=False``:
+    Telegram has no answer yet); Telegram retries it at the other process (#30). While the dead
+    process's claim is leased the retries are answered 503, not 200 (which would make Telegram
+    forget the update); the first one after the lease runs it."""
+    body = update(51, "survives")
+    state = RedisState.from_url(REDIS.url, prefix=prefix)
+    try:
+        async with (
+            bot_processes(
+                "telegram", 2, state_url=REDIS.url, prefix=prefix, api_url=api.url,
+                settings={"BOT_LOCK_TTL": "3"}, each=[{"BOT_DELAY": "60"}, {"BOT_DELAY": "0.02"}],
+            ) as bots,
+            httpx.AsyncClient(timeout=30.0) as client,
+        ):  # fmt: skip
+            first = asyncio.ensure_future(client.post(bots.urls[0] + PATH, json=body))
+            assert await holder_pid(state, "telegram:51:chat") == bots.processes[0].pid
+            await bots.kill(0)  # mid-handler
+            with pytest.raises(httpx.TransportError):
+                await first
+            answers = await redeliver(
+                lambda n: client.post(bots.urls[1] + PATH, json=body),
+                retries=TELEGRAM_RETRIES,
+                honour_retry_after=False,  # Telegram keeps its own schedule
+            )
+    finally:
+        await state.aclose()
+    print(f"telegram, handling process killed: Telegram's retries answered {answers}")
+    assert answers[0] == "503", answers  # the dead process's claim is leased
+    assert answers[-1] == "200", answers
+    assert set(answers[:-1]) == {"503"}, answers
+    assert replies(api, 51) == ["survives"]

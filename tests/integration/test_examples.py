@@ -368,6 +368,31 @@ async def test_background_mode_answers_at_once_and_shutdown_drains(
         assert journal.running == {}
 
 
+async def test_a_background_redelivery_is_answered_after_its_outcome(
+    kind: str, launch: Launcher
+) -> None:
+    # Slack redelivers when the 202 came late: the first delivery may be in progress, maybe in
+    # a worker that dies, so the redelivery is not answered 202 at once (#30)
+    journal = Journal()
+    journal.gate = asyncio.Event()
+    payload = slack("950.1")
+    retry = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+    async with (
+        launch(kind, on_lock_conflict="queue", journal=journal) as running,
+        client_of(running) as client,
+    ):
+        assert (await client.post(BACKGROUND, json=payload)).status_code == 202
+        await wait_until(journal, lambda: journal.running_total == 1, "the handler running")
+        early = await client.post(BACKGROUND, json=payload, headers=retry)
+        assert early.status_code == 503
+        assert int(early.headers["Retry-After"]) >= 1
+        journal.gate.set()
+        await wait_until(journal, lambda: handled_ids(journal) == ["950.1"], "the handling")
+        later = await client.post(BACKGROUND, json=payload, headers=retry)
+        assert later.status_code == 200  # done: a duplicate, nothing runs again
+    assert handled_ids(journal) == ["950.1"]
+
+
 # -- accept: the durable inbox -----------------------------------------------------------------
 
 

@@ -11,13 +11,27 @@ issue's 30 x 10 with a 0.5 s handler.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
+import time
 import uuid
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 from tests._matrix import REDIS, purge_namespace, require
-from tests.integration._platform import Load, Result, run_scenario, settings_for
+from tests.integration._platform import (
+    Load,
+    Result,
+    deployed,
+    run_scenario,
+    settings_for,
+    worker_running,
+)
+from tests.integration._redelivery import SLACK_RETRIES, redeliver
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -83,3 +97,55 @@ async def test_without_a_crash_a_burst_under_drop_is_handled_within_the_retries(
     assert result.tally.given_up == set(), result.row()
     assert result.never_handled == 0, result.row()
     assert result.row()["handled twice"] == 0, result.row()
+
+
+@pytest.mark.parametrize("route", ["sync", "background", "durable"])
+@pytest.mark.parametrize("kind", ["fastapi", "aiohttp"])
+async def test_a_redelivery_after_the_handling_worker_died_is_handled(
+    redis_env: dict[str, str], kind: str, route: str
+) -> None:
+    """The worker handling an event is SIGKILLed mid-handler, and Slack retries the event (#30):
+    its first answer never came (``sync``), came late (``background``: Slack redelivers after 3 s
+    without a 2xx), or was lost (``durable``). No retry is answered 2xx while the dead worker's
+    claim is leased, except for a stored event (``durable``: the inbox hands it to the other
+    worker); either way the event is handled, once."""
+    payload = Load(threads=1, messages=1).payloads(str(uuid.uuid4().int % 900 + 100))[0][1]
+    inner = payload["event"]
+    assert isinstance(inner, dict)
+    message_id = str(inner["ts"])
+    settings = {**redis_env, **settings_for(route, "queue", lock_ttl=3.0, delay=1.0)}
+    async with (
+        deployed(kind, settings, workers=2) as deployment,
+        httpx.AsyncClient(
+            base_url=deployment.base_url,
+            timeout=10.0,
+            # a connection per delivery, as Slack's: none is reused to reach a dead worker
+            limits=httpx.Limits(max_keepalive_connections=0),
+        ) as client,
+    ):
+        first = asyncio.ensure_future(client.post("/slack/events", json=payload))
+        victim = await worker_running(deployment, message_id)
+        os.kill(victim, signal.SIGKILL)  # mid-handler (1 s of work)
+        with contextlib.suppress(httpx.TransportError):  # sync: no answer ever came
+            await first
+
+        async def retry(n: int) -> httpx.Response:
+            headers = {"X-Slack-Retry-Num": str(n), "X-Slack-Retry-Reason": "http_timeout"}
+            return await client.post("/slack/events", json=payload, headers=headers)
+
+        answers = await redeliver(retry, retries=SLACK_RETRIES, honour_retry_after=True)
+        deadline = time.monotonic() + SETTLE
+        # the journal is a file the workers append to: polled, there is nothing to wait on
+        while message_id not in deployment.handled() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        handled = deployment.handled()
+    print(f"{kind} {route}, handling worker killed: Slack's retries answered {answers}")
+    # a retry sent while the killed process's socket still takes connections is lost: Slack
+    # tries again, as it does after any failed delivery
+    answered = [a for a in answers if a != "connection lost"]
+    if route == "durable":
+        assert answered == ["200"], answers  # stored: the other worker's serve() takes it over
+    else:
+        assert answered[0] == "503", answers  # the dead worker's claim is leased
+        assert answered[-1] == "200", answers  # the retry after the lease ran it
+    assert handled.count(message_id) == 1, handled

@@ -10,6 +10,7 @@ answer, bounded; none is a sleep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -17,15 +18,18 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from asynclock import Outcome
+from asynclock import Outcome, RedisState
 from examples import slack_bolt_bot
 from tests._matrix import REDIS
 from tests.integration._processes import (
     asynclock_worker,
     bot_processes,
     deliver_each_twice,
+    held,
+    holder_pid,
     tally,
 )
+from tests.integration._redelivery import SLACK_RETRIES, redeliver
 from tests.integration._standins import (
     BOT_TOKEN,
     SIGNING_SECRET,
@@ -149,13 +153,22 @@ async def test_a_burst_in_one_thread_is_answered_once_each_in_order(
         assert app.bot.stats[Outcome.HANDLED] + app.bot.stats[Outcome.QUEUED] == count + 1
 
 
-async def test_retries_1_to_3_are_answered_200_and_handled_once(prefix: str, api: StandIn) -> None:
-    async with served(prefix, api, mode="submit") as app:
+async def test_retries_are_answered_after_their_outcome_and_handled_once(
+    prefix: str, api: StandIn
+) -> None:
+    async with served(prefix, api, mode="submit", delay=0.5) as app:
         body = envelope("EvRetry", "3.1")
         first = await deliver(app.client, app.url, body)
-        # Slack's retries of one event: the first handling is still running or done
-        retries = [await deliver(app.client, app.url, body, retry=n) for n in (1, 2, 3)]
-        assert [r.status_code for r in (first, *retries)] == [200] * 4
+        assert first.status_code == 200  # submitted: answered before the handler ran
+        # Slack's retry while the first handling is in progress (Slack got no answer in time):
+        # not 200, or Slack would forget an event whose handler may die (#30)
+        early = await deliver(app.client, app.url, body, retry=1)
+        assert early.status_code == 503
+        assert int(early.headers["Retry-After"]) >= 1
+        await api.recorder.wait_for(lambda: len(api.recorder.replies) == 1)
+        # once it is done, a retry is a plain duplicate: 200, nothing runs again
+        later = [await deliver(app.client, app.url, body, retry=n) for n in (2, 3)]
+        assert [r.status_code for r in later] == [200, 200]
         await app.bot.aclose()  # everything submitted is done
         assert replies_in(api.recorder, "C1:3.1") == ["EvRetry"]
         assert app.middleware.redeliveries == 3
@@ -249,3 +262,58 @@ async def test_events_acknowledged_by_a_process_killed_after_the_ack_are_not_los
     print(f"slack, web process killed after the ack: {figures}")
     assert got == expected(threads, per_thread)
     assert (figures.duplicates, figures.lost) == (0, 0)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("mode", ["submit", "dispatch", "accept"])
+async def test_a_redelivery_after_the_handling_process_died_is_handled(
+    prefix: str, api: StandIn, mode: Mode
+) -> None:
+    """The process handling an event is SIGKILLed mid-handler; Slack retries it at the other
+    process (#30). No retry is answered 2xx while the dead process's claim is leased (``submit``,
+    ``dispatch``: 503 + ``Retry-After``), or the event is stored (``accept``: 200, and the inbox
+    hands it to a live worker); either way it is handled, once."""
+    body = envelope("EvKill", "8.1")
+    state = RedisState.from_url(REDIS.url, prefix=prefix)
+    settings = {"BOT_MODE": mode, "BOT_LOCK_TTL": "3"}
+    slow, quick = {"BOT_DELAY": "60"}, {"BOT_DELAY": "0.02"}
+    if mode == "accept":
+        quick["BOT_SERVE"] = "0"  # only the slow process drains: it is the one handling
+    try:
+        async with (
+            bot_processes(
+                "slack", 2, state_url=REDIS.url, prefix=prefix, api_url=api.url,
+                settings=settings, each=[slow, quick],
+            ) as bots,
+            httpx.AsyncClient(timeout=30.0) as client,
+        ):  # fmt: skip
+            first = asyncio.ensure_future(deliver(client, bots.urls[0], body))
+            if mode == "accept":  # the only process draining holds the thread: it is handling
+                await held(state, "slack:C1:8.1")
+            else:
+                assert await holder_pid(state, "slack:C1:8.1") == bots.processes[0].pid
+            await bots.kill(0)  # mid-handler
+            with contextlib.suppress(httpx.TransportError):  # dispatch: no answer ever came
+                await first
+            answers = await redeliver(
+                lambda n: deliver(client, bots.urls[1], body, retry=n),
+                retries=SLACK_RETRIES,
+                honour_retry_after=True,
+            )
+            if mode == "accept":
+                assert answers == ["200"]  # stored: the inbox delivers it again, not Slack
+                env = {
+                    "ASYNCLOCK_STATE_URL": REDIS.url,
+                    "ASYNCLOCK_PREFIX": prefix,
+                    "SLACK_BOT_TOKEN": BOT_TOKEN,
+                    "SLACK_API_URL": api.url,
+                }
+                async with asynclock_worker("examples.slack_bolt_bot:worker", env):
+                    await api.recorder.wait_for(lambda: len(api.recorder.replies) == 1, 120)
+            else:
+                assert answers[0] == "503", answers  # the dead process's claim is leased
+                assert answers[-1] == "200", answers  # the retry after the lease ran it
+    finally:
+        await state.aclose()
+    print(f"slack {mode}, handling process killed: Slack's retries answered {answers}")
+    assert replies_in(api.recorder, "C1:8.1") == ["EvKill"]

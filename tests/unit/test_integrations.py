@@ -8,17 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 
 import pytest
 from aiogram import Bot, Dispatcher
+from aiogram.dispatcher.event.bases import UNHANDLED
 from aiogram.dispatcher.middlewares.user_context import UserContextMiddleware
 from aiogram.types import ErrorEvent, Message, Update
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 
 from asynclock import Event, EventDispatcher, HandlerContext, MemoryState, Outcome, state_from_url
-from asynclock.integrations.aiogram import UpdateMiddleware, telegram_event
+from asynclock.integrations.aiogram import (
+    InboxRequestHandler,
+    UpdateFeeder,
+    UpdateInProgressError,
+    UpdateMiddleware,
+    telegram_event,
+)
 from asynclock.integrations.slack_bolt import SlackEventsMiddleware, slack_event
+from asynclock.integrations.taskiq import LockMiddleware, TaskAlreadyQueuedError, UniqueMiddleware
 from tests._helpers import LocksOnly
 
 
@@ -249,3 +258,83 @@ class TestAiogramErrors:
         assert len(tokens) == 2
         assert (bot.stats[Outcome.FAILED], bot.stats[Outcome.HANDLED]) == (1, 1)
         assert bot.stats[Outcome.DUPLICATE] == 1
+
+    async def test_a_redelivery_of_an_update_in_progress_is_a_503_not_a_200(self) -> None:
+        # Telegram's retry of an update still being handled (maybe by a process that died):
+        # a 200 would make Telegram forget it (#30); aiohttp turns the error into a 503
+        dp = Dispatcher()
+        bot = EventDispatcher(MemoryState(), lock_ttl=10.0)
+        dp.update.outer_middleware(UpdateMiddleware(bot))
+        running, finish = asyncio.Event(), asyncio.Event()
+
+        @dp.message()
+        async def handler(message: Message) -> None:
+            running.set()
+            await finish.wait()
+
+        swallowed: list[BaseException] = []
+
+        @dp.error()
+        async def log_and_swallow(event: ErrorEvent) -> bool:  # what many bots register
+            swallowed.append(event.exception)
+            return True
+
+        telegram = Bot(token="42:UNIT-TEST")
+        try:
+            delivery = update(topic_message(None))
+            first = asyncio.ensure_future(dp.feed_update(telegram, delivery))
+            await asyncio.wait_for(running.wait(), 10)
+            with pytest.raises(UpdateInProgressError) as in_progress:
+                await dp.feed_update(telegram, delivery)
+            finish.set()
+            await asyncio.wait_for(first, 10)
+            assert await dp.feed_update(telegram, delivery) is UNHANDLED  # done: a plain 200
+        finally:
+            await telegram.session.close()
+        assert swallowed == []  # no error handler can turn the 503 into a 200
+        answer = in_progress.value
+        assert answer.status == 503
+        assert 1 <= int(answer.headers["Retry-After"]) <= 11
+        assert (answer.update_id, bot.stats[Outcome.DUPLICATE]) == (11, 2)
+
+
+class TestAiogramDurableWebhookArguments:
+    def test_the_request_handler_needs_a_dispatcher_and_a_bot(self) -> None:
+        bot = EventDispatcher(MemoryState(), on_lock_conflict="queue")
+        telegram = Bot(token="42:UNIT-TEST")
+        with pytest.raises(TypeError, match="needs an EventDispatcher"):
+            InboxRequestHandler("bot", telegram)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="needs an aiogram Bot"):
+            InboxRequestHandler(bot, "telegram")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="secret_token"):
+            InboxRequestHandler(bot, telegram, secret_token="")
+        assert repr(InboxRequestHandler(bot, telegram)) == (
+            "<InboxRequestHandler bot_id=42 per_thread=False>"
+        )
+
+    def test_the_feeder_needs_a_dispatcher_an_aiogram_dispatcher_and_a_bot(self) -> None:
+        bot = EventDispatcher(MemoryState(), on_lock_conflict="queue")
+        telegram = Bot(token="42:UNIT-TEST")
+        with pytest.raises(TypeError, match="needs an aiogram Dispatcher"):
+            UpdateFeeder(bot, "dp", telegram)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="context_key"):
+            UpdateFeeder(bot, Dispatcher(), telegram, context_key="")
+        feeder = UpdateFeeder(bot, Dispatcher(), telegram)
+        assert feeder.bot is bot
+
+
+class TestTaskiqMiddlewareArguments:
+    def test_bad_prefixes_and_labels_are_named(self) -> None:
+        state = MemoryState()
+        with pytest.raises(TypeError, match="prefix must be a str"):
+            LockMiddleware(state, prefix=None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="label"):
+            UniqueMiddleware(state, label="")
+        with pytest.raises(ValueError, match="ttl"):
+            UniqueMiddleware(state, ttl=-1)
+
+    def test_a_refusal_pickles_with_its_fields(self) -> None:
+        refused = TaskAlreadyQueuedError("report:monday", "t-1", 12.5)
+        again = pickle.loads(pickle.dumps(refused))
+        assert (again.key, again.task_id, again.retry_after) == ("report:monday", "t-1", 12.5)
+        assert str(again) == str(refused)

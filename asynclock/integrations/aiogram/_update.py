@@ -1,40 +1,35 @@
-"""aiogram 3: an outer middleware on updates that runs each one through an EventDispatcher.
+"""aiogram's updates as asynclock events: the mapping, and the outer middleware on updates.
 
 ``dp.update.outer_middleware(UpdateMiddleware(bot))`` makes aiogram's handling of every update
-a dispatch: a redelivered update (same ``update_id``) is a ``DUPLICATE`` and never handled
-twice, one chat's updates are handled one at a time (per the dispatcher's ``on_lock_conflict``),
-across every process sharing the dispatcher's state, and the handler receives the
-:class:`~asynclock.HandlerContext` as the ``asynclock`` keyword (``ctx.token``).
-
-Requires the ``aiogram`` extra: ``pip install 'asynclock[aiogram]'``.
+a delivery through an :class:`~asynclock.EventDispatcher`: a redelivered update (same
+``update_id``) is a ``DUPLICATE`` and never handled twice, one chat's updates are handled one at
+a time (per the dispatcher's ``on_lock_conflict``), across every process sharing the
+dispatcher's state, and the handler receives the :class:`~asynclock.HandlerContext` as the
+``asynclock`` keyword (``ctx.token``). A redelivery of an update still being handled (maybe by a
+process that died) is answered 503 with ``Retry-After``, never 2xx.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, final
 
-from asynclock import Event, EventDispatcher, HandlerContext
-from asynclock._validate import check_key
-
-try:
-    import aiogram  # noqa: F401 - only to name the extra when aiogram is missing
-except ImportError as error:  # pragma: no cover - the dev extra installs it
-    raise ImportError(
-        "asynclock.integrations.aiogram needs aiogram 3: pip install 'asynclock[aiogram]'"
-    ) from error
-
 from aiogram import BaseMiddleware, Bot
-from aiogram.dispatcher.event.bases import UNHANDLED
+from aiogram.dispatcher.event.bases import UNHANDLED, SkipHandler
 from aiogram.dispatcher.middlewares.user_context import (
     EVENT_CONTEXT_KEY,
     EventContext,
     UserContextMiddleware,
 )
 from aiogram.types import TelegramObject, Update
+from aiohttp import web
 
-__all__ = ("UpdateMiddleware", "telegram_event")
+from asynclock import Event, EventDispatcher, HandlerContext
+from asynclock._validate import check_key
+
+__all__ = ("UpdateInProgressError", "UpdateMiddleware", "telegram_event")
 
 #: aiogram's next step in the middleware chain, as aiogram types it
 NextHandler = Callable[[TelegramObject, dict[str, Any]], Awaitable[Any]]
@@ -83,6 +78,32 @@ def telegram_event(
     )
 
 
+class UpdateInProgressError(web.HTTPServiceUnavailable, SkipHandler):
+    """A redelivered update is still being handled: answered 503 with ``Retry-After``.
+
+    Raised by :class:`UpdateMiddleware` for a delivery whose update is being handled elsewhere
+    (or was, by a process that died: its claim is leased until ``retry_after`` seconds from
+    now). It is an aiohttp ``HTTPServiceUnavailable``, so aiogram's webhook handlers on aiohttp
+    answer Telegram 503 and Telegram delivers the update again later; with another web framework,
+    map it to a 503 yourself. A 2xx would make Telegram forget an update that may never be
+    handled. It is also aiogram's ``SkipHandler``, which aiogram's errors middleware passes on
+    without calling the error handlers: a catch-all ``@dp.error()`` cannot turn it into a 200.
+
+    Attributes:
+        update_id: the update's id.
+        retry_after: seconds until the first delivery's claim lapses if nobody finishes it.
+    """
+
+    def __init__(self, update_id: int, retry_after: float) -> None:
+        self.update_id = update_id
+        self.retry_after = retry_after
+        seconds = str(max(1, math.ceil(retry_after)))
+        super().__init__(
+            headers={"Retry-After": seconds},
+            text=f"update {update_id} is being handled; deliver it again later",
+        )
+
+
 @dataclass
 class _Call:
     """aiogram's rest of the chain for one update, run by the dispatcher's handler."""
@@ -106,8 +127,14 @@ class UpdateMiddleware(BaseMiddleware):
 
     Invariants:
 
-    * An update already handled, or being handled, anywhere the state is shared, is a
-      ``DUPLICATE``: aiogram's handlers do not run, the middleware returns ``UNHANDLED``.
+    * An update already handled anywhere the state is shared is a ``DUPLICATE``: aiogram's
+      handlers do not run, the middleware returns ``UNHANDLED`` (Telegram gets its 200).
+    * An update being handled (its claim leased: by a live process, or by one that died) is a
+      ``DUPLICATE`` too, and nothing runs, but the middleware raises
+      :class:`UpdateInProgressError`: aiogram's webhook handler answers 503 with
+      ``Retry-After``, so Telegram keeps the update and delivers it again; once the claim
+      lapsed, that delivery runs it. (With ``handle_in_background=True``, aiogram's own default,
+      Telegram has its 200 before anything runs: use ``False``, or the durable webhook.)
     * Per chat at most one handler runs at a time; with ``on_lock_conflict="queue"`` the chat's
       updates are handled in arrival order (per process). Other chats run in parallel.
     * Under ``"drop"`` a busy chat's update is ``DROPPED``: logged at WARNING and counted by the
@@ -161,10 +188,13 @@ class UpdateMiddleware(BaseMiddleware):
         # it before anything runs): it must not take over the first one's continuation
         mine = self._calls.setdefault(key, call) is call
         try:
-            await self._bot.dispatch(key)
+            delivery = await self._bot.deliver(key)
         finally:
             if mine:
                 del self._calls[key]
+        if delivery.in_progress:
+            assert delivery.retry_after is not None
+            raise UpdateInProgressError(event.update_id, delivery.retry_after)
         return call.result if call.ran else UNHANDLED
 
     async def _continue(self, event: Event, ctx: HandlerContext) -> None:

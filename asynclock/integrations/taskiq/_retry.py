@@ -20,21 +20,19 @@ as any taskiq task does: ``context: Context = TaskiqDepends()``.
 from __future__ import annotations
 
 import datetime
-import functools
-import inspect
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
-try:
-    from taskiq import AsyncBroker, Context, ScheduleSource
-    from taskiq.exceptions import NoResultError
-    from taskiq.kicker import AsyncKicker
-except ImportError as exc:  # pragma: no cover - exercised without the extra only
-    raise ImportError(
-        "asynclock.integrations.taskiq needs taskiq: pip install 'asynclock[taskiq]'"
-    ) from exc
+from taskiq import AsyncBroker, Context, ScheduleSource
+from taskiq.exceptions import NoResultError
+from taskiq.kicker import AsyncKicker
 
-from asynclock._errors import LockAcquisitionError
-from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, _name
+from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, function_name
+from asynclock.integrations._jobs import (
+    Execution,
+    attempts_needed,
+    job_decorator,
+    too_few_tries,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -52,7 +50,29 @@ __all__ = ["check_tries", "retry_on_lock_conflict"]
 
 #: taskiq's retry counter label: executions so far before this one (absent: 0)
 RETRIES_LABEL = "_retries"
-_ATTEMPTS = "__asynclock_attempts__"
+
+
+class _TaskiqQueue:
+    """taskiq's part of the job decorator: the ``_retries`` label counts, a delayed re-kick of
+    the same message re-enqueues, and ``NoResultError`` ends the execution."""
+
+    noun = "taskiq tasks"
+
+    def __init__(self, source: ScheduleSource | None) -> None:
+        self._source = source
+
+    def execution(
+        self, function: object, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Execution[Context]:
+        context = _context_of(function, args, kwargs)
+        message = context.message
+        number = int(message.labels.get(RETRIES_LABEL, 0)) + 1
+        return Execution(number, f"taskiq:{message.task_id}", context)
+
+    async def requeue(self, execution: Execution[Context], delay: float) -> BaseException:
+        await _kick_later(execution.handle, execution.number, delay, self._source)
+        # no result stored, and no error retry by a retry middleware
+        return NoResultError()
 
 
 def retry_on_lock_conflict(
@@ -108,40 +128,7 @@ def retry_on_lock_conflict(
     if schedule_source is not None and not isinstance(schedule_source, ScheduleSource):
         raise TypeError(f"schedule_source must be a taskiq ScheduleSource, got {schedule_source!r}")
     _check_list_prefix(schedule_source)
-
-    def decorate(
-        function: Callable[P, Coroutine[object, object, R]],
-    ) -> Callable[P, Coroutine[object, object, R | None]]:
-        if not inspect.iscoroutinefunction(function):
-            raise TypeError(
-                f"retry_on_lock_conflict decorates async def taskiq tasks; {_name(function)} is "
-                f"{type(function).__name__}"
-            )
-
-        @functools.wraps(function)
-        async def task(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            context = _context_of(function, args, kwargs)
-            message = context.message
-            executions = int(message.labels.get(RETRIES_LABEL, 0)) + 1
-            if executions == 1:
-                retrying.counters.calls += 1
-            async with retrying.turn(f"taskiq:{message.task_id}", executions) as turn:
-                try:
-                    return await function(*args, **kwargs)
-                except LockAcquisitionError as error:
-                    delay = retrying.conflict(function, error, executions)
-                    if delay is None:
-                        result = await retrying.exhaust(function, args, kwargs, error)
-                        return cast("R | None", result)
-                    await _kick_later(context, executions, delay, schedule_source)
-                    turn.keep()  # the task comes back: it keeps its places in the lines
-                    raise NoResultError from error
-
-        setattr(task, _ATTEMPTS, retrying.attempts)
-        task.statistics = retrying.counters.snapshot  # type: ignore[attr-defined]
-        return task
-
-    return decorate
+    return job_decorator(retrying, _TaskiqQueue(schedule_source))
 
 
 def _context_of(function: object, args: tuple[object, ...], kwargs: dict[str, object]) -> Context:
@@ -149,9 +136,9 @@ def _context_of(function: object, args: tuple[object, ...], kwargs: dict[str, ob
         if isinstance(value, Context):
             return value
     raise TypeError(
-        f"{_name(function)} retries through taskiq and needs its execution's taskiq Context: "
-        "add a parameter `context: Context = TaskiqDepends()` to the task (and run it in a "
-        "taskiq worker)"
+        f"{function_name(function)} retries through taskiq and needs its execution's taskiq "
+        "Context: add a parameter `context: Context = TaskiqDepends()` to the task (and run it "
+        "in a taskiq worker)"
     )
 
 
@@ -201,14 +188,13 @@ def check_tries(broker: B) -> B:
     the module the worker imports, after the tasks are declared; returns ``broker``.
     """
     for task in broker.get_all_tasks().values():
-        function = getattr(task, "original_func", None)
-        attempts = getattr(function, _ATTEMPTS, None)
+        attempts = attempts_needed(getattr(task, "original_func", None))
         declared = task.labels.get("max_retries")
-        if isinstance(attempts, int) and declared is not None and int(declared) < attempts:
-            raise ValueError(
-                f"taskiq task {task.task_name!r} needs {attempts} tries "
-                f"(retry_on_lock_conflict(attempts={attempts})), but it is declared with "
-                f"max_retries={declared}: raise max_retries to at least {attempts} or lower "
-                "attempts"
+        if attempts is not None and declared is not None and int(declared) < attempts:
+            raise too_few_tries(
+                f"taskiq task {task.task_name!r}",
+                attempts,
+                f"it is declared with max_retries={declared}",
+                "max_retries",
             )
     return broker
