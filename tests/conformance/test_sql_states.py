@@ -13,7 +13,7 @@ import pytest
 from asynclock import AsyncLock, Deduper, StateUnavailableError, state_from_url
 from asynclock.state import Release
 from tests._helpers import token_of
-from tests._matrix import MYSQL, POSTGRES, POSTGRES_PGBOUNCER, require, rows_of
+from tests._matrix import MYSQL, POSTGRES, POSTGRES_PGBOUNCER, expire_rows, require, rows_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -101,11 +101,13 @@ async def test_tokens_keep_increasing_after_the_row_is_purged(sql_backend: Backe
 
 
 async def test_expired_dedupe_records_are_purged(sql_state: State, sql_backend: Backend) -> None:
-    dedupe = Deduper(sql_state, ttl=0.05)
+    dedupe = Deduper(sql_state, ttl=600.0)
     assert await dedupe.first_seen("evt")
     prefix = getattr(sql_state, "prefix")  # noqa: B009 - SQL states only
     assert await rows_of(sql_backend, "asynclock_dedupe", prefix) == 1
-    await asyncio.sleep(0.1)
+    # expired by hand rather than by a TTL of 50 ms, which could run out before the count
+    # above: another test's purge would then have deleted the row first
+    await expire_rows(sql_backend, "asynclock_dedupe", prefix)
     purge = getattr(sql_state, "purge_expired")  # noqa: B009 - SQL states only
     # the row is gone, by this purge or by another state's (purges take every expired row of
     # the table, and other tests' states purge in the background on the same server)
