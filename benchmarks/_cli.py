@@ -18,6 +18,7 @@ from benchmarks import (
     _growth,
     _held,
     _inbox,
+    _inbox_growth,
     _memory,
     _plots,
     _progress,
@@ -59,9 +60,12 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "cluster": _cluster.run,
     "inbox": _inbox.run,
     "inbox-sql": _sql_inbox.run,
+    "inbox-growth": _inbox_growth.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
 }
+#: long soaks that ``all`` leaves out (run them by name)
+SOAKS = {"inbox-growth"}
 NEEDS_REDIS = {
     "uncontended",
     "contended",
@@ -100,6 +104,8 @@ python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatch
 python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
 python -m benchmarks sql --quick     # ~20 s, stdout only
 python -m benchmarks inbox-sql --quick  # ~30 s: the durable inbox on PostgreSQL and MariaDB
+python -m benchmarks inbox-growth       # ~30 min (--quick ~8 min): 100,000 events per server
+                                        # backend, keys/rows left and a worker's RSS
 python -m benchmarks sql-dispatcher     # ~1 min: EventDispatcher on PostgreSQL vs chat-sdk's
 python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
                                        # single Redis vs a private 3-master Redis Cluster
@@ -201,7 +207,7 @@ async def _amain(args: argparse.Namespace) -> int:
     if args.scenario == "plots":
         return _plots_only(args)
     cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds)
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    names = [n for n in SCENARIOS if n not in SOAKS] if args.scenario == "all" else [args.scenario]
     if cfg.rounds is not None and cfg.rounds < 1:
         log("--rounds must be at least 1")
         return 2
@@ -264,7 +270,7 @@ async def _amain(args: argparse.Namespace) -> int:
         path = Path(args.doc)
         # the sql, cluster, inbox and held blocks carry their own environment (servers, drivers,
         # commit): a run of one of them alone keeps the environment block of the others above
-        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"])
+        kept = names in (["sql"], ["cluster"], ["inbox"], ["held"], ["inbox-growth"])
         write_doc(
             path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
         )
