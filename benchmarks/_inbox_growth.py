@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlsplit
 from benchmarks._cluster import configured_url
 from benchmarks._env import log
 from benchmarks._report import Section, kv_table
-from benchmarks._sql_server import MYSQL_URL, PG_URL, mysql_connect, pg_connect
+from benchmarks._sql_server import MYSQL_URL, PG_URL, key_id, mysql_connect, pg_connect
 
 if TYPE_CHECKING:
     from multiprocessing.sharedctypes import Synchronized
@@ -162,6 +162,11 @@ async def _count_redis(nodes: list[Any], prefix: str) -> dict[str, int]:
         async for raw in node.scan_iter(match=prefix.replace("*", r"\*") + "*", count=2000):
             kind = _redis_kind(raw.decode(), prefix)
             counts[kind] = counts.get(kind, 0) + 1
+            if kind == "slot inbox:slots":  # the cluster's directory: its entries are slots
+                listed = int(await node.hlen(raw))
+                counts["slots listed in the directory"] = (
+                    counts.get("slots listed in the directory", 0) + listed
+                )
     return counts
 
 
@@ -170,23 +175,31 @@ _ENTRIES = (
     "SELECT count(*) FROM asynclock_inbox_entries WHERE inbox IN "
     "(SELECT id FROM asynclock_inboxes WHERE name LIKE {})"
 )
-#: entries whose inboxes row is gone, of any prefix
+#: entries whose inboxes row is gone, of any prefix, by inbox (the run's are told apart by id:
+#: other users of the tables may leave theirs, e.g. a test purged while its worker still ran)
 _ORPHANS = (
-    "SELECT count(*) FROM asynclock_inbox_entries AS e WHERE NOT EXISTS "
-    "(SELECT 1 FROM asynclock_inboxes AS i WHERE i.id = e.inbox)"
+    "SELECT inbox, count(*) FROM asynclock_inbox_entries AS e WHERE NOT EXISTS "
+    "(SELECT 1 FROM asynclock_inboxes AS i WHERE i.id = e.inbox) GROUP BY inbox"
 )
 
 
-async def _count_sql(backend: str, conn: Any, prefix: str) -> dict[str, int]:
+async def _orphans(backend: str, conn: Any, ours: set[bytes]) -> int:
+    if backend == "postgres":
+        rows = await conn.fetch(_ORPHANS)
+    else:
+        async with conn.cursor() as cursor:
+            await cursor.execute(_ORPHANS)
+            rows = await cursor.fetchall()
+    return sum(int(n) for inbox, n in rows if bytes(inbox) in ours)
+
+
+async def _count_sql(backend: str, conn: Any, prefix: str, ours: set[bytes]) -> dict[str, int]:
     pattern = prefix + "%"
     statements = [
         (f"asynclock_{table}", f"SELECT count(*) FROM asynclock_{table} WHERE name LIKE {{}}")
         for table in _TABLES
     ]
-    statements += [
-        ("asynclock_inbox_entries", _ENTRIES),
-        ("asynclock_inbox_entries of no inbox (any prefix)", _ORPHANS),
-    ]
+    statements.append(("asynclock_inbox_entries", _ENTRIES))
     counts: dict[str, int] = {}
     for name, statement in statements:
         args = [pattern] if "{}" in statement else []
@@ -199,6 +212,9 @@ async def _count_sql(backend: str, conn: Any, prefix: str) -> dict[str, int]:
                 value = (await cursor.fetchone())[0]
         if value:
             counts[name] = int(value)
+    orphans = await _orphans(backend, conn, ours)
+    if orphans:
+        counts["asynclock_inbox_entries of no inboxes row"] = orphans
     return counts
 
 
@@ -209,6 +225,8 @@ class Counter:
     backend: str
     url: str
     prefix: str
+    #: SQL: the ids of the run's inboxes (SHA-256 of the prefixed key, as the states make them)
+    ours: set[bytes] = field(default_factory=set)
     handles: list[Any] = field(default_factory=list)
 
     async def open(self) -> None:
@@ -224,7 +242,7 @@ class Counter:
     async def count(self) -> dict[str, int]:
         if self.backend.startswith("redis"):
             return await _count_redis(self.handles, self.prefix)
-        return await _count_sql(self.backend, self.handles[0], self.prefix)
+        return await _count_sql(self.backend, self.handles[0], self.prefix, self.ours)
 
     async def aclose(self) -> None:
         for handle in self.handles:
@@ -264,10 +282,24 @@ class Outcome:
             return "no samples"
         values = [mib for _, mib in self.rss]
         first, last = self.rss[0], self.rss[-1]
+        step = max(1, len(self.rss) // 10)
+        series = " ".join(f"{mib:.1f}" for _, mib in self.rss[::step])
         return (
             f"{first[1]:.1f} MiB at {first[0]:,} -> {last[1]:.1f} MiB at {last[0]:,} "
-            f"(min {min(values):.1f}, max {max(values):.1f}, spread {max(values) - min(values):.1f})"
+            f"(min {min(values):.1f}, max {max(values):.1f}, spread {max(values) - min(values):.1f}; "
+            f"slope {_slope(self.rss) * 10_000:+.2f} MiB per 10,000 events; samples {series})"
         )
+
+
+def _slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares MiB per handled event over ``points`` (handled, MiB)."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
 
 
 async def _run(api: Asynclock, cfg: Config, backend: str, run: str) -> Outcome:
@@ -283,7 +315,8 @@ async def _run(api: Asynclock, cfg: Config, backend: str, run: str) -> Outcome:
         if not backend.startswith("redis"):
             options["purge_interval"] = SHORT["purge_interval"]
     out = Outcome(backend, run, events)
-    counter = Counter(backend, url, prefix)
+    keys = {_event(api, i).thread_key for i in range(events)}
+    counter = Counter(backend, url, prefix, {key_id(prefix + key) for key in keys})
     await counter.open()
     ctx = multiprocessing.get_context("spawn")
     handled = ctx.Value("q", 0, lock=False)
