@@ -244,6 +244,19 @@ class Counter:
             return await _count_redis(self.handles, self.prefix)
         return await _count_sql(self.backend, self.handles[0], self.prefix, self.ours)
 
+    async def delete(self, prefix: str) -> None:
+        """Delete every row of ``prefix`` (SQL: the probe's, whose events nobody handles)."""
+        statements = [
+            _ENTRIES.replace("SELECT count(*)", "DELETE"),
+            *(f"DELETE FROM asynclock_{table} WHERE name LIKE {{}}" for table in _TABLES),
+        ]
+        for statement in statements:
+            if self.backend == "postgres":
+                await self.handles[0].execute(statement.format("$1"), prefix + "%")
+            else:
+                async with self.handles[0].cursor() as cursor:
+                    await cursor.execute(statement.format("%s"), [prefix + "%"])
+
     async def aclose(self) -> None:
         for handle in self.handles:
             if self.backend.startswith("redis"):
@@ -423,6 +436,7 @@ async def _settle(out: Outcome, counter: Counter, api: Asynclock, dedupe_ttl: fl
     finally:
         if probe_state is not None:
             await probe_state.aclose()
+            await counter.delete(f"{counter.prefix[:-1]}-probe:")  # nobody drains those
 
 
 # -- the scenario ----------------------------------------------------------------------------
