@@ -39,6 +39,7 @@ from asynclock._waiters import line_for
 from asynclock.state._protocol import (
     ClaimingState,
     DedupeReading,
+    DurabilityCheck,
     ImmediateSteps,
     InboxState,
     State,
@@ -148,12 +149,14 @@ class EventDispatcher:
 
     __slots__ = (
         "_backlogs",
+        "_checking",
         "_claiming",
         "_claims_here",
         "_closed",
         "_debounce",
         "_dedupe_ttl",
         "_done_ttl",
+        "_durability",
         "_freeing",
         "_handlers",
         "_lean",
@@ -221,6 +224,9 @@ class EventDispatcher:
         self._lean = immediate_steps(state)
         #: the state as a ClaimingState, if it is one
         self._claiming = state if isinstance(state, ClaimingState) else None
+        #: the state as a DurabilityCheck until its check settled (None while one runs)
+        self._durability = state if isinstance(state, DurabilityCheck) else None
+        self._checking: asyncio.Task[None] | None = None
         self._scope = lock_scope
         debounce_seconds = check_seconds(debounce, "debounce", allow_zero=True)
         assert debounce_seconds is not None
@@ -942,6 +948,22 @@ class EventDispatcher:
             )
         return self._state
 
+    def _check_durability(self) -> None:
+        """Have the state check, in the background, whether its server keeps what it confirmed
+        (it logs a warning if not): the accept or serve() that asks does not wait for it. One
+        check at a time; asked again only until the state says it is settled, so an accept
+        after that does nothing more."""
+        state, self._durability = self._durability, None
+        assert state is not None
+
+        async def check() -> None:
+            if not await state.check_durability():
+                self._durability = state  # not settled (server out of reach): ask again later
+
+        # kept apart from the dispatches (in_flight): aclose() waits for it (op_timeout at most)
+        self._checking = asyncio.ensure_future(check())
+        self._checking.set_name("asynclock durability check")
+
     async def accept(self, event: Event) -> Outcome:
         """Store ``event`` in its key's durable inbox; a worker's :meth:`serve` handles it.
 
@@ -961,6 +983,8 @@ class EventDispatcher:
             raise TypeError(f"accept() takes an Event, got {type(event).__name__}")
         inbox = self._inbox()
         started = asyncio.get_running_loop().time()
+        if self._durability is not None:
+            self._check_durability()
         lock_key = self.lock_key(event)
         claim = EventClaim.of(event, lock_key)
         result = await inbox.inbox_accept(
@@ -1009,6 +1033,8 @@ class EventDispatcher:
         """
         inbox = self._inbox()
         max_keys = _check_count(max_keys, "max_keys")
+        if self._durability is not None:
+            self._check_durability()
         stopping = asyncio.Event()
         if self._closed:
             stopping.set()
@@ -1095,6 +1121,8 @@ class EventDispatcher:
             stopping.set()
         while self._tasks:
             await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
+        if self._checking is not None:
+            await asyncio.gather(self._checking, return_exceptions=True)
         # retries of "done" marks run until the state answers: not worth waiting for at exit
         # (each claim then lapses with its lease: at least once)
         marking = tuple(self._marking)

@@ -20,6 +20,7 @@ from benchmarks import (
     _growth,
     _held,
     _inbox,
+    _inbox_growth,
     _inbox_scale,
     _memory,
     _plots,
@@ -63,6 +64,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "cluster": _cluster.run,
     "inbox": _inbox.run,
     "inbox-sql": _sql_inbox.run,
+    "inbox-growth": _inbox_growth.run,
     "sql-dispatcher": _sql_dispatcher.run,
     "held": _held.run,
     "inbox-scale": _inbox_scale.run,
@@ -71,8 +73,8 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "aiogram": _aiogram.run,
 }
 #: scenarios that `all` leaves out: run them on their own (``aiogram``: its children import
-#: aiogram, seconds of CPU each, and its long handler runs 70 s)
-NOT_IN_ALL = {"aiogram"}
+#: aiogram, seconds of CPU each, and its long handler runs 70 s; ``inbox-growth``: a soak)
+NOT_IN_ALL = {"aiogram", "inbox-growth"}
 NEEDS_REDIS = {
     "uncontended",
     "contended",
@@ -114,6 +116,8 @@ python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatch
 python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
 python -m benchmarks sql --quick     # ~20 s, stdout only
 python -m benchmarks inbox-sql --quick  # ~30 s: the durable inbox on PostgreSQL and MariaDB
+python -m benchmarks inbox-growth       # ~30 min (--quick ~8 min): 100,000 events per server
+                                        # backend, keys/rows left and a worker's RSS
 python -m benchmarks sql-dispatcher     # ~1 min: EventDispatcher on PostgreSQL vs chat-sdk's
 python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
                                        # single Redis vs a private 3-master Redis Cluster
@@ -298,6 +302,7 @@ async def _amain(args: argparse.Namespace) -> int:
             "semaphore",
             "dashboard",
             "aiogram",
+            "inbox-growth",
         )
         kept = len(names) == 1 and names[0] in own
         write_doc(

@@ -79,6 +79,11 @@ def configure(*, url: str | None, private: bool) -> None:
     _SETTINGS.url, _SETTINGS.private = url, private
 
 
+def configured_url() -> str:
+    """The cluster the command line named (``--cluster``), else :data:`DEFAULT_CLUSTER_URL`."""
+    return _SETTINGS.url or DEFAULT_CLUSTER_URL
+
+
 def label(target: str, processes: int) -> str:
     return f"{target}, {processes} process{'es' if processes > 1 else ''} x {TASKS} tasks"
 

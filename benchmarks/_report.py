@@ -170,6 +170,7 @@ _ORDER = (
     "cluster",
     "inbox",
     "inbox-sql",
+    "inbox-growth",
     "held",
     "inbox-scale",
     "semaphore",

@@ -329,6 +329,24 @@ async def rows_of(backend: Backend, table: str, key_prefix: str) -> int:
     return int(str(count or 0))
 
 
+async def expire_rows(backend: Backend, table: str, key_prefix: str) -> None:
+    """Move the expiry of the rows of ``table`` whose keys start with ``key_prefix`` an hour
+    into the past, by the server's clock: expired now, and expired long enough for any
+    ``token_retention`` a test uses.
+
+    A test of the purge makes its rows expire this way rather than with a TTL of a millisecond:
+    such a TTL has run out before the test counted the rows, so another test's purge (purges
+    take every expired row of a table) may delete them first.
+    """
+    if backend.name.startswith("postgres"):
+        past = "now() - interval '1 hour'"
+    else:
+        past = "UTC_TIMESTAMP(3) - INTERVAL 1 HOUR"
+    await run_sql(
+        backend, [f"UPDATE {table} SET expires_at = {past} WHERE name LIKE {{}}"], f"{key_prefix}%"
+    )
+
+
 #: attempts of one test statement that InnoDB chose as a deadlock victim
 _DEADLOCK_ATTEMPTS = 5
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from asynclock.state._protocol import (
     ClaimingState,
     DedupeReading,
+    DurabilityCheck,
     FairState,
     Grant,
     LockAdmin,
@@ -33,6 +34,7 @@ __all__ = (
     "SCHEMES",
     "ClaimingState",
     "DedupeReading",
+    "DurabilityCheck",
     "FairState",
     "Grant",
     "LockAdmin",

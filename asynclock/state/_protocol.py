@@ -512,6 +512,30 @@ class InboxWorker(Protocol):
 
 
 @runtime_checkable
+class DurabilityCheck(Protocol):
+    """Optional capability: a state that can tell whether its server keeps what it confirmed.
+
+    The durable inbox promises that an accepted event survives any crash, which holds only as
+    far as the server keeps its writes. ``EventDispatcher.accept`` and ``serve`` call
+    :meth:`check_durability` before their first inbox operation, and again only until it
+    answers ``True``; the state decides what to check and logs what it finds (``RedisState``:
+    whether each master keeps an append-only file).
+    """
+
+    async def check_durability(self) -> bool:
+        """Check, once per state instance, whether the server persists what it confirms, and
+        log one warning on the ``asynclock`` logger when it does not.
+
+        Returns ``True`` once the check is settled (made, or turned off): the caller need not
+        ask again, and a later call sends nothing. ``False``: it could not be made now (the
+        server is out of reach, or another caller's check is in flight): ask again later.
+        Never raises ``StateUnavailableError``: the check is advice, and the operation the
+        caller is about to run reports an outage itself.
+        """
+        ...
+
+
+@runtime_checkable
 class LockAdmin(Protocol):
     """Optional capability for operators: list the locks held now, and force one free.
 

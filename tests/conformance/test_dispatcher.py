@@ -32,7 +32,7 @@ from asynclock import (
     Outcome,
     StateUnavailableError,
 )
-from asynclock.state._protocol import ClaimingState
+from asynclock.state._protocol import ClaimingState, DedupeReading
 from tests._helpers import finish
 
 if TYPE_CHECKING:
@@ -981,24 +981,36 @@ class TestSerialization:
 # -- renewal and lock loss -----------------------------------------------------------------------
 
 
+#: the lock TTL of the lost-lock tests: renewed every 0.5 s, so the lock is lost only when the
+#: test takes it away (with 0.3 s, a renewal late by 0.3 s on a loaded machine lost it first);
+#: the loss is noticed by the next renewal, within the tests' 3 s waits
+LOST_TTL = 1.5
+
+
 class TestRenewal:
     async def test_a_slow_handler_keeps_its_lock(self, state: State) -> None:
-        entered = asyncio.Event()
-        bot = EventDispatcher(state, lock_ttl=0.3)
+        # A TTL of 1.5 s, renewed every 0.5 s: a TTL of 0.3 s (renewed every 0.1 s) was lost on
+        # a loaded machine, where one renewal came 0.3 s late. The handler holds until told to
+        # return, so the check below never races its end either.
+        entered, done = asyncio.Event(), asyncio.Event()
+        bot = EventDispatcher(state, lock_ttl=1.5)
 
         @bot.on("*")
         async def slow(event: Event) -> None:
             if event.message_id == "slow":
                 entered.set()
-                await asyncio.sleep(1.0)  # more than three TTLs
+                await done.wait()
 
         holder = asyncio.create_task(bot.dispatch(ev("slow")))
         await soon(entered.wait())
-        await asyncio.sleep(0.8)  # the lock's TTL ran out twice over; renewals kept it
+        began = time.monotonic()
+        await asyncio.sleep(3.2)  # the lock's TTL ran out twice over; renewals kept it
         # chat SDK P4: a second handler ran here. The key is still held: DROPPED.
         assert await bot.dispatch(ev("second")) is Outcome.DROPPED
         info = await state.inspect(KEY)
         assert info is not None
+        assert time.monotonic() - began > 2 * 1.5
+        done.set()
         assert await soon(holder) is Outcome.HANDLED
 
     async def test_a_lost_lock_cancels_the_handler_and_fails(self, state: State) -> None:
@@ -1007,7 +1019,7 @@ class TestRenewal:
         errors: list[BaseException | None] = []
         bot = EventDispatcher(
             state,
-            lock_ttl=0.3,
+            lock_ttl=LOST_TTL,
             raise_errors=False,
             on_outcome=lambda e, o, err: errors.append(err),
         )
@@ -1037,7 +1049,7 @@ class TestRenewal:
 
     async def test_a_lost_lock_raises_lock_lost_error(self, state: State) -> None:
         gate = Gate()
-        bot = bot_with(state, gate, lock_ttl=0.3)
+        bot = bot_with(state, gate, lock_ttl=LOST_TTL)
         task = await hold_key(bot, gate, ev("m1"))
         info = await state.inspect(KEY)
         assert info is not None
@@ -1047,7 +1059,9 @@ class TestRenewal:
     async def test_a_lost_lock_under_latest_fails_the_batch(self, state: State) -> None:
         gate = Gate()
         conflicts = Conflicts("latest")
-        bot = bot_with(state, gate, on_lock_conflict=conflicts, lock_ttl=0.3, raise_errors=False)
+        bot = bot_with(
+            state, gate, on_lock_conflict=conflicts, lock_ttl=LOST_TTL, raise_errors=False
+        )
         holder = await hold_key(bot, gate, ev("h"))
         tasks = []
         for n in (1, 2):
@@ -1075,7 +1089,9 @@ class TestTwoPhaseClaims:
     (renewed), and *done* for ``dedupe_ttl`` once handled (``kill -9`` mid-event: see
     test_dispatcher_processes.py)."""
 
-    LEASE = 0.3
+    #: renewed every third of it; 0.3 s lost renewals on a loaded machine (PostgreSQL: an
+    #: extend answered later than the 0.2 s left), and the claim with them
+    LEASE = 1.0
 
     async def test_a_slow_handler_keeps_its_claim_past_the_lease(self, state: State) -> None:
         gate = Gate()
@@ -1265,15 +1281,21 @@ class TestClaimingStateCapability:
             # documented: MySQL makes separate calls (covered by the dispatcher tests)
             assert type(state).__name__ == "MySQLState"
             return
-        grant = await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=0.2)
+        # a lease of 5 s, not 0.2 s: the duplicate below must meet it live however slow the
+        # machine (and no other test's purge may delete it as expired meanwhile)
+        grant = await state.acquire_claimed("k", "a", 5.0, claim="c1", claim_ttl=5.0)
         assert grant is not None
         assert grant.token is not None
-        assert await state.acquire_claimed("k", "b", 5.0, claim="c1", claim_ttl=0.2) is None
+        assert await state.acquire_claimed("k", "b", 5.0, claim="c1", claim_ttl=5.0) is None
         done = await state.release_claimed("k", "a", claim="c1", claim_ttl=60.0)
         assert done.owned
         assert done.handoff_token is None
         assert await state.inspect("k") is None
-        await asyncio.sleep(0.4)  # past the claim's lease: the release made it last
+        # the release made it last: the record now has the done mark's 60 s, not the lease's 5
+        assert isinstance(state, DedupeReading)
+        remaining = await state.dedupe_remaining("c1")
+        assert remaining is not None
+        assert remaining > 30.0
         assert not await state.dedupe_add("c1", 1.0)
         # not the owner: nothing released, the claim set all the same
         assert (await state.acquire("k", "b", 5.0)).token is not None

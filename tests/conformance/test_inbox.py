@@ -28,6 +28,7 @@ from asynclock import (
     Outcome,
     state_from_url,
 )
+from asynclock import _inbox as inbox_module
 from asynclock._inbox import encode
 from asynclock.state._protocol import InboxState
 from tests._helpers import LocksOnly
@@ -234,29 +235,36 @@ class TestServe:
             assert numbers == sorted(numbers), key
         assert recorder.overlaps == 0
 
-    async def test_an_accept_as_its_key_is_released_is_drained_at_once(self, state: State) -> None:
+    # 1,000 events one after the other: 25-40 s on a server, up to 115 s through PgBouncer on a
+    # loaded 2-core machine (the suite's 120 s limit); `slow` leaves the PgBouncer row out (the
+    # drainer's logic is the same as direct), and the limit here allows for the load
+    @pytest.mark.slow
+    @pytest.mark.timeout(300)
+    async def test_an_accept_as_its_key_is_released_is_drained_at_once(
+        self, state: State, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         # Each event is accepted the moment the previous one's handler starts, so it often lands
         # right after the drainer's last step released the key on an empty inbox, before that
         # drainer's task has ended: the scan its wake-up triggers still sees the key taken. The
         # end of that task must trigger a new scan; without it the event waited for the next
-        # rescan (lock_ttl / 2 = 2.5 s here), about 1 event in 250 on Redis.
+        # periodic rescan, about 1 event in 250 on Redis. The periodic rescan is pushed out of
+        # the test's reach (an hour), so such an event is never handled: the wait for its
+        # handler fails, whatever the machine's load (a bound on the wait, 1 s against a 2.5 s
+        # rescan, failed on a busy machine with no event stranded).
+        monkeypatch.setattr(inbox_module, "RESCAN", 3600.0)
         started = asyncio.Event()
 
         async def handler(event: Event) -> None:
             started.set()
 
-        bot = bot_on(state, handler)
+        bot = EventDispatcher(state, on_lock_conflict="queue", lock_ttl=7200.0)
+        bot.add_handler("*", handler)
         task = await serving(bot)
-        waits = []
         for n in range(1000):
             started.clear()
-            t0 = time.monotonic()
             await bot.accept(ev(n))
             await asyncio.wait_for(started.wait(), SOON)
-            waits.append(time.monotonic() - t0)
         await stop(bot, task)
-        slow = [w for w in waits if w > 1.0]
-        assert not slow, f"{len(slow)} of 1000 events waited for a rescan, up to {max(slow):.1f} s"
 
     async def test_fencing_tokens_grow_per_key(self, state: State) -> None:
         recorder = Recorder()

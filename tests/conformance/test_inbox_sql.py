@@ -16,7 +16,15 @@ import pytest
 from asynclock import LockNotOwnedError, state_from_url
 from asynclock.state.sql._inbox import SQLInboxState
 from asynclock.state.sql._queries import load_schema
-from tests._matrix import SQL_INBOX_STATES, Backend, purge_namespace, require, rows_of, run_sql
+from tests._matrix import (
+    SQL_INBOX_STATES,
+    Backend,
+    expire_rows,
+    purge_namespace,
+    require,
+    rows_of,
+    run_sql,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -146,18 +154,22 @@ async def test_an_accept_racing_the_last_step_is_never_stranded(clients: Clients
 
 async def test_the_purge_keeps_inbox_rows(clients: Clients) -> None:
     state = clients.open(token_retention=0.001, purge_interval=None)
-    await state.inbox_accept("k", "p", claim="c", claim_ttl=0.001, max_pending=10)
-    assert (await state.acquire("other", "owner", 0.001)).token is not None
+    # long TTLs, then expired by hand: with TTLs of a millisecond, another test's purge could
+    # delete the rows before they are counted here (purges take every expired row of a table)
+    await state.inbox_accept("k", "p", claim="c", claim_ttl=600.0, max_pending=10)
+    assert (await state.acquire("other", "owner", 600.0)).token is not None
     assert await rows_of(clients.backend, "asynclock_dedupe", state.prefix) == 1
     assert await rows_of(clients.backend, "asynclock_locks", state.prefix) == 1
-    await asyncio.sleep(0.05)
-    # the expired claim and the free lock row are gone (by this purge or another state's:
-    # purges take every expired row of the table), the inbox rows are kept
+    for table in ("asynclock_dedupe", "asynclock_locks"):
+        await expire_rows(clients.backend, table, state.prefix)
+    # the expired claim and the expired lock row are gone (by this purge or another state's),
+    # the inbox rows are kept
     assert await state.purge_expired() >= 0
     assert await rows_of(clients.backend, "asynclock_dedupe", state.prefix) == 0
     assert await rows_of(clients.backend, "asynclock_locks", state.prefix) == 0
     [info] = await state.inbox_keys()
     assert (info.key, info.pending) == ("k", 1)
+    assert await state.inbox_ready() == ["k"]
 
 
 async def test_the_schema_is_created_once_by_states_starting_together(clients: Clients) -> None:

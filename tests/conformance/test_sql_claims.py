@@ -35,10 +35,18 @@ pytestmark = pytest.mark.postgres
 class Rows:
     """A state on a fresh namespace, and a session of its own that row-locks its rows."""
 
-    def __init__(self, state: Any, prefix: str, session: Any) -> None:
+    def __init__(self, state: Any, prefix: str, session: Any, tag: str) -> None:
         self.state = state
         self.prefix = prefix
         self.session = session
+        #: the application_name of every session of this test's states (waiting_for_a_row)
+        self.tag = tag
+
+    def open(self, **options: Any) -> Any:
+        """Another state of this namespace, its sessions tagged as this test's."""
+        return state_from_url(
+            POSTGRES.url, prefix=self.prefix, application_name=self.tag, **options
+        )
 
     def ident(self, key: str) -> bytes:
         return key_id(f"{self.prefix}{key}")
@@ -78,10 +86,12 @@ class Rows:
             assert not task.done(), task
             # inside the holding transaction the activity view is read once, unless cleared
             await self.session.execute("SELECT pg_stat_clear_snapshot()")
+            # only this test's sessions: another test's statement waiting for a row lock of its
+            # own (or a purge waiting for one of these rows) must not count
             waiting = await self.session.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND query LIKE '%asynclock_dedupe%' "
-                "AND pid <> pg_backend_pid()"
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                "AND wait_event_type = 'Lock'",
+                self.tag,
             )
             if waiting >= sessions:
                 return
@@ -94,11 +104,12 @@ async def rows() -> AsyncIterator[Rows]:
     require(POSTGRES)
     namespace = uuid.uuid4().hex
     options = POSTGRES.options(namespace)
-    state = state_from_url(POSTGRES.url, **options)
+    tag = f"asynclock_c_{namespace[:16]}"
+    state = state_from_url(POSTGRES.url, application_name=tag, **options)
     session = await asyncpg.connect(POSTGRES.url, timeout=10)
     try:
         assert isinstance(state, ClaimingState)
-        yield Rows(state, str(options["prefix"]), session)
+        yield Rows(state, str(options["prefix"]), session, tag)
     finally:
         await session.close()
         await state.aclose()
@@ -157,7 +168,7 @@ async def test_a_release_racing_its_expiry_and_a_redelivery_never_deadlock(
     # Deadlock victims are not run again here, so a cycle would surface as an error.
     monkeypatch.setattr(type(rows.state), "_rolled_back_whole", lambda self, exc: False)
     first: Any = rows.state
-    second: Any = state_from_url(POSTGRES.url, prefix=rows.prefix)
+    second: Any = rows.open()
     try:
         grant = await first.acquire_claimed("k", "a", 0.3, claim="c", claim_ttl=30.0)
         assert grant is not None
@@ -191,7 +202,7 @@ async def test_an_accept_taking_over_a_lapsed_claim_keeps_it_from_the_old_owner(
     # forget_claimed must not delete it, or the next redelivery would be accepted a second time
     # (inbox_accept_v1 kept the old owner on the record it took over).
     # no background purge of this state may delete the lapsed record before the accept
-    state: Any = state_from_url(POSTGRES.url, prefix=rows.prefix, purge_interval=None)
+    state: Any = rows.open(purge_interval=None)
     try:
         grant = await state.acquire_claimed("k", "a", 30.0, claim="c", claim_ttl=30.0)
         assert grant is not None

@@ -12,8 +12,17 @@ import pytest
 
 from asynclock import AsyncLock, Deduper, StateUnavailableError, state_from_url
 from asynclock.state import Release
-from tests._helpers import token_of
-from tests._matrix import MYSQL, POSTGRES, POSTGRES_PGBOUNCER, require, rows_of
+from asynclock.state.sql import _state as sql_state_module
+from tests._helpers import eventually, token_of
+from tests._matrix import (
+    MYSQL,
+    POSTGRES,
+    POSTGRES_PGBOUNCER,
+    expire_rows,
+    purge_namespace,
+    require,
+    rows_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -101,17 +110,48 @@ async def test_tokens_keep_increasing_after_the_row_is_purged(sql_backend: Backe
 
 
 async def test_expired_dedupe_records_are_purged(sql_state: State, sql_backend: Backend) -> None:
-    dedupe = Deduper(sql_state, ttl=0.05)
+    dedupe = Deduper(sql_state, ttl=600.0)
     assert await dedupe.first_seen("evt")
     prefix = getattr(sql_state, "prefix")  # noqa: B009 - SQL states only
     assert await rows_of(sql_backend, "asynclock_dedupe", prefix) == 1
-    await asyncio.sleep(0.1)
+    # expired by hand rather than by a TTL of 50 ms, which could run out before the count
+    # above: another test's purge would then have deleted the row first
+    await expire_rows(sql_backend, "asynclock_dedupe", prefix)
     purge = getattr(sql_state, "purge_expired")  # noqa: B009 - SQL states only
     # the row is gone, by this purge or by another state's (purges take every expired row of
     # the table, and other tests' states purge in the background on the same server)
     assert await purge() >= 0
     assert await rows_of(sql_backend, "asynclock_dedupe", prefix) == 0
     assert await dedupe.first_seen("evt")
+
+
+async def test_a_background_purge_deletes_every_expired_row(
+    sql_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One background purge per purge_interval used to delete one batch: with more expired
+    # records than a batch per interval (steady traffic), the table grew without bound (#30,
+    # the inbox-growth soak). A batch of 5 here stands for the 500 of a real purge.
+    monkeypatch.setattr(sql_state_module, "PURGE_BATCH", 5)
+    namespace = uuid.uuid4().hex
+    options = sql_backend.options(namespace)
+    prefix = str(options["prefix"])
+    writer = state_from_url(sql_backend.url, purge_interval=None, **options)
+    # one purge at its first operation, and none for an hour after it
+    purger = state_from_url(sql_backend.url, purge_interval=3600.0, **options)
+    try:
+        for n in range(12):
+            assert await writer.dedupe_add(f"d{n}", 600.0)
+        await expire_rows(sql_backend, "asynclock_dedupe", prefix)
+        assert await purger.dedupe_add("live", 600.0)  # starts the background purge
+
+        async def only_the_live_record_left() -> bool:
+            return await rows_of(sql_backend, "asynclock_dedupe", prefix) == 1
+
+        await eventually(only_the_live_record_left, within=10.0)
+    finally:
+        await writer.aclose()
+        await purger.aclose()
+        await purge_namespace(sql_backend, namespace)
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,7 @@ from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL
 from asynclock.state._watch import EventWatch
 from asynclock.state.redis._clients import client_from_url, transport_for
+from asynclock.state.redis._durability import PersistenceCheck
 from asynclock.state.redis._inbox import RedisInbox
 from asynclock.state.redis._scripts import as_int as _as_int
 from asynclock.state.redis._scripts import load_scripts
@@ -111,6 +112,10 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
             to a normal acquire by the successor (see docs/backends.md, Redis Sentinel).
             0 (the default) never waits. Not supported on Redis Cluster.
         replica_timeout: seconds ``WAIT`` may take; less than ``op_timeout``.
+        check_persistence: the durable inbox's first ``accept`` or ``serve()`` reads
+            ``INFO persistence`` of every master once, and logs one warning when a master keeps
+            no append-only file (its accepted events would not survive a restart of the
+            server). ``False`` skips the check (a server made durable by other means).
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
         reservation: float = 0.25,
         replicas: int = 0,
         replica_timeout: float = 1.0,
+        check_persistence: bool = True,
     ) -> None:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
@@ -146,6 +152,11 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
                 f"({op_timeout}): WAIT runs inside the operation's deadline"
             )
         self._replica_timeout_ms = ttl_ms(wait_for or 1.0)
+        if not isinstance(check_persistence, bool):
+            raise TypeError(
+                f"check_persistence must be a bool, got {type(check_persistence).__name__}"
+            )
+        self._persistence = PersistenceCheck(enabled=check_persistence)
         #: acquires, extends and handoffs that fewer than ``replicas`` replicas confirmed
         self.replica_shortfalls = 0
         transport = transport_for(client, replicas=replicas, op_timeout=self._op_timeout or 5.0)
@@ -171,6 +182,7 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
         reservation: float = 0.25,
         replicas: int = 0,
         replica_timeout: float = 1.0,
+        check_persistence: bool = True,
     ) -> RedisState:
         """Build a state (and its own client) from a ``redis://``, ``rediss://``, ``unix://``,
         ``redis+cluster://`` or ``redis+sentinel://`` URL.
@@ -202,6 +214,7 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
             reservation=reservation,
             replicas=replicas,
             replica_timeout=replica_timeout,
+            check_persistence=check_persistence,
         )
         state._owns_client = True
         state._guard.where = where
@@ -309,6 +322,16 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
         opened under the state's deadline and error mapping."""
         async with self._guard():
             return await self._transport.blocking_connection(key)
+
+    async def check_durability(self) -> bool:
+        """See :meth:`asynclock.state.DurabilityCheck.check_durability`: ``INFO persistence``
+        of every master, once per state (``_durability.py``); a warning names a master that
+        keeps no append-only file. Nothing with ``check_persistence=False``."""
+        return await self._persistence.run(self._guard.where, self._each_master_info)
+
+    async def _each_master_info(self) -> list[tuple[str, object]]:
+        async with self._guard():
+            return await self._transport.each_master("INFO", "persistence")
 
     async def _scan(self, pattern: str) -> AsyncIterator[str]:
         """Every key matching ``pattern`` (``SCAN``, on every master of a cluster); each page

@@ -128,6 +128,15 @@ class ClusterTransport:
             async for page in scan_pages(call, pattern):
                 yield page
 
+    async def each_master(self, *args: str | int | bytes) -> list[tuple[str, object]]:
+        """See :meth:`Transport.each_master`: every master of the slot map, one after another."""
+        router = self.router
+        await router.refresh()
+        return [
+            (f"{host}:{port}", await router.call_on((host, port), *args))
+            for host, port in router.masters
+        ]
+
     def subscriber(self, op_timeout: float) -> ShardedSubscriber:
         """See :meth:`Transport.subscriber`: sharded, one connection per master in use."""
         return ShardedSubscriber(self.router, op_timeout)

@@ -90,6 +90,13 @@ class PlainTransport:
         async for page in scan_pages(self.pool.call, pattern):
             yield page
 
+    async def each_master(self, *args: str | int | bytes) -> list[tuple[str, object]]:
+        """See :meth:`Transport.each_master`: the one server (the master, under Sentinel)."""
+        reply = await self.pool.call(*args)
+        master = self.master
+        address = self.describe(self.where) if master is None else f"{master[0]}:{master[1]}"
+        return [(address, reply)]
+
     def subscriber(self, op_timeout: float) -> Subscriber:
         """See :meth:`Transport.subscriber`: one pub/sub connection like the client's."""
         client = self._client

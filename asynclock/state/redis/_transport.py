@@ -117,6 +117,11 @@ class Transport(Protocol):
         """The keys matching ``pattern``, one ``SCAN`` page per item (every master's)."""
         ...
 
+    async def each_master(self, *args: str | int | bytes) -> list[tuple[str, object]]:
+        """One command on every master (the one server; under Sentinel, the master the
+        sentinels name; every master of a cluster's slot map): each one's address and reply."""
+        ...
+
     def subscriber(self, op_timeout: float) -> Subscriber | ShardedSubscriber:
         """A new subscriber for the release channels of this topology."""
         ...

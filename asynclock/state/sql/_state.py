@@ -90,8 +90,9 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
             delete it.
         reservation: seconds a release keeps the lock reserved for a waiting state (another
             process) that flagged it, before anyone may take it.
-        purge_interval: seconds between opportunistic background purges of expired rows (one
-            small batch each); ``None`` turns them off.
+        purge_interval: seconds between opportunistic background purges of expired rows (each
+            deletes every row expired by then, in batches of 500 rows per statement);
+            ``None`` turns them off.
     """
 
     def __init__(
@@ -237,7 +238,9 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
 
     async def _purge_once(self) -> None:
         try:
-            await self._purge_batches(once=True)
+            # every expired row, in batches: one batch per interval fell behind any steady
+            # traffic of more than PURGE_BATCH new records per interval (#30), and the table grew
+            await self._purge_batches()
         except Exception as exc:  # noqa: BLE001 - opportunistic: the next one will try again
             logger.debug("asynclock: background purge of expired rows failed: %r", exc)
         finally:
@@ -251,13 +254,13 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
             ("purge_dedupe", {"batch": PURGE_BATCH}),
         )
 
-    async def _purge_batches(self, *, once: bool) -> int:
+    async def _purge_batches(self) -> int:
         total = 0
         for name, params in self._purge_jobs():
             while True:
                 deleted = self._deleted(await self._run(name, params, idempotent=True))
                 total += deleted
-                if once or deleted < PURGE_BATCH:
+                if deleted < PURGE_BATCH:
                     break
         return total
 
@@ -483,4 +486,4 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
         Runs in batches (each one short statement) until nothing is left; returns the number of
         rows deleted. A purged key's next token still exceeds its old ones (the clock seed).
         """
-        return await self._purge_batches(once=False)
+        return await self._purge_batches()
