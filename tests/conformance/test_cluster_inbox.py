@@ -181,6 +181,44 @@ async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
     assert await inbox.index.keys() == [key]
 
 
+async def test_two_first_accepts_of_one_slot_leave_the_directory_with_the_marks_generation(
+    inbox: Inbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both find the slot unlisted and each writes a fresh generation into the directory before
+    # either comes back to its script: only the first script sets the mark, and the directory
+    # then holds the other's generation. The second script sends its accept back to write the
+    # mark's: the directory ends with the generation a pruning compares, and the slot can leave
+    # it once empty (else its entry stayed forever, read by every rescan).
+    key = "slack:C1:twice"
+    index = inbox.index
+    lock_key = inbox.state.lock_key(key)
+    listing = index.list_for
+    both_listed = asyncio.Barrier(2)
+    fresh: list[str] = []
+
+    async def list_for(lock_key: str, generation: str | None = None) -> str:
+        written = await listing(lock_key, generation)
+        if generation is None:  # a fresh generation: wait until the other wrote its own too
+            fresh.append(written)
+            await both_listed.wait()
+            if written == fresh[1]:  # the directory holds this one: let the other set the mark
+                # the mark is a key of the server: polled (bounded by the test's wait_for)
+                while await reply(inbox.raw.get(index.listed_key(lock_key))) is None:  # noqa: ASYNC110
+                    await asyncio.sleep(0.001)
+        return written
+
+    monkeypatch.setattr(index, "list_for", list_for)
+    accepted = await asyncio.wait_for(
+        asyncio.gather(inbox.accept(key, 1), inbox.accept(key, 2)), 10
+    )
+    assert accepted == ["accepted", "accepted"]
+    mark = _text(await reply(inbox.raw.get(index.listed_key(lock_key))))
+    assert await inbox.listed(key) == mark
+    await inbox.drain(key)
+    assert await index.prune({inbox.slot(key)}) == 1
+    assert await inbox.listed(key) is None
+
+
 async def test_requeue_on_a_pruned_slot_lists_it_again_and_the_cli_shows_it(inbox: Inbox) -> None:
     key = "slack:C1:poison"
     await inbox.accept(key, 1)

@@ -12,6 +12,7 @@ import pytest
 
 from asynclock import AsyncLock, Deduper, StateUnavailableError, state_from_url
 from asynclock.state import Release
+from asynclock.state._protocol import InboxState
 from asynclock.state.sql import _state as sql_state_module
 from tests._helpers import eventually, token_of
 from tests._matrix import (
@@ -151,6 +152,31 @@ async def test_a_background_purge_deletes_every_expired_row(
     finally:
         await writer.aclose()
         await purger.aclose()
+        await purge_namespace(sql_backend, namespace)
+
+
+async def test_an_idle_inbox_workers_rescans_purge_too(sql_backend: Backend) -> None:
+    # A serve() with nothing to do still rescans every few seconds: its state purges on those,
+    # so expired rows do not wait for the next accept (#30, the inbox-growth soak).
+    namespace = uuid.uuid4().hex
+    options = sql_backend.options(namespace)
+    prefix = str(options["prefix"])
+    writer = state_from_url(sql_backend.url, purge_interval=None, **options)
+    worker = state_from_url(sql_backend.url, purge_interval=0.001, **options)
+    try:
+        for n in range(3):
+            assert await writer.dedupe_add(f"d{n}", 600.0)
+        await expire_rows(sql_backend, "asynclock_dedupe", prefix)
+        assert isinstance(worker, InboxState)
+
+        async def purged() -> bool:
+            await worker.inbox_ready()  # a rescan, and nothing else
+            return await rows_of(sql_backend, "asynclock_dedupe", prefix) == 0
+
+        await eventually(purged, within=10.0)
+    finally:
+        await writer.aclose()
+        await worker.aclose()
         await purge_namespace(sql_backend, namespace)
 
 

@@ -126,11 +126,12 @@ class SlotReadySets:
         """See :meth:`ReadyIndex.listed_key`."""
         return self._mark_of(slot_of(lock_key))
 
-    async def list_for(self, lock_key: str) -> str:
-        """See :meth:`ReadyIndex.list_for`: a fresh generation for the slot, in the directory."""
+    async def list_for(self, lock_key: str, generation: str | None = None) -> str:
+        """See :meth:`ReadyIndex.list_for`: ``generation`` (or a fresh one) for the slot, in
+        the directory."""
         slot = slot_of(lock_key)
         shard = self.directory[slot % DIRECTORY_SHARDS]
-        generation = uuid.uuid4().hex
+        generation = generation or uuid.uuid4().hex
         async with self._guard():
             await self._router.call(slot_of(shard), "HSET", shard, slot, generation)
         return generation

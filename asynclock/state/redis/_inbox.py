@@ -113,7 +113,7 @@ class RedisInbox:
             (entries, seq, ready, claim_key, mark, lock_key, attempts),
             (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
             await self._hand_out_args(lock_key, lock_ttl, with_entry),
-            lambda reply: isinstance(reply, list) and text(reply[0]) == "unlisted",
+            _unlisted_accept,
             f"an event for {key!r} was accepted",
         )
         assert isinstance(reply, list)
@@ -167,18 +167,20 @@ class RedisInbox:
         keys: tuple[str, ...],
         args: tuple[str | int, ...],
         tail: tuple[str | int, ...],
-        unlisted: Callable[[object], bool],
+        unlisted: Callable[[object], str | None],
         what: str,
     ) -> object:
         """Run a script that may add ``lock_key``'s key to its set of keys with work
-        (``_listed.lua``); if that set was ``unlisted``, list it and run the script again.
+        (``_listed.lua``); while that set is ``unlisted`` (the script answers the generation to
+        list it under: '' for a fresh one), list it and run the script again.
 
         The script gets ``args``, then the listing, then ``tail``. With ``replicas=N``, each
         run is confirmed by WAIT (a shortfall raises, naming ``what``).
         """
         reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, *tail), what)
-        if unlisted(reply):  # a run with a generation is never unlisted (_listed.lua)
-            generation = await self._ready.list_for(lock_key)
+        # at most twice: the second time only when another accept listed the slot meanwhile
+        while (wanted := unlisted(reply)) is not None:
+            generation = await self._ready.list_for(lock_key, wanted or None)
             reply = await self._eval_confirmed(name, keys, (*args, generation, *tail), what)
         return reply
 
@@ -360,10 +362,21 @@ class RedisInbox:
             (entries, attempts, dead_letters, ready, mark, lock_key),
             (key,),
             (lane, new_handout_owner(), ttl_ms(REQUEUE_RESERVATION)),
-            lambda reply: as_int(reply) < 0,
+            _unlisted_requeue,
             f"dead letters of {key!r} were requeued",
         )
         return as_int(reply)
+
+
+def _unlisted_accept(reply: object) -> str | None:
+    """An ``inbox_accept.lua`` reply's generation to list its slot under, if it was unlisted."""
+    assert isinstance(reply, list)
+    return text(reply[2]) if text(reply[0]) == "unlisted" else None
+
+
+def _unlisted_requeue(reply: object) -> str | None:
+    """An ``inbox_requeue.lua`` reply's generation to list its slot under, if it was unlisted."""
+    return text(reply[1]) if isinstance(reply, list) else None
 
 
 def _free(value: object) -> bool:

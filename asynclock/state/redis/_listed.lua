@@ -6,12 +6,25 @@
 -- the directory lists its slot; while there is no mark, nothing is added to the set (listing '?':
 -- the caller is told 'unlisted', writes a new generation into the directory and comes back with
 -- it: that sets the mark). See _cluster_inbox.py for how a slot leaves the directory.
+-- listed(mark, listing) -> true when the key may join its set; else false and the generation the
+-- caller must write into the directory before it comes back with it: '' for a fresh one (the slot
+-- is not listed), or the mark's own when the caller came with another. Two accepts that list an
+-- unlisted slot at once each write a generation into the directory, and only the first sets the
+-- mark: the other is sent back to write the mark's, so the directory ends with the mark's
+-- generation, which is what a pruning compares (else the entry would stay forever).
 local function listed(mark, listing)
-  if listing == '' or redis.call('EXISTS', mark) == 1 then
+  if listing == '' then
     return true
   end
+  local current = redis.call('GET', mark)
+  if current then
+    if listing == '?' or current == listing then
+      return true
+    end
+    return false, current
+  end
   if listing == '?' then
-    return false
+    return false, ''
   end
   redis.call('SET', mark, listing)
   return true

@@ -38,8 +38,9 @@ class ReadyIndex(Protocol):
         """The listing mark of :meth:`ready_key` (``_listed.lua``)."""
         ...
 
-    async def list_for(self, lock_key: str) -> str:
-        """List ``lock_key``'s set in the directory; the generation to come back with."""
+    async def list_for(self, lock_key: str, generation: str | None = None) -> str:
+        """List ``lock_key``'s set in the directory under ``generation`` (``None``: a fresh
+        one); the generation to come back with."""
         ...
 
     async def keys(self) -> list[str]:
@@ -87,7 +88,7 @@ class ReadySet:
         """See :meth:`ReadyIndex.listed_key` (never read: the listing is ``''``)."""
         return self._key
 
-    async def list_for(self, lock_key: str) -> str:
+    async def list_for(self, lock_key: str, generation: str | None = None) -> str:
         """Never called: the one set is always listed."""
         raise AssertionError("a single Redis server lists no slot")
 

@@ -6,7 +6,8 @@
 -- ARGV[7] the hand-out lane, ARGV[8] the owner a hand-out reserves the lock for, ARGV[9] its
 -- ttl_ms, ARGV[10] '1' to hand the head entry out with it (see _handout.lua)
 -- returns {status, pending, handed}: 'duplicate' (the claim exists: nothing appended), 'full'
--- (max_pending entries pending: nothing appended), 'unlisted' (see _listed.lua: nothing appended)
+-- (max_pending entries pending: nothing appended), 'unlisted' (see _listed.lua: nothing appended;
+-- the third element is then the generation to list the slot under, '' for a fresh one)
 -- or 'accepted' (appended, claim recorded, key marked as having work, and handed to one worker
 -- unless the key's lock is held: its holder's drain step takes the entry, atomically with this
 -- script); handed as hand_out() answers. An entry reads "<id> <accepted ms> <payload>".
@@ -17,8 +18,9 @@ end
 if pending >= tonumber(ARGV[2]) then
   return {'full', pending}
 end
-if not listed(KEYS[5], ARGV[6]) then
-  return {'unlisted', pending}
+local listable, generation = listed(KEYS[5], ARGV[6])
+if not listable then
+  return {'unlisted', pending, generation}
 end
 if ARGV[5] == '1' then
   redis.call('SET', KEYS[4], 'accepted', 'PX', tonumber(ARGV[3]))

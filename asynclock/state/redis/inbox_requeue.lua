@@ -4,15 +4,16 @@
 -- owner a hand-out reserves the lock for, ARGV[5] its ttl_ms (see _handout.lua)
 -- Puts every dead letter back in front of the inbox, in their order, with fresh attempt counts,
 -- and hands the key to one worker if nobody holds it (without an entry: the worker takes it).
--- returns how many were put back, or -1 when the set of keys with work is not listed (nothing
--- changed: see _listed.lua). A hand-out that found its lane elsewhere (see hand_out()) leaves the
+-- returns how many were put back, or {-1, generation} when the set of keys with work is not
+-- listed (nothing changed; the generation to list it under, '' for a fresh one: see _listed.lua). A hand-out that found its lane elsewhere (see hand_out()) leaves the
 -- key to a rescan.
 local dead = redis.call('LRANGE', KEYS[3], 0, -1)
 if #dead == 0 then
   return 0
 end
-if not listed(KEYS[5], ARGV[2]) then
-  return -1
+local listable, generation = listed(KEYS[5], ARGV[2])
+if not listable then
+  return {-1, generation}
 end
 for i = #dead, 1, -1 do
   redis.call('LPUSH', KEYS[1], cjson.decode(dead[i])[1])

@@ -221,6 +221,7 @@ class SQLInboxState(SQLState[C, S, R]):
         answer = await self._run(
             "inbox_ready", {"space": self._id_param(self._space)}, idempotent=True
         )
+        self._maybe_purge()  # an idle worker's rescans purge too, not only the next traffic
         start = len(self._prefix)
         return [_text(row[0])[start:] for row in self._rows(answer)]
 
