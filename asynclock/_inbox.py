@@ -30,6 +30,7 @@ from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailable
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._handlers import call_all
 from asynclock._lock import AsyncLock
+from asynclock._owner import new_owner
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -57,6 +58,9 @@ RESCAN = 5.0
 MAX_RETRY_PAUSE = 5.0
 #: keys one ``serve()`` drains at once by default (``serve(max_keys=...)``)
 MAX_KEYS = 64
+#: the lock key whose holder rescans for the deployment this interval (a name no thread key of
+#: the built-in lock scopes takes: they read "adapter:channel:thread")
+RESCAN_TURN = "asynclock.inbox.rescan"
 
 
 def encode(event: Event) -> str:
@@ -212,12 +216,21 @@ class Drainer:
         Not at once: a worker that starts gets the keys waiting for it through the hand-out
         (grants queued for it, or its first claim), as their first delivery. A key found is
         taken as a hand-out takes it (:meth:`InboxWorker.take`), and drained as its grant.
+
+        One worker of the deployment rescans per interval, not each of them: the turn is a
+        lock (:data:`RESCAN_TURN`) taken without waiting for a little less than the interval,
+        so the cost of the safety net does not grow with the number of workers (each pays one
+        try per interval), and the turn passes to another worker when its holder is gone.
         """
+        owner = new_owner()
         while not stopping.is_set():
             await _unless(asyncio.sleep(interval), stopping)
             if stopping.is_set():
                 return
             try:
+                turn = await self._state.acquire(RESCAN_TURN, owner, interval * 0.9)
+                if turn.token is None:
+                    continue  # another worker rescans this time
                 ready = await self._inbox.inbox_ready()
                 for key in ready:
                     if len(self._keys) >= self._max_keys or stopping.is_set():
