@@ -478,6 +478,43 @@ class TestInboxKill:
             await bot.aclose()
             await bounded(serving, "serve() to stop", CALL_BOUND + 3.0)
 
+    async def test_a_worker_started_while_its_server_is_unreachable_serves_once_it_is_back(
+        self, sql: SQLTarget, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # Joining the hand-out (registering the worker, listening) fails while the server is
+        # out of reach: serve() rides it out and joins once it can, never ends early.
+        from asynclock import Event, EventDispatcher
+
+        handled: list[str] = []
+        async with FaultProxy(sql.port) as proxy:
+            proxy.blackhole = True
+            worker, webhook = open_state(sql, proxy.port), open_state(sql)
+            bot = EventDispatcher(worker, on_lock_conflict="queue", lock_ttl=self.LOCK_TTL)
+
+            @bot.on("*")
+            async def handle(event: Event) -> None:
+                handled.append(event.message_id or "")
+
+            serving = asyncio.create_task(bot.serve())
+            try:
+                caplog.set_level("WARNING", logger="asynclock")
+
+                def failed_to_join() -> bool:
+                    return "joining the inbox's hand-out failed" in caplog.text
+
+                await until(_true(failed_to_join), "a failed join logged", within=5.0)
+                assert not serving.done(), "serve() ended while its server was out of reach"
+                proxy.blackhole = False
+                await EventDispatcher(webhook, on_lock_conflict="queue").accept(
+                    Event("message", "slack", "C1", "T1", "back")
+                )
+                await until(
+                    _true(lambda: handled == ["back"]), "the event handled", within=10.0
+                )
+            finally:
+                await bot.aclose()
+                await bounded(serving, "serve() to stop", CALL_BOUND + 3.0)
+
 
 @pytest.fixture
 async def mysql_sql() -> AsyncIterator[SQLTarget]:
