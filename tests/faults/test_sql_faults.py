@@ -508,9 +508,7 @@ class TestInboxKill:
                 await EventDispatcher(webhook, on_lock_conflict="queue").accept(
                     Event("message", "slack", "C1", "T1", "back")
                 )
-                await until(
-                    _true(lambda: handled == ["back"]), "the event handled", within=10.0
-                )
+                await until(_true(lambda: handled == ["back"]), "the event handled", within=10.0)
             finally:
                 await bot.aclose()
                 await bounded(serving, "serve() to stop", CALL_BOUND + 3.0)
