@@ -15,9 +15,11 @@ Invariants:
 * Idle waiters cost the server nothing but their place renewals: the ear sleeps ``EAR_WAIT``
   seconds per statement, one ear per state whatever the number of waiters and keys.
 * No wake-up is lost for good. A kill between two ear statements is made up for by the next
-  statement's first look (marked rows of its own); a collect that fails drops the connection
-  (the server rolls back its transaction) and wakes every semaphore waiter of the state, which
-  asks again and names the new ear. Whatever else is lost (a kill refused: the waiter's state
+  statement's first look (marked rows of its own). A collect interrupted by a kill (two releases
+  rang at once: the second kill came just after the ear's statement ended) is rolled back and
+  wakes every semaphore waiter of the state; one that fails otherwise drops the connection (the
+  server rolls back its transaction) and does the same, and the waiters, asking again, name
+  the new ear. Whatever else is lost (a kill refused: the waiter's state
   uses another database user without ``CONNECTION_ADMIN``) is bounded by the waiter's own
   wait, at most ``PLACE_REFRESH`` (1.7 s) or the refusal's ``retry_after`` if sooner.
 * While the ear is down a waiter polls as before (:class:`~._wake.PollingWatch`): its acquire
@@ -29,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from asynclock._compat import deadline_after
-from asynclock.state.mysql._ear import Ear
+from asynclock.state.mysql._ear import INTERRUPTED, Ear, error_code
 from asynclock.state.mysql._wake import PollingWatch
 
 if TYPE_CHECKING:
@@ -93,20 +95,34 @@ class SemaphoreEar:
     async def heard(self, conn: DedicatedConnection, answer: Sequence[object] | None) -> None:
         """See :meth:`~._ear.EarListener.heard`: unless the whole wait passed, collect the
         waiters marked for this ear and wake them."""
-        if answer is not None and answer[1] != 0:
+        if answer is not None and answer[1] == 0:
             return  # slept the whole wait: nothing was marked when it started, nobody rang
         async with deadline_after(self._op_timeout):
-            cursor = await conn.cursor()
             try:
-                await cursor.execute(self._heard)
-                rows = await cursor.fetchall()
-            finally:
-                await cursor.close()
+                rows = await _run(conn, self._heard)
+            except Exception as exc:
+                if error_code(exc) != INTERRUPTED:
+                    raise  # the ear drops the connection, its transaction with it
+                # a second release's kill, meant for the ear's statement, came just after it
+                # ended: end the collect's transaction, which may or may not have committed,
+                # and wake every waiter (it may have deleted marks it could not answer)
+                await _run(conn, "ROLLBACK")
+                self._wake_all()
+                return
         heard = rows[0][0] if rows else None
         text = heard.decode() if isinstance(heard, (bytes, bytearray)) else str(heard or "")
         for where in text.split("\n"):
             if where:
                 self._wake(where)
+
+
+async def _run(conn: DedicatedConnection, statement: str) -> Sequence[Sequence[object]]:
+    cursor = await conn.cursor()
+    try:
+        await cursor.execute(statement)
+        return await cursor.fetchall()
+    finally:
+        await cursor.close()
 
 
 class EarWatch(PollingWatch):

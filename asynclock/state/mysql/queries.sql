@@ -209,8 +209,8 @@ DELETE FROM {prefix}inbox_workers WHERE id = %(worker)s
 -- inbox_ear --
 -- What a worker's ear waits in: at once 0 when a key of the prefix has work and a free lock (a
 -- wake-up missed between two of these costs nothing), else SLEEP(wait), which the accept that
--- wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 1 after the
--- whole wait. The marker lets inbox_wake_one_v1 kill only a waiting ear.
+-- wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 0 (SLEEP's
+-- answer) after the whole wait. The marker lets inbox_wake_one_v1 kill only a waiting ear.
 SELECT 'asynclock-inbox-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}inboxes AS i
     LEFT JOIN {prefix}locks AS l ON l.id = i.id
@@ -340,13 +340,13 @@ WHERE until < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
 LIMIT %(batch)s
 
 -- semaphore_ear --
--- What the semaphore waiters' ear of a state waits in: at once 0 when a release marked one of
+-- What the semaphore waiters' ear of a state waits in: at once 1 when a release marked one of
 -- its waiters (a kill missed between two of these costs nothing), else SLEEP(wait), which such a
--- release interrupts (KILL QUERY: the statement fails, "interrupted"); 1 after the whole wait.
+-- release interrupts (KILL QUERY: the statement fails, "interrupted"); 0 after the whole wait.
 -- The marker lets ear_kill_v1 kill only a waiting ear.
 SELECT 'asynclock-semaphore-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}semaphore_ears WHERE conn = CONNECTION_ID() AND woken = 1
-), 0, SLEEP(%(wait)s))
+), 1, SLEEP(%(wait)s))
 
 -- semaphore_heard --
 -- What the ear collects once interrupted: its marked waiters, "<key id hex>:<owner>" one per
