@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import Semaphore
+from asynclock.state import SemaphoreState
 from tests._matrix import MYSQL, require
 from tests.faults._sql import SQLTarget
 from tests.faults._timing import bounded, report, until
@@ -46,6 +47,11 @@ async def sql() -> AsyncIterator[SQLTarget]:
         await target.aclose()
 
 
+def permits(state: AnySQLState) -> SemaphoreState:
+    assert isinstance(state, SemaphoreState)
+    return state
+
+
 async def handoff(holder: AnySQLState, waiter: AnySQLState, key: str) -> float:
     """Seconds from the holder's release to the other state's waiter taking the permit."""
     permit = Semaphore(holder, key, limit=1, ttl=10.0)
@@ -58,7 +64,7 @@ async def handoff(holder: AnySQLState, waiter: AnySQLState, key: str) -> float:
 
     waiting = asyncio.create_task(wait())
     for _ in range(1000):
-        if (await holder.semaphore_inspect(key)).waiting:  # type: ignore[union-attr]
+        if (await permits(holder).semaphore_inspect(key)).waiting:
             break
         await asyncio.sleep(0.005)
     released = time.monotonic()
@@ -85,7 +91,7 @@ async def test_a_killed_ear_falls_back_to_polling_and_pushes_again(sql: SQLTarge
 
         async def ear_waits() -> bool:
             ears.update(await sql.running("asynclock-semaphore-ear"))
-            return len(ears) == 1 and (await b.semaphore_inspect("k")).waiting == 1  # type: ignore[union-attr]
+            return len(ears) == 1 and (await permits(b).semaphore_inspect("k")).waiting == 1
 
         await until(ear_waits, "b's ear to wait and its waiter to queue", within=5.0)
         (ear,) = ears
