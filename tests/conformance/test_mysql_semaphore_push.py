@@ -23,6 +23,7 @@ import pytest
 from asynclock import MySQLState, Semaphore
 from asynclock._semaphore.contend import PLACE_REFRESH
 from asynclock.state.mysql import _wake
+from asynclock.state.mysql._semaphore_ear import SemaphoreEar
 from tests._matrix import MYSQL, purge_namespace, require
 from tests._server_work import CountingProxy, Record, proxied_url
 
@@ -153,3 +154,58 @@ async def test_a_release_wakes_one_waiter_and_idle_waiters_do_not_poll(two: Two)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_collect_interrupted_by_a_second_kill_wakes_every_waiter(two: Two) -> None:
+    """Two releases ring one ear at once: the second kill lands on the ear's collect.
+
+    The collect (a transaction) may have deleted marks it could not answer: the ear rolls it
+    back and wakes every semaphore waiter of its state, and keeps its connection.
+    """
+    connect = two.holder._connect_dedicated
+    heard: list[str] = []
+    ear = SemaphoreEar(
+        connect,
+        (
+            "SELECT 'asynclock-semaphore-ear', IF(0, 1, SLEEP(%(wait)s))",
+            "SELECT 'asynclock-test-collect', SLEEP(5)",  # a collect slow enough to interrupt
+        ),
+        wake=heard.append,
+        wake_all=lambda: heard.append("all"),
+        op_timeout=10.0,
+    )
+    admin = await connect()
+    try:
+        await ear.start()
+        channel = ear.channel
+        assert channel is not None
+
+        async def kill(marker: str) -> None:
+            for _ in range(1000):
+                cursor = await admin.cursor()
+                await cursor.execute(
+                    "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = %(id)s AND INFO "
+                    "LIKE %(marker)s",
+                    {"id": channel, "marker": f"%{marker}%"},
+                )
+                found = await cursor.fetchall()
+                await cursor.close()
+                if found:
+                    cursor = await admin.cursor()
+                    await cursor.execute(f"KILL QUERY {int(channel)}")
+                    await cursor.close()
+                    return
+                await asyncio.sleep(0.005)
+            raise AssertionError(f"the ear never ran {marker!r}")
+
+        await kill("asynclock-semaphore-ear")  # the first release's kill
+        await kill("asynclock-test-collect")  # the second's, on the collect
+        for _ in range(1000):
+            if heard:
+                break
+            await asyncio.sleep(0.002)
+        assert heard == ["all"]
+        assert ear.channel == channel  # kept its connection: no reconnect
+    finally:
+        admin.close()
+        await ear.aclose()

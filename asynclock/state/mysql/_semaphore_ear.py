@@ -16,8 +16,8 @@ Invariants:
   seconds per statement, one ear per state whatever the number of waiters and keys.
 * No wake-up is lost for good. A kill between two ear statements is made up for by the next
   statement's first look (marked rows of its own). A collect interrupted by a kill (two releases
-  rang at once: the second kill came just after the ear's statement ended) is rolled back and
-  wakes every semaphore waiter of the state; one that fails otherwise drops the connection (the
+  rang at once: the second kill came just after the ear's statement ended) or chosen as a
+  deadlock victim is rolled back and wakes every semaphore waiter of the state; one that fails otherwise drops the connection (the
   server rolls back its transaction) and does the same, and the waiters, asking again, name
   the new ear. Whatever else is lost (a kill refused: the waiter's state
   uses another database user without ``CONNECTION_ADMIN``) is bounded by the waiter's own
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from asynclock.state.mysql._wake import DedicatedConnection
 
 __all__ = ["EarWatch", "SemaphoreEar"]
+
+#: errors that leave the ear's connection usable: interrupted by a kill, a deadlock victim, a
+#: lock wait timeout
+_ROLLED_BACK = frozenset({INTERRUPTED, 1213, 1205})
 
 
 class SemaphoreEar:
@@ -101,11 +105,13 @@ class SemaphoreEar:
             try:
                 rows = await _run(conn, self._heard)
             except Exception as exc:
-                if error_code(exc) != INTERRUPTED:
+                if error_code(exc) not in _ROLLED_BACK:
                     raise  # the ear drops the connection, its transaction with it
                 # a second release's kill, meant for the ear's statement, came just after it
-                # ended: end the collect's transaction, which may or may not have committed,
-                # and wake every waiter (it may have deleted marks it could not answer)
+                # ended (or a release marking rows of one key in another order chose the
+                # collect as its deadlock victim): end the collect's transaction, which may or
+                # may not have committed, and wake every waiter (it may have deleted marks it
+                # could not answer)
                 await _run(conn, "ROLLBACK")
                 self._wake_all()
                 return
