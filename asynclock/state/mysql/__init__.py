@@ -193,8 +193,10 @@ class MySQLState(
         utf8mb4, autocommit, ``READ COMMITTED`` (fewer gap locks between concurrent upserts)
         and ``CLIENT_FOUND_ROWS`` (rowcount counts matched rows). At most ``max_connections``
         are open for operations; a burst waits for a free one within ``op_timeout``. Two more,
-        never pooled, carry the cross-process wake-ups once the state waits or holds a
-        contended key (see :mod:`asynclock.state.mysql._wake`).
+        never pooled, carry the lock's cross-process wake-ups once the state waits or holds a
+        contended key (see :mod:`asynclock.state.mysql._wake`); one more, the semaphore
+        waiters' ear, once a semaphore waiter of the state waits (``_semaphore_ear.py``), and
+        one per worker serving the durable inbox.
         """
         parsed = StateURL(url)
         if parsed.scheme != "mysql":
