@@ -44,7 +44,15 @@ QUERIES = {
 #: its inbox workers wait in a statement of their own: the ear, killed by the hand-out)
 OWN_QUERIES = {
     "asynclock.state.postgres": {"forget_claimed"},
-    "asynclock.state.mysql": {"purge_semaphore_holders", "purge_semaphore_waiters", "inbox_ear"},
+    "asynclock.state.mysql": {
+        "purge_semaphore_holders",
+        "purge_semaphore_waiters",
+        "inbox_ear",
+        # the semaphore waiters' ear (push wake-ups through KILL QUERY) and its rows
+        "semaphore_ear",
+        "semaphore_heard",
+        "purge_semaphore_ears",
+    },
 }
 #: the tables schema.sql creates, and its versioned routines (functions or procedures), in order
 TABLES = (
@@ -57,6 +65,8 @@ TABLES = (
     "semaphore_holders",
     "semaphore_waiters",
 )
+#: tables of one backend only (MySQL: the ears its semaphore releases interrupt)
+OWN_TABLES = {"asynclock.state.postgres": (), "asynclock.state.mysql": ("semaphore_ears",)}
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
@@ -94,11 +104,17 @@ ROUTINES = {
         "inbox_accept_v2",
         "inbox_requeue_v2",
         "inbox_claim_v1",
+        # the semaphore waiters' ears (push wake-ups through KILL QUERY)
+        "ear_kill_v1",
+        "semaphore_mark_v1",
+        "semaphore_ring_v1",
+        "semaphore_heard_v1",
         "semaphore_eligible_v1",
         "semaphore_fresh_v1",
-        "semaphore_acquire_v1",
-        "semaphore_release_v1",
-        "semaphore_abandon_v1",
+        # v2: a place names its state's ear, a release rings the ears of those it made eligible
+        "semaphore_acquire_v2",
+        "semaphore_release_v2",
+        "semaphore_abandon_v2",
     ),
 }
 
@@ -129,7 +145,8 @@ def test_schema_is_idempotent_create_statements(package: str) -> None:
         for s in statements
     ]
     tables = [c for c in code if c.startswith("CREATE TABLE IF NOT EXISTS app_")]
-    assert [t.split()[5] for t in tables] == [f"app_{name}" for name in TABLES]
+    names = (*TABLES, *OWN_TABLES[package])
+    assert [t.split()[5] for t in tables] == [f"app_{name}" for name in names]
     # a guarded upgrade of an older table (PostgreSQL): changes a table only when it lacks a column
     upgrades = [c for c in code if c.startswith("DO $$")]
     for upgrade in upgrades:
