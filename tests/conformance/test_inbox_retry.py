@@ -10,23 +10,37 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
 from asynclock import EventDispatcher, HandlerContext, LockNotOwnedError, MemoryState, Outcome
 from asynclock._inbox import encode
-from asynclock.state._protocol import InboxState, State
-from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
+from asynclock.cli._main import main
+from asynclock.cli._worker import format_inbox
+from asynclock.state._protocol import InboxKey, InboxState, State
+from tests._matrix import (
+    INBOX_SERVER_STATES,
+    INBOX_STATES,
+    Backend,
+    purge_namespace,
+    require,
+)
 from tests.conformance.test_inbox import SOON, Namespace, close_all, ev
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
     from asynclock import Event
-    from asynclock.state._protocol import InboxGrant, InboxKey, InboxWorker
+    from asynclock.state._protocol import InboxGrant, InboxWorker
 
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "slack:C1:T1"
 #: how long an absent hand-out is waited for (a pushed one takes about a millisecond)
 QUIET = 0.3
@@ -697,3 +711,156 @@ async def until_info(state: Inbox, check: Callable[[InboxKey], bool]) -> InboxKe
             return info
         assert time.monotonic() < deadline, f"{KEY} is still {info}"
         await asyncio.sleep(0.01)
+
+
+#: a worker process for the kill test: it fails each entry's first delivery (printing
+#: "failed"), with retries that wait 2 s in the state and a long lock TTL (were the lock held
+#: during the wait, a takeover would have to wait for it)
+WORKER = """
+import asyncio, sys
+from asynclock import EventDispatcher, state_from_url
+
+async def main():
+    state = state_from_url(sys.argv[1], **{sys.argv[2]: sys.argv[3]})
+    bot = EventDispatcher(state, on_lock_conflict="queue", lock_ttl=5.0,
+                          retry_wait=lambda attempt: 2.0)
+
+    @bot.on("*")
+    async def handle(event, ctx):
+        if ctx.attempt == 1:
+            print("failed", event.message_id, flush=True)
+            raise RuntimeError("first delivery refused")
+
+    serving = asyncio.ensure_future(bot.serve())
+    print("serving", flush=True)
+    await serving
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", INBOX_SERVER_STATES)
+async def test_a_worker_killed_during_the_wait_loses_nothing(backend: Backend) -> None:
+    require(backend)
+    space = Namespace(backend)
+    assert backend.namespace_option is not None
+    [(option, prefix)] = backend.options(space.namespace).items()
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        WORKER,
+        backend.url,
+        option,
+        str(prefix),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+    )
+    state = open_inbox(space)
+    try:
+        assert worker.stdout is not None
+        assert await asyncio.wait_for(worker.stdout.readline(), 60) == b"serving\n"
+        producer = EventDispatcher(state, on_lock_conflict="queue", lock_ttl=5.0)
+        assert await producer.accept(ev(1)) is Outcome.ACCEPTED
+        assert await producer.accept(ev(2)) is Outcome.ACCEPTED
+        assert await asyncio.wait_for(worker.stdout.readline(), SOON) == b"failed m1\n"
+        failed_at = time.monotonic()
+        await until_info(state, lambda i: i.retry_in is not None)  # the wait is in the state
+        worker.kill()  # SIGKILL, during the wait: its timer dies with it
+        assert await worker.wait() == -signal.SIGKILL
+        assert await state.inspect(KEY) is None, "a lock is held during the wait"
+        # another worker, whose rescan (every lock_ttl / 2) finds the key once it is due
+        handler = Flaky(lambda message, attempt: False)
+        other = EventDispatcher(state, on_lock_conflict="queue", lock_ttl=1.0)
+        other.add_handler("*", handler)
+        other_task = asyncio.create_task(other.serve())
+        try:
+            await until(lambda: len(handler.deliveries()) == 2, "m1 retried, then m2")
+        finally:
+            await other.aclose()
+            await asyncio.wait_for(other_task, SOON)
+        await producer.aclose()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+        await state.aclose()
+        await purge_namespace(backend, space.namespace)
+    assert handler.deliveries() == [("m1", 2), ("m2", 1)]
+    retried = handler.when("m1", 2) - failed_at
+    assert 2.0 - 0.1 <= retried <= 2.0 + 1.0, f"retried {retried:.3f} s after the failure"
+
+
+# -- the command line: asynclock inbox (retrying, parked), inbox discard KEY ------------------
+
+
+def test_the_listing_says_retrying_or_parked() -> None:
+    table = format_inbox(
+        [
+            InboxKey("slack:C1:T1", 2, 3.0, 0, 12.4),
+            InboxKey("slack:C1:T2", 1, 1.0, 1, None, True),
+            InboxKey("slack:C1:T3", 1, 1.0, 0, 0.0),
+            InboxKey("slack:C1:T4", 1, 1.0, 0),
+        ]
+    )
+    rows = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert rows["slack:C1:T1"].endswith("retrying in 12s")
+    assert rows["slack:C1:T2"].endswith("parked")
+    assert rows["slack:C1:T3"].endswith("retry due")
+    assert rows["slack:C1:T4"].endswith(" 0")  # nothing to say
+    assert table.splitlines()[0].endswith("state")
+
+
+@pytest.mark.parametrize("backend", INBOX_SERVER_STATES)
+async def test_the_command_line_shows_parks_and_discards(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    require(backend)
+    space = Namespace(backend)
+    [(option, prefix)] = backend.options(space.namespace).items()
+    assert option == "prefix"
+    state = open_inbox(space)
+    base = ["--state", backend.url, "--prefix", str(prefix)]
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = main(list(argv))
+        return code, capsys.readouterr().out
+
+    try:
+        await accept(state, ev(1), ev(2))
+        async with state.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
+            grant = await handed(worker)
+            assert grant.entry is not None
+            await state.inbox_step(KEY, grant.owner, done=grant.entry.id, dead="Boom", park=True)
+        await accept(state, ev(3, thread="T2"))
+        async with state.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
+            grant = await handed(worker, "slack:C1:T2")
+            assert grant.entry is not None
+            await state.inbox_step("slack:C1:T2", grant.owner, done=grant.entry.id, retry_in=60.0)
+        code, out = await asyncio.to_thread(run, "inbox", *base)
+        assert code == 0
+        rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+        assert rows[KEY].endswith("parked")
+        assert "retrying in 6" in rows["slack:C1:T2"]  # 60 s, less the time it took
+        # discard asks first: declined, nothing changes
+        monkeypatch.setattr("builtins.input", lambda prompt: "n")
+        code, out = await asyncio.to_thread(run, "inbox", *base, "discard", KEY)
+        assert (code, out) == (1, "left as it is\n")
+        assert len(await state.inbox_dead_letters(KEY)) == 1
+        monkeypatch.setattr("builtins.input", lambda prompt: "y")
+        code, out = await asyncio.to_thread(run, "inbox", *base, "discard", KEY)
+        assert (code, out) == (0, f"discarded 1 dead letter(s) of {KEY!r}\n")
+        assert await state.inbox_dead_letters(KEY) == []
+        info = await key_info(state)
+        assert info is not None
+        assert (info.parked, info.pending) == (False, 1)
+        code, out = await asyncio.to_thread(run, "inbox", *base, "discard", KEY, "--yes")
+        assert (code, out) == (0, f"discarded 0 dead letter(s) of {KEY!r}\n")
+        with pytest.raises(SystemExit) as usage:  # argparse's usage error
+            await asyncio.to_thread(run, "inbox", *base, "forget", KEY)
+        assert usage.value.code == 2
+    finally:
+        await state.aclose()
+        await purge_namespace(backend, space.namespace)
