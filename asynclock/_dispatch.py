@@ -1033,7 +1033,9 @@ class EventDispatcher:
         is handed to one worker (docs/inbox.md, "Scaling workers"), which drains at most
         ``max_keys`` keys at once (default 64): more are left to the other workers. Each handling is
         recorded (``HANDLED``, or ``FAILED`` for an attempt that raised); an entry that failed
-        ``max_attempts`` deliveries is dead-lettered, logged at ERROR, and the key goes on.
+        ``max_attempts`` deliveries is dead-lettered, logged at ERROR, and the key goes on (or
+        parks, ``on_poison="park"``). With ``retry_wait`` a failed entry waits in the state,
+        holding no lock and no worker, until it is due (docs/inbox.md, "Retries and poison").
 
         Under ``on_lock_conflict="latest"`` the entries pending for a key are taken as one batch
         and folded as :meth:`dispatch` folds a backlog: per thread and route the newest is

@@ -205,6 +205,7 @@ class Drainer:
                     if grant is not None:
                         self._start(grant.key, self._drain_granted(grant, stopping))
         finally:
+            self._worker = None  # no timer takes a key any more (a drain ending now sets none)
             for timer in self._timers:  # their keys are in the state: the rescan finds them
                 timer.cancel()
             self._timers.clear()
@@ -295,13 +296,15 @@ class Drainer:
         """Take ``key`` again once its retry is due (``retry_in`` seconds from the step that
         set it): a local timer, so the retry comes on time without holding the key meanwhile;
         the rescan is the safety net if this worker is gone by then."""
+        if self._worker is None:
+            return  # this serve() ended: the key waits in the state for another worker
         loop = asyncio.get_running_loop()
         timer: asyncio.TimerHandle | None = None
 
         def fire() -> None:
             assert timer is not None
             self._timers.discard(timer)
-            if self._stopping is None or self._stopping.is_set():
+            if self._worker is None or self._stopping is None or self._stopping.is_set():
                 return  # stopped: the key waits in the state for another worker
             if len(self._keys) >= self._max_keys:
                 self._retry_later(key, 0.5)  # full: a little later (or another worker's rescan)
