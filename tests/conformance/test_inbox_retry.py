@@ -202,6 +202,9 @@ class TestRetryThatWaits:
         first, other = open_inbox(space), open_inbox(space)  # other: another process's client
         try:
             await accept(first, ev(1))
+            # other's first call (connections, the SQL states' schema check) before the wait
+            # starts: under load it can outlast the 0.5 s the checks below must fit in
+            assert await key_info(other) is not None
             async with first.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
                 grant = await handed(worker)
                 assert grant.entry is not None
