@@ -123,3 +123,60 @@ def check_permits(limit: object, *, key: str | None = None) -> int:
     if limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}{where}")
     return limit
+
+
+def check_inbox_finish(
+    key: str,
+    *,
+    done: object,
+    dead: str | None,
+    retry_in: object,
+    park: object,
+) -> float | None:
+    """Check how an inbox step finishes its entries (``inbox_step`` / ``inbox_take``): the
+    ``retry_in`` (as ``float`` seconds, or ``None``) a backend then applies.
+
+    The one place every backend calls, so the rules and their messages are the same everywhere:
+    ``retry_in`` is finite seconds > 0 (at most :data:`MAX_TTL`) and needs ``done`` (the entry
+    or entries that wait) without ``dead`` or ``park``; ``park`` is a bool and needs ``dead``
+    and ``done``. ``done`` counts as given when it is an id or a non-empty collection of ids.
+
+    Raises:
+        TypeError: ``retry_in`` is not a number, or ``park`` not a bool (the message shows it).
+        ValueError: a bad ``retry_in`` value, or a combination the rules refuse (the message
+            names the values and the key).
+    """
+    if retry_in is None and park is False:
+        return None  # the common case: every step of every drain
+    if not isinstance(park, bool):
+        raise TypeError(f"park must be True or False, got {park!r} (key {key!r})")
+    given = done is not None and not (isinstance(done, (tuple, list, set, frozenset)) and not done)
+    if park:
+        if retry_in is not None:
+            raise ValueError(
+                f"retry_in and park exclude each other: got retry_in={retry_in!r} with "
+                f"park=True (key {key!r})"
+            )
+        if dead is None or not given:
+            raise ValueError(
+                f"park=True needs done= (the entry) and dead= (its error), got done={done!r}, "
+                f"dead={dead!r} (key {key!r})"
+            )
+        return None
+    seconds = check_seconds(retry_in, "retry_in", key=key)
+    assert seconds is not None
+    if seconds > MAX_TTL:
+        raise ValueError(
+            f"retry_in must be at most {MAX_TTL:.0e} seconds, got {retry_in!r} (key {key!r})"
+        )
+    if dead is not None:
+        raise ValueError(
+            f"retry_in keeps the entry pending, dead= moves it to the dead letters: got "
+            f"retry_in={retry_in!r} with dead={dead!r} (key {key!r})"
+        )
+    if not given:
+        raise ValueError(
+            f"retry_in needs done= (the entry that waits for its retry), got done={done!r} "
+            f"(key {key!r})"
+        )
+    return seconds

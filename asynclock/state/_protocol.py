@@ -337,13 +337,23 @@ class InboxGrant(NamedTuple):
 
 
 class InboxKey(NamedTuple):
-    """One key of :meth:`InboxState.inbox_keys`: its pending entries and dead letters."""
+    """One key of :meth:`InboxState.inbox_keys`: its pending entries, dead letters, and whether
+    it waits for a retry or is parked.
+
+    ``retry_in`` and ``parked`` have defaults, so a custom backend written before them still
+    builds its keys with four fields.
+    """
 
     key: str
     pending: int
     #: seconds since the oldest pending entry was accepted (0.0 when none is pending)
     oldest_age: float
     dead: int
+    #: seconds until the head waiting for a retry is due (``inbox_step(retry_in=...)``), by
+    #: the state's clock; 0.0 once due but not yet taken; ``None`` when no retry waits
+    retry_in: float | None = None
+    #: the key is parked (``park=True``): nothing is handed out until a requeue or a discard
+    parked: bool = False
 
 
 class DeadLetter(NamedTuple):
@@ -404,6 +414,8 @@ class InboxState(Protocol):
         done: int | None = None,
         dead: str | None = None,
         take: bool = True,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxEntry | None:
         """As ``owner``, holder of ``key``'s lock: finish the head, then hand out the next.
 
@@ -417,6 +429,30 @@ class InboxState(Protocol):
         ``take=False`` (a drainer that stops) the next entry is only looked at: returned with
         its attempt count unchanged and the lock kept (the caller releases it), or, when there
         is none, the lock released as above.
+
+        A retry that waits (``retry_in`` seconds > 0, with ``done`` = the head's id and no
+        ``dead``): the head **stays** at the head with its attempt count unchanged and becomes
+        due ``retry_in`` seconds from now by the state's clock; the lock is released in the
+        same step, and ``None`` is returned. Until due, the key is not handed out by accepts,
+        not listed by :meth:`inbox_ready` and not taken by :meth:`InboxWorker.take`; accepts
+        append behind it (``max_pending`` counts it). Once due, it is a free key with work like
+        any other: listed, taken (the head handed out with its attempt counted one more), or
+        handed out by an accept that finds it due and free.
+
+        Parking (``park=True``, with ``done`` and ``dead``): the head moves to the dead letters
+        and the key is **parked**, the lock released in the same step, ``None`` returned. A
+        parked key is never handed out, listed or taken, whatever is pending behind it, until
+        :meth:`inbox_requeue` or :meth:`inbox_discard`; accepts still append (up to
+        ``max_pending``).
+
+        A key that waits for a retry or is parked holds no lock, and both survive any crash
+        (they are in the state).
+
+        Raises:
+            LockNotOwnedError: ``owner`` does not hold the key's lock (nothing changed).
+            ValueError: ``retry_in`` is not finite seconds > 0, ``retry_in`` without ``done``
+                or with ``dead`` or ``park``, ``park`` without ``dead`` (see
+                :func:`asynclock._validate.check_inbox_finish`, which every backend calls).
         """
         ...
 
@@ -428,6 +464,8 @@ class InboxState(Protocol):
         done: Collection[int] = (),
         dead: str | None = None,
         limit: int,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxBatch | None:
         """As ``owner``, holder of ``key``'s lock: finish ``done``, then hand out up to ``limit``.
 
@@ -445,11 +483,22 @@ class InboxState(Protocol):
 
         Attempt counts are per entry: an entry handed out again (its call failed, or its drainer
         died) counts one more delivery; one never handed out has its count unchanged.
+
+        ``retry_in`` and ``park`` mean what they mean for :meth:`inbox_step`: with ``retry_in``
+        (and a non-empty ``done``, no ``dead``) the ``done`` entries stay pending with their
+        counts unchanged and the key waits ``retry_in`` seconds; with ``dead`` and ``park`` the
+        ``done`` entries go to the dead letters and the key parks. Either way the lock is
+        released in the same step, ``limit`` hands nothing out, and ``None`` is returned.
+
+        Raises:
+            LockNotOwnedError: ``owner`` does not hold the key's lock (nothing changed).
+            ValueError: a bad ``limit``, or ``retry_in`` / ``park`` as for :meth:`inbox_step`.
         """
         ...
 
     async def inbox_ready(self) -> list[str]:
-        """The keys with pending entries whose lock nobody holds, oldest first.
+        """The keys with pending entries whose lock nobody holds, oldest first (neither parked
+        nor waiting for a retry that is not due yet).
 
         The safety net of the hand-out (a worker that starts, or rescans every few seconds): it
         finds the keys of a worker that died, and any key whose hand-out was lost. A backend may
@@ -473,7 +522,8 @@ class InboxState(Protocol):
         ...
 
     async def inbox_keys(self) -> list[InboxKey]:
-        """Every key with pending entries or dead letters (for ``asynclock inbox``)."""
+        """Every key with pending entries or dead letters, or waiting for a retry, or parked
+        (for ``asynclock inbox``), with its ``retry_in`` and ``parked``."""
         ...
 
     async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
@@ -481,7 +531,21 @@ class InboxState(Protocol):
         ...
 
     async def inbox_requeue(self, key: str) -> int:
-        """Put ``key``'s dead letters back at the head of its inbox, in their order; how many."""
+        """Put ``key``'s dead letters back at the head of its inbox, in their order; how many.
+
+        Atomic against every process. The key is unparked; the requeued entries start again at
+        attempt 0 (their next delivery is attempt 1). A retry that waits is not cut short (the
+        key stays waiting until it is due, the requeued entries first). If the key then has work
+        and is free, it is handed out to one worker, as an accept does.
+        """
+        ...
+
+    async def inbox_discard(self, key: str) -> int:
+        """Delete ``key``'s dead letters; how many.
+
+        Atomic against every process. The key is unparked, and if entries are pending and it is
+        free (and no retry waits), it is handed out to one worker, as an accept does.
+        """
         ...
 
 

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING
 
 from asynclock._errors import LockNotOwnedError
 from asynclock._owner import new_owner
-from asynclock._validate import check_key, check_limit, check_permits, check_ttl
+from asynclock._validate import (
+    check_inbox_finish,
+    check_key,
+    check_limit,
+    check_permits,
+    check_ttl,
+)
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._lines import Lines
 from asynclock.state._memory_handout import Handout, MemoryWorker
@@ -63,11 +69,21 @@ class _Entry:
 
 @dataclass(slots=True)
 class _Inbox:
-    """One key's inbox: its pending entries, oldest first, and its dead letters."""
+    """One key's inbox: its pending entries, oldest first, and its dead letters.
+
+    A key waiting for a retry (``due``: when its head is due, by the state's clock) or parked
+    is not handed out, listed as ready or taken; it holds no lock meanwhile.
+    """
 
     entries: deque[_Entry] = field(default_factory=deque)
     dead: list[DeadLetter] = field(default_factory=list)
     next_id: int = 1
+    due: float | None = None
+    parked: bool = False
+
+    def blocked(self, now: float) -> bool:
+        """Parked, or waiting for a retry that is not due yet."""
+        return self.parked or (self.due is not None and self.due > now)
 
 
 #: the two answers of a release without handoff (immutable: shared rather than made per call)
@@ -676,7 +692,8 @@ class MemoryState(ClosesOnExit):
                 inbox = self._inboxes[key] = _Inbox()
             inbox.entries.append(_Entry(inbox.next_id, 0, payload, now))
             inbox.next_id += 1
-            if self._live(key, now) is None:  # else the holder's next step takes the entry
+            # else the holder's next step takes the entry, or the key waits (retry, parked)
+            if not inbox.blocked(now) and self._live(key, now) is None:
                 self._handout.offer(key)
             return InboxAccepted("accepted", pending + 1)
 
@@ -688,8 +705,11 @@ class MemoryState(ClosesOnExit):
         done: int | None = None,
         dead: str | None = None,
         take: bool = True,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxEntry | None:
         """See :meth:`asynclock.state.InboxState.inbox_step`."""
+        wait = check_inbox_finish(key, done=done, dead=dead, retry_in=retry_in, park=park)
         await asyncio.sleep(0)
         with self._mutex:
             now = self._clock()
@@ -697,6 +717,10 @@ class MemoryState(ClosesOnExit):
             if held is None or held.owner != owner:
                 raise LockNotOwnedError(key, owner)
             inbox = self._inboxes.get(key)
+            if wait is not None or park:
+                finished = (done,) if done is not None else ()
+                self._set_aside(key, owner, inbox, finished, dead, wait, now)
+                return None
             entries = inbox.entries if inbox is not None else deque()
             if inbox is not None and done is not None:
                 # the head, unless dead letters were requeued in front of it meanwhile
@@ -710,6 +734,8 @@ class MemoryState(ClosesOnExit):
             if entries:
                 head = entries[0]
                 head.attempts += 1 if take else 0
+                if inbox is not None:
+                    inbox.due = None  # its holder hands it out: no retry waits any more
                 age = now - head.accepted_at
                 return InboxEntry(head.id, head.attempts, head.payload, age, len(entries))
             if inbox is not None and not inbox.dead:
@@ -725,10 +751,13 @@ class MemoryState(ClosesOnExit):
         done: Collection[int] = (),
         dead: str | None = None,
         limit: int,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxBatch | None:
         """See :meth:`asynclock.state.InboxState.inbox_take`."""
         check_limit(limit)
         finished = frozenset(done)
+        wait = check_inbox_finish(key, done=finished, dead=dead, retry_in=retry_in, park=park)
         await asyncio.sleep(0)
         with self._mutex:
             now = self._clock()
@@ -736,6 +765,9 @@ class MemoryState(ClosesOnExit):
             if held is None or held.owner != owner:
                 raise LockNotOwnedError(key, owner)
             inbox = self._inboxes.get(key)
+            if wait is not None or park:
+                self._set_aside(key, owner, inbox, finished, dead, wait, now)
+                return None
             if inbox is None:
                 self._release(key, owner, None, None, now)
                 return None
@@ -752,6 +784,8 @@ class MemoryState(ClosesOnExit):
             entries = inbox.entries
             if entries:
                 pending = len(entries)
+                if limit:
+                    inbox.due = None  # its holder hands entries out: no retry waits any more
                 handed = []
                 for entry in itertools.islice(entries, limit):
                     entry.attempts += 1
@@ -763,6 +797,35 @@ class MemoryState(ClosesOnExit):
             self._release(key, owner, None, None, now)
             return None
 
+    def _set_aside(
+        self,
+        key: str,
+        owner: str,
+        inbox: _Inbox | None,
+        finished: Collection[int],
+        dead: str | None,
+        wait: float | None,
+        now: float,
+    ) -> None:
+        """A step's retry that waits (``wait`` seconds) or its parking (``finished``, the ids
+        of the entries done, moved to the dead letters with ``dead``): then the lock is released
+        (mutex held). The entries that wait keep their attempt counts: the next hand-out counts one
+        more."""
+        if inbox is None:  # (nothing pending: the step found its entry gone, as done= would)
+            inbox = self._inboxes[key] = _Inbox()
+        if wait is not None:
+            inbox.due = now + wait
+        else:
+            assert dead is not None
+            for entry in [e for e in inbox.entries if e.id in finished]:
+                inbox.entries.remove(entry)
+                inbox.dead.append(DeadLetter(key, entry.id, entry.attempts, dead, entry.payload))
+            inbox.parked = True
+            inbox.due = None
+        if not inbox.entries and not inbox.dead:
+            del self._inboxes[key]  # (a retry of an entry gone already: nothing waits)
+        self._release(key, owner, None, None, now)
+
     async def inbox_ready(self) -> list[str]:
         """See :meth:`asynclock.state.InboxState.inbox_ready`."""
         await asyncio.sleep(0)
@@ -771,7 +834,7 @@ class MemoryState(ClosesOnExit):
             waiting = [
                 (b.entries[0].accepted_at, k)
                 for k, b in self._inboxes.items()
-                if b.entries and self._live(k, now) is None
+                if b.entries and not b.blocked(now) and self._live(k, now) is None
             ]
         return [key for _, key in sorted(waiting)]
 
@@ -807,6 +870,9 @@ class MemoryState(ClosesOnExit):
         inbox = self._inboxes.get(key)
         if inbox is None or not inbox.entries or self._live(key, now) is not None:
             return None  # drained meanwhile, or taken by a rescan: nothing to hand out
+        if inbox.blocked(now):
+            return None  # parked, or its retry is not due: the rescan or a timer takes it later
+        inbox.due = None
         owner = new_owner()
         token = self._grant(key, owner, now + lock_ttl)
         entry = None
@@ -828,6 +894,8 @@ class MemoryState(ClosesOnExit):
                     len(box.entries),
                     now - box.entries[0].accepted_at if box.entries else 0.0,
                     len(box.dead),
+                    max(0.0, box.due - now) if box.due is not None else None,
+                    box.parked,
                 )
                 for key, box in sorted(self._inboxes.items())
             ]
@@ -850,9 +918,27 @@ class MemoryState(ClosesOnExit):
             moved = [_Entry(d.id, 0, d.payload, now) for d in inbox.dead]
             inbox.entries.extendleft(reversed(moved))
             inbox.dead.clear()
-            if self._live(key, now) is None:
+            inbox.parked = False
+            if not inbox.blocked(now) and self._live(key, now) is None:
                 self._handout.offer(key)
             return len(moved)
+
+    async def inbox_discard(self, key: str) -> int:
+        """See :meth:`asynclock.state.InboxState.inbox_discard`."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            inbox = self._inboxes.get(key)
+            if inbox is None:
+                return 0
+            now = self._clock()
+            discarded = len(inbox.dead)
+            inbox.dead.clear()
+            inbox.parked = False
+            if not inbox.entries:
+                del self._inboxes[key]
+            elif not inbox.blocked(now) and self._live(key, now) is None:
+                self._handout.offer(key)
+            return discarded
 
     def size(self) -> tuple[int, int]:
         """``(locks, dedupe records)`` currently stored, expired ones included until swept."""

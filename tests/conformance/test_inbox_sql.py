@@ -189,13 +189,55 @@ async def test_the_schema_is_created_once_by_states_starting_together(clients: C
         await _drop_tables(clients.backend, table_prefix)
 
 
+#: the inboxes table as the releases before retries that wait and parking made it (#30)
+_OLD_INBOXES = {
+    "postgres": """CREATE TABLE {prefix}inboxes (
+        id bytea PRIMARY KEY, name text NOT NULL, space bytea NOT NULL, last_id bigint NOT NULL,
+        pending integer NOT NULL, dead integer NOT NULL, ready_at timestamptz
+    ) WITH (fillfactor = 70)""",
+    "mysql": """CREATE TABLE {prefix}inboxes (
+        id BINARY(32) NOT NULL PRIMARY KEY, name LONGTEXT CHARACTER SET utf8mb4 NOT NULL,
+        space BINARY(32) NOT NULL, last_id BIGINT NOT NULL, pending INT NOT NULL,
+        dead INT NOT NULL, ready_at DATETIME(3) NULL, KEY by_space (space, ready_at)
+    ) ENGINE = InnoDB""",
+}
+
+
+async def test_an_inboxes_table_of_an_earlier_release_is_upgraded(clients: Clients) -> None:
+    table_prefix = f"t{uuid.uuid4().hex[:12]}_"
+    dialect = "postgres" if clients.backend.name.startswith("postgres") else "mysql"
+    try:
+        await run_sql(clients.backend, [_OLD_INBOXES[dialect].format(prefix=table_prefix)])
+        # states starting together: the columns are added once, whoever comes first
+        racing = [clients.open(table_prefix=table_prefix) for _ in range(CLIENTS)]
+        await asyncio.gather(
+            *(
+                s.inbox_accept("k", f"p{n}", claim=None, claim_ttl=60.0, max_pending=10)
+                for n, s in enumerate(racing)
+            )
+        )
+        state = racing[0]
+        assert (await state.acquire("k", "owner", 5.0)).token is not None
+        entry = await state.inbox_step("k", "owner")
+        assert entry is not None
+        assert await state.inbox_step("k", "owner", done=entry.id, retry_in=30.0) is None
+        [info] = await state.inbox_keys()
+        assert (info.pending, info.parked) == (CLIENTS, False)
+        assert info.retry_in is not None
+        assert 25.0 < info.retry_in <= 30.0
+        assert await state.inbox_ready() == []
+        assert await state.inspect("k") is None
+    finally:
+        await _drop_tables(clients.backend, table_prefix)
+
+
 async def _drop_tables(backend: Backend, table_prefix: str) -> None:
     """Drop what ``schema.sql`` made under ``table_prefix`` (a name made by this test)."""
     postgres = backend.name.startswith("postgres")
     kind = "FUNCTION" if postgres else "PROCEDURE"
     package = "asynclock.state.postgres" if postgres else "asynclock.state.mysql"
     routines = _ROUTINE.findall("\n".join(load_schema(package, "")))
-    tables = ("locks", "dedupe", "inboxes", "inbox_entries")
+    tables = ("locks", "dedupe", "inboxes", "inbox_entries", "inbox_workers")
     statements = [f"DROP {kind} IF EXISTS {table_prefix}{name}" for name in routines]
     statements += [f"DROP TABLE IF EXISTS {table_prefix}{name}" for name in tables]
     await run_sql(backend, statements)

@@ -179,19 +179,20 @@ ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)
 -- inbox_accept --
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
 -- entries are pending ("full"); record the claim for claim_ttl_ms and mark the key as having
--- work; then, committed, unless the key's lock is held, wake one live worker (the hand-out).
--- Answers one row (status, pending). Atomic: one CALL of inbox_accept_v2 (schema.sql), whose
--- append is one transaction that first locks the key's inboxes row, so concurrent accepts and
--- drain steps of one key run one after the other.
-CALL {prefix}inbox_accept_v2(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payload)s,
+-- work; then, committed, unless the key's lock is held or the key waits for a retry or is parked,
+-- wake one live worker (the hand-out). Answers one row (status, pending). Atomic: one CALL of
+-- inbox_accept_v3 (schema.sql), whose append is one transaction that first locks the key's
+-- inboxes row, so concurrent accepts and drain steps of one key run one after the other.
+CALL {prefix}inbox_accept_v3(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payload)s,
                              UNHEX(%(claim)s), %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s)
 
 -- inbox_claim --
--- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock
--- (hint's first), for ttl_ms, with its head handed out when "take". Answers one row (status,
--- name, token, entry, attempts, payload, age, pending, more). Atomic: one CALL of inbox_claim_v1
--- (schema.sql), one transaction that passes over every row another one holds (SKIP LOCKED).
-CALL {prefix}inbox_claim_v1(UNHEX(%(space)s), %(owner)s, %(ttl_ms)s, %(take)s, UNHEX(%(hint)s))
+-- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock,
+-- neither parked nor waiting for a retry not due yet (hint's first), for ttl_ms, with its head
+-- handed out when "take". Answers one row (status, name, token, entry, attempts, payload, age,
+-- pending, more). Atomic: one CALL of inbox_claim_v2 (schema.sql), one transaction that passes
+-- over every row another one holds (SKIP LOCKED).
+CALL {prefix}inbox_claim_v2(UNHEX(%(space)s), %(owner)s, %(ttl_ms)s, %(take)s, UNHEX(%(hint)s))
 
 -- inbox_worker_seen --
 -- A serving worker of the prefix is alive until lease_ms from now; its ear is connection
@@ -207,53 +208,70 @@ ON DUPLICATE KEY UPDATE space = VALUES(space), conn = VALUES(conn),
 DELETE FROM {prefix}inbox_workers WHERE id = %(worker)s
 
 -- inbox_ear --
--- What a worker's ear waits in: at once 0 when a key of the prefix has work and a free lock (a
--- wake-up missed between two of these costs nothing), else SLEEP(wait), which the accept that
--- wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 0 (SLEEP's
--- answer) after the whole wait. The marker lets inbox_wake_one_v1 kill only a waiting ear.
+-- What a worker's ear waits in: at once 0 when a key of the prefix has work and a free lock and
+-- is neither parked nor waiting for a retry not due yet (a wake-up missed between two of these
+-- costs nothing), else SLEEP(wait), which the accept that wakes this worker interrupts (KILL
+-- QUERY: the statement fails, "interrupted"); 0 (SLEEP's answer) after the whole wait. The
+-- marker lets inbox_wake_one_v1 kill only a waiting ear.
 SELECT 'asynclock-inbox-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}inboxes AS i
     LEFT JOIN {prefix}locks AS l ON l.id = i.id
     WHERE i.space = UNHEX(%(space)s) AND i.ready_at IS NOT NULL
+      AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= UTC_TIMESTAMP(3))
       AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3) OR (l.owner IS NULL AND l.flag IS NULL))
 ), 0, SLEEP(%(wait)s))
 
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
 -- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when
--- nothing is pending (as release does). Answers one row (status, entry, attempts, payload, age,
--- pending); status 'not_owner' changed nothing. Atomic: one CALL of inbox_step_v2 (schema.sql),
--- which locks the lock row, then the inboxes row, in one transaction.
-CALL {prefix}inbox_step_v2(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(take)s,
-                           %(reservation_ms)s)
+-- nothing is pending (as release does). With retry_ms, "done" stays the head (attempts
+-- unchanged), due retry_ms from now, and the lock is released; with park (and "dead"), the key is
+-- parked and the lock released. Answers one row (status, entry, attempts, payload, age, pending);
+-- status 'not_owner' changed nothing. Atomic: one CALL of inbox_step_v3 (schema.sql), which locks
+-- the lock row, then the inboxes row, in one transaction.
+CALL {prefix}inbox_step_v3(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(take)s,
+                           %(retry_ms)s, %(park)s, %(reservation_ms)s)
 
 -- inbox_requeue --
 -- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
--- counts; then, committed, unless the key's lock is held, wake one live worker. Answers one row:
--- how many. Atomic: one CALL of inbox_requeue_v2 (schema.sql), under the key's inboxes row lock.
-CALL {prefix}inbox_requeue_v2(UNHEX(%(id)s), UNHEX(%(space)s))
+-- counts, and unpark the key; then, committed, if it has work and nobody holds it, wake one live
+-- worker. Answers one row: how many. Atomic: one CALL of inbox_requeue_v3 (schema.sql), under the
+-- key's inboxes row lock.
+CALL {prefix}inbox_requeue_v3(UNHEX(%(id)s), UNHEX(%(space)s))
+
+-- inbox_discard --
+-- Delete the key's dead letters and unpark it; then, committed, if it has work and nobody holds
+-- it, wake one live worker. Answers one row: how many were deleted. Atomic: one CALL of
+-- inbox_discard_v1 (schema.sql), under the key's inboxes row lock.
+CALL {prefix}inbox_discard_v1(UNHEX(%(id)s), UNHEX(%(space)s))
 
 -- inbox_ready --
 -- The prefix's keys with pending entries, longest waiting first, except those whose lock is held
--- now (their holder drains them; a rescan would only fail to take them). One indexed read: what
--- an idle worker costs per poll.
+-- now (their holder drains them; a rescan would only fail to take them), those parked and those
+-- whose retry is not due yet. One indexed read: what an idle worker costs per poll.
 SELECT i.name
 FROM {prefix}inboxes AS i
 WHERE i.space = UNHEX(%(space)s) AND i.ready_at IS NOT NULL
+  AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= UTC_TIMESTAMP(3))
   AND NOT EXISTS (SELECT 1 FROM {prefix}locks AS l
                   WHERE l.id = i.id AND l.owner IS NOT NULL AND l.expires_at > UTC_TIMESTAMP(3))
 ORDER BY i.ready_at
 
 -- inbox_keys --
--- Operators' listing: the prefix's keys with pending entries or dead letters, by name, with the
--- age in seconds of the head (the oldest pending entry). One read.
+-- Operators' listing: the prefix's keys with pending entries, dead letters, a retry waiting or
+-- parked, by name, with the age in seconds of the head (the oldest pending entry), the seconds
+-- until the waiting retry is due (NULL: none waits; 0 once due) and whether it is parked. One read.
 SELECT i.name, i.pending,
        COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, e.accepted_at, UTC_TIMESTAMP(3))
                  FROM {prefix}inbox_entries AS e
                  WHERE e.inbox = i.id AND e.error IS NULL ORDER BY e.id LIMIT 1), 0) / 1000000,
-       i.dead
+       i.dead,
+       IF(i.retry_at IS NULL, NULL,
+          GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), i.retry_at), 0) / 1000000),
+       i.parked
 FROM {prefix}inboxes AS i
-WHERE i.space = UNHEX(%(space)s) AND (i.pending > 0 OR i.dead > 0)
+WHERE i.space = UNHEX(%(space)s)
+  AND (i.pending > 0 OR i.dead > 0 OR i.parked OR i.retry_at IS NOT NULL)
 ORDER BY i.name
 
 -- inbox_dead_letters --
@@ -270,10 +288,12 @@ ORDER BY e.id
 -- (as inbox_step does). Answers a status row ('not_owner' changed nothing, 'released', or
 -- 'pending' with the seconds since the newest pending entry was accepted, and how many are
 -- pending), then one 'entry' row per entry handed out (entry, attempts, payload, age, pending).
--- Atomic: one call of inbox_take_v2 (schema.sql), which locks the lock row, then the inboxes row,
+-- With retry_ms the "done" entries stay pending and the key waits; with park (and "dead") they
+-- are dead letters and the key is parked; either way the lock is released, as inbox_step does.
+-- Atomic: one call of inbox_take_v3 (schema.sql), which locks the lock row, then the inboxes row,
 -- in one transaction.
-CALL {prefix}inbox_take_v2(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(limit)s,
-                           %(reservation_ms)s)
+CALL {prefix}inbox_take_v3(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(limit)s,
+                           %(retry_ms)s, %(park)s, %(reservation_ms)s)
 
 -- ==== Semaphores (SemaphoreState; procedures in schema.sql) ====================================
 

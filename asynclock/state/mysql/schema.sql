@@ -560,6 +560,467 @@ BEGIN
 END
 $$;
 
+-- ==== Inbox retries that wait, and parked keys (SPEC 9) ========================================
+-- retry_at: the key's head waits for a retry until then (set by a step or take with retry_in, the
+-- lock released in the same transaction); NULL when no retry waits; kept once due until the key is
+-- taken again. parked: the key stopped at a dead letter (on_poison="park") until an operator
+-- requeues or discards it. A key that waits (retry_at in the future) or is parked is not handed
+-- out by accepts, not listed by inbox_ready, not taken and wakes no ear; accepts still append
+-- behind it. Both are columns of the key's inboxes row, so they survive every crash and change
+-- under its row lock like the counters.
+--
+-- inbox_upgrade: adds them to an inboxes table made before they existed (MySQL 8 has no ADD
+-- COLUMN IF NOT EXISTS): looked up first, as ALTER TABLE copies or locks the table even when they
+-- exist; a process that added them meanwhile (error 1060, duplicate column) leaves nothing to do.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_upgrade_v1()
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE CONTINUE HANDLER FOR 1060 BEGIN END;
+    IF NOT EXISTS (SELECT 1 FROM information_schema.COLUMNS
+                   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{prefix}inboxes'
+                     AND COLUMN_NAME = 'retry_at') THEN
+        ALTER TABLE {prefix}inboxes ADD COLUMN retry_at DATETIME(3) NULL,
+                                    ADD COLUMN parked BOOLEAN NOT NULL DEFAULT FALSE;
+    END IF;
+END
+$$;
+
+CALL {prefix}inbox_upgrade_v1();
+
+-- inbox_lock_rows_v2: inbox_lock_rows_v1, also setting o_retrying (1: a retry waits, or is due
+-- and not taken yet), read under the same row lock.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_lock_rows_v2(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), OUT o_held INT, OUT o_rows INT,
+    OUT o_pending INT, OUT o_dead INT, OUT o_retrying INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    SELECT COUNT(*) INTO o_held FROM {prefix}locks
+    WHERE id = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3)
+    FOR UPDATE;
+    SET o_rows = 0, o_pending = 0, o_dead = 0, o_retrying = 0;
+    IF o_held > 0 THEN
+        SELECT COUNT(*), COALESCE(MAX(pending), 0), COALESCE(MAX(dead), 0),
+               COALESCE(MAX(retry_at IS NOT NULL), 0)
+        INTO o_rows, o_pending, o_dead, o_retrying
+        FROM {prefix}inboxes WHERE id = p_id
+        FOR UPDATE;
+    END IF;
+END
+$$;
+
+-- inbox_release_v2: inbox_release_v1 for a key that may keep pending entries (a retry waits, or it
+-- is parked): the inboxes row goes only when nothing is pending and no dead letter is left, is
+-- marked idle when nothing is pending, and else stays as it is; the lock is released as v1 does.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_release_v2(
+    IN p_id BINARY(32), IN p_rows INT, IN p_pending INT, IN p_dead INT, IN p_reservation_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    IF p_rows > 0 AND p_pending <= 0 AND p_dead = 0 THEN
+        DELETE FROM {prefix}inboxes WHERE id = p_id;
+    ELSEIF p_rows > 0 AND p_pending <= 0 THEN
+        UPDATE {prefix}inboxes SET ready_at = NULL, retry_at = NULL WHERE id = p_id;
+    END IF;
+    UPDATE {prefix}locks
+    SET owner = NULL,
+        expires_at = IF(flag IS NULL, UTC_TIMESTAMP(3),
+                        UTC_TIMESTAMP(3) + INTERVAL p_reservation_ms * 1000 MICROSECOND)
+    WHERE id = p_id;
+END
+$$;
+
+-- inbox_step_v3: inbox_step_v2, with the retries that wait and parking. With p_retry_ms (and
+-- p_done, the head): the head stays pending with its attempt count, the key's retry is due
+-- p_retry_ms from now (server clock), and the lock is released. With p_park (and p_done, p_dead):
+-- the head becomes a dead letter as in v2, the key is parked, and the lock is released. Otherwise
+-- the holder's step hands out the head as in v2, whatever the key's state (the claim that gave it
+-- the lock decided that), and ends a retry's wait (retry_at cleared). Answers as v2.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v3(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT,
+    IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_take BOOLEAN, IN p_retry_ms BIGINT,
+    IN p_park BOOLEAN, IN p_reservation_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_held INT;
+    DECLARE v_rows INT;
+    DECLARE v_pending INT;
+    DECLARE v_dead INT;
+    DECLARE v_retrying INT;
+    DECLARE v_closed INT DEFAULT 0;
+    DECLARE v_entry BIGINT;
+    DECLARE v_attempts INT;
+    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_age_us BIGINT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'released';
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    CALL {prefix}inbox_lock_rows_v2(p_id, p_owner, v_held, v_rows, v_pending, v_dead, v_retrying);
+    IF v_held = 0 THEN
+        SET v_status = 'not_owner';
+    ELSE
+        IF v_rows > 0 AND p_done IS NOT NULL AND p_retry_ms IS NOT NULL THEN
+            -- the head stays where it is, attempts unchanged; the key waits, no lock held
+            UPDATE {prefix}inboxes
+            SET retry_at = UTC_TIMESTAMP(3) + INTERVAL p_retry_ms * 1000 MICROSECOND
+            WHERE id = p_id;
+            SET v_closed = 1;
+        ELSEIF v_rows > 0 AND p_done IS NOT NULL THEN
+            -- the head, unless dead letters were requeued in front of it meanwhile
+            IF p_dead IS NULL THEN
+                DELETE FROM {prefix}inbox_entries
+                WHERE inbox = p_id AND id = p_done AND error IS NULL;
+            ELSE
+                UPDATE {prefix}inbox_entries SET error = p_dead
+                WHERE inbox = p_id AND id = p_done AND error IS NULL;
+            END IF;
+            IF ROW_COUNT() > 0 THEN
+                SET v_pending = v_pending - 1;
+                SET v_dead = v_dead + IF(p_dead IS NULL, 0, 1);
+                UPDATE {prefix}inboxes SET pending = v_pending, dead = v_dead WHERE id = p_id;
+            END IF;
+            IF p_park AND p_dead IS NOT NULL THEN
+                UPDATE {prefix}inboxes SET parked = TRUE, retry_at = NULL WHERE id = p_id;
+                SET v_closed = 1;
+            END IF;
+        END IF;
+        IF v_pending > 0 AND v_closed = 0 THEN
+            SELECT id, attempts, payload,
+                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
+            INTO v_entry, v_attempts, v_payload, v_age_us
+            FROM {prefix}inbox_entries
+            WHERE inbox = p_id AND error IS NULL
+            ORDER BY id LIMIT 1;
+            IF p_take THEN
+                UPDATE {prefix}inbox_entries SET attempts = attempts + 1
+                WHERE inbox = p_id AND id = v_entry;
+                SET v_attempts = v_attempts + 1;
+            END IF;
+            IF v_retrying > 0 THEN  -- its holder hands the head out: no retry waits any more
+                UPDATE {prefix}inboxes SET retry_at = NULL WHERE id = p_id;
+            END IF;
+            SET v_status = 'entry';
+        ELSE
+            CALL {prefix}inbox_release_v2(p_id, v_rows, v_pending, v_dead, p_reservation_ms);
+        END IF;
+    END IF;
+    COMMIT;
+    SELECT v_status, v_entry, v_attempts, v_payload, GREATEST(v_age_us, 0) / 1000000, v_pending;
+END
+$$;
+
+-- inbox_take_v3: inbox_take_v2, with the retries that wait and parking, as inbox_step_v3: with
+-- p_retry_ms the entries p_done lists stay pending with their attempt counts and the key's retry
+-- is due p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is
+-- parked; either way the lock is released ('released'). Handing out entries ends a retry's wait.
+-- Answers as v2.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_take_v3(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done LONGTEXT,
+    IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_limit INT, IN p_retry_ms BIGINT,
+    IN p_park BOOLEAN, IN p_reservation_ms BIGINT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_held INT;
+    DECLARE v_rows INT;
+    DECLARE v_pending INT DEFAULT 0;
+    DECLARE v_dead INT;
+    DECLARE v_retrying INT;
+    DECLARE v_closed INT DEFAULT 0;
+    DECLARE v_gone INT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'released';
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    CALL {prefix}inbox_lock_rows_v2(p_id, p_owner, v_held, v_rows, v_pending, v_dead, v_retrying);
+    IF v_held = 0 THEN
+        SET v_status = 'not_owner';
+    ELSE
+        IF v_rows > 0 AND p_done <> '' AND p_retry_ms IS NOT NULL THEN
+            UPDATE {prefix}inboxes
+            SET retry_at = UTC_TIMESTAMP(3) + INTERVAL p_retry_ms * 1000 MICROSECOND
+            WHERE id = p_id;
+            SET v_closed = 1;
+        ELSEIF v_rows > 0 AND p_done <> '' THEN
+            IF p_dead IS NULL THEN
+                DELETE FROM {prefix}inbox_entries
+                WHERE inbox = p_id AND error IS NULL AND FIND_IN_SET(id, p_done) > 0;
+            ELSE
+                UPDATE {prefix}inbox_entries SET error = p_dead
+                WHERE inbox = p_id AND error IS NULL AND FIND_IN_SET(id, p_done) > 0;
+            END IF;
+            SET v_gone = ROW_COUNT();
+            IF v_gone > 0 THEN
+                SET v_pending = v_pending - v_gone;
+                SET v_dead = v_dead + IF(p_dead IS NULL, 0, v_gone);
+                UPDATE {prefix}inboxes SET pending = v_pending, dead = v_dead WHERE id = p_id;
+            END IF;
+            IF p_park AND p_dead IS NOT NULL THEN
+                UPDATE {prefix}inboxes SET parked = TRUE, retry_at = NULL WHERE id = p_id;
+                SET v_closed = 1;
+            END IF;
+        END IF;
+        IF v_pending > 0 AND v_closed = 0 THEN
+            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
+            WHERE inbox = p_id AND error IS NULL
+            ORDER BY id LIMIT p_limit;
+            IF v_retrying > 0 AND p_limit > 0 THEN  -- its holder hands entries out: no retry waits
+                UPDATE {prefix}inboxes SET retry_at = NULL WHERE id = p_id;
+            END IF;
+            SET v_status = 'pending';
+        ELSE
+            CALL {prefix}inbox_release_v2(p_id, v_rows, v_pending, v_dead, p_reservation_ms);
+        END IF;
+    END IF;
+    SELECT v_status, NULL, NULL, NULL,
+           (SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3)), 0)
+                   / 1000000
+            FROM {prefix}inbox_entries WHERE inbox = p_id AND error IS NULL
+            ORDER BY id DESC LIMIT 1),
+           v_pending
+    UNION ALL
+    (SELECT 'entry', id, attempts, payload,
+            GREATEST(TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3)), 0) / 1000000,
+            v_pending
+     FROM {prefix}inbox_entries
+     WHERE v_status = 'pending' AND inbox = p_id AND error IS NULL
+     ORDER BY id LIMIT p_limit);
+    COMMIT;
+END
+$$;
+
+-- inbox_hand_out: the hand-out's wake-up (inbox_wake_one_v1, which passes over a held key) for a
+-- key that has pending entries and is open: neither parked nor waiting for a retry not due yet.
+-- After an accept, a requeue or a discard committed.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_hand_out_v1(IN p_id BINARY(32), IN p_space BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {prefix}inboxes
+               WHERE id = p_id AND pending > 0 AND NOT parked
+                 AND (retry_at IS NULL OR retry_at <= UTC_TIMESTAMP(3))) THEN
+        CALL {prefix}inbox_wake_one_v1(p_id, p_space);
+    END IF;
+END
+$$;
+
+-- inbox_accept_v3: v2, waking nobody for a key that waits for its retry or is parked (a worker
+-- woken for it could not take it); once due, an accept that finds the key free wakes one worker.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v3(
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
+    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
+    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
+    IN p_max_pending INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_status VARCHAR(16);
+    DECLARE v_pending INT;
+    CALL {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending, v_status, v_pending);
+    IF v_status = 'accepted' THEN
+        CALL {prefix}inbox_hand_out_v1(p_id, p_space);
+    END IF;
+    SELECT v_status, v_pending;
+END
+$$;
+
+-- inbox_requeue_rows_v2: inbox_requeue_rows_v1, also unparking the key, in the same transaction
+-- (a retry that waits still holds the key until due).
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_rows_v2(IN p_id BINARY(32), OUT o_moved INT)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_rows INT;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    SET o_moved = 0;
+    START TRANSACTION;
+    SELECT COUNT(*) INTO v_rows FROM {prefix}inboxes WHERE id = p_id FOR UPDATE;
+    IF v_rows > 0 THEN
+        UPDATE {prefix}inbox_entries
+        SET error = NULL, attempts = 0, accepted_at = UTC_TIMESTAMP(3)
+        WHERE inbox = p_id AND error IS NOT NULL;
+        SET o_moved = ROW_COUNT();
+        IF o_moved > 0 THEN
+            UPDATE {prefix}inboxes
+            SET pending = pending + o_moved, dead = 0,
+                ready_at = COALESCE(ready_at, UTC_TIMESTAMP(3))
+            WHERE id = p_id;
+        END IF;
+        UPDATE {prefix}inboxes SET parked = FALSE WHERE id = p_id AND parked;
+    END IF;
+    COMMIT;
+END
+$$;
+
+-- inbox_requeue_v3: inbox_requeue_rows_v2 (the dead letters back at the head, attempts from 0, so
+-- the next delivery is attempt 1; the key unparked), then (committed) the hand-out's wake-up if
+-- the key has work and is open. One row: how many were put back.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v3(IN p_id BINARY(32), IN p_space BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_moved INT;
+    CALL {prefix}inbox_requeue_rows_v2(p_id, v_moved);
+    CALL {prefix}inbox_hand_out_v1(p_id, p_space);
+    SELECT v_moved;
+END
+$$;
+
+-- inbox_discard: delete the key's dead letters and unpark it, in one transaction under its
+-- inboxes row lock (taken first, as every inbox change does); the row goes when nothing is left.
+-- Then (committed) the hand-out's wake-up if the key has work and is open. One row: how many
+-- were deleted.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_discard_v1(IN p_id BINARY(32), IN p_space BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_rows INT;
+    DECLARE v_pending INT;
+    DECLARE v_gone INT DEFAULT 0;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT COUNT(*), COALESCE(MAX(pending), 0) INTO v_rows, v_pending
+    FROM {prefix}inboxes WHERE id = p_id FOR UPDATE;
+    IF v_rows > 0 THEN
+        DELETE FROM {prefix}inbox_entries WHERE inbox = p_id AND error IS NOT NULL;
+        SET v_gone = ROW_COUNT();
+        IF v_pending = 0 THEN
+            DELETE FROM {prefix}inboxes WHERE id = p_id;
+        ELSE
+            UPDATE {prefix}inboxes SET dead = 0, parked = FALSE WHERE id = p_id;
+        END IF;
+    END IF;
+    COMMIT;
+    IF v_pending > 0 THEN
+        CALL {prefix}inbox_hand_out_v1(p_id, p_space);
+    END IF;
+    SELECT v_gone;
+END
+$$;
+
+-- inbox_claim_v2: inbox_claim_v1, passing over keys that are parked or whose retry is not due
+-- (checked again under the inboxes row lock), and ending the wait of a key whose retry it takes.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v2(
+    IN p_space BINARY(32), IN p_owner VARBINARY(512), IN p_ttl_ms BIGINT, IN p_take BOOLEAN,
+    IN p_hint BINARY(32)
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_done INT DEFAULT 0;
+    DECLARE v_id BINARY(32);
+    DECLARE v_name LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_found INT;
+    DECLARE v_free INT;
+    DECLARE v_last BIGINT;
+    DECLARE v_pending INT;
+    DECLARE v_closed INT;
+    DECLARE v_retrying INT;
+    DECLARE v_token BIGINT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'none';
+    DECLARE v_taken BINARY(32);
+    DECLARE v_taken_name LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_entry BIGINT;
+    DECLARE v_attempts INT;
+    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_age_us BIGINT;
+    DECLARE v_more INT DEFAULT 0;
+    DECLARE candidates CURSOR FOR
+        SELECT c.id, c.name FROM (
+            SELECT i.id, i.name, 0 AS o, i.ready_at FROM {prefix}inboxes AS i
+            WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space
+            UNION ALL
+            SELECT i.id, i.name, 1 AS o, i.ready_at FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL
+              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= UTC_TIMESTAMP(3))
+              AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3)
+                   OR (l.owner IS NULL AND l.flag IS NULL))
+        ) AS c
+        ORDER BY c.o, c.ready_at
+        LIMIT 17;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    OPEN candidates;
+    scan: LOOP
+        FETCH candidates INTO v_id, v_name;
+        IF v_done = 1 THEN
+            LEAVE scan;
+        END IF;
+        IF v_status = 'taken' THEN
+            IF v_id <> v_taken THEN  -- another free key with work: claim again
+                SET v_more = 1;
+                LEAVE scan;
+            END IF;
+            ITERATE scan;
+        END IF;
+        -- the lock row first, without waiting: a missing row is created (and so locked by us)
+        SELECT COUNT(*), COALESCE(MAX(expires_at <= UTC_TIMESTAMP(3)
+                                      OR (owner IS NULL AND flag IS NULL)), 0),
+               COALESCE(MAX(token), 0)
+        INTO v_found, v_free, v_last
+        FROM {prefix}locks WHERE id = v_id FOR UPDATE SKIP LOCKED;
+        IF v_found = 0 THEN
+            IF EXISTS (SELECT 1 FROM {prefix}locks WHERE id = v_id) THEN
+                ITERATE scan;  -- another transaction is changing it: pass it over
+            END IF;
+            INSERT IGNORE INTO {prefix}locks
+                (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
+            VALUES (v_id, v_name, NULL, NULL, 0, '1970-01-01 00:00:00', '',
+                    '1970-01-01 00:00:00');
+            IF ROW_COUNT() = 0 THEN
+                ITERATE scan;
+            END IF;
+            SET v_free = 1, v_last = 0;
+        END IF;
+        IF v_free = 0 THEN
+            ITERATE scan;  -- held, or reserved for a waiter of another state
+        END IF;
+        SELECT COUNT(*), COALESCE(MAX(pending), 0),
+               COALESCE(MAX(parked OR retry_at > UTC_TIMESTAMP(3)), 0),
+               COALESCE(MAX(retry_at IS NOT NULL), 0)
+        INTO v_found, v_pending, v_closed, v_retrying
+        FROM {prefix}inboxes WHERE id = v_id FOR UPDATE SKIP LOCKED;
+        IF v_found = 0 OR v_pending = 0 OR v_closed > 0 THEN
+            ITERATE scan;  -- being changed (an accept: it wakes a worker if need be), drained or closed
+        END IF;
+        SET v_token = GREATEST(v_last + 1,
+                               TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
+        UPDATE {prefix}locks
+        SET owner = p_owner, flag = NULL, token = v_token,
+            expires_at = UTC_TIMESTAMP(3) + INTERVAL p_ttl_ms * 1000 MICROSECOND
+        WHERE id = v_id;
+        IF v_retrying > 0 THEN  -- the retry is taken: it no longer waits
+            UPDATE {prefix}inboxes SET retry_at = NULL WHERE id = v_id;
+        END IF;
+        IF p_take THEN
+            SELECT id, attempts, payload,
+                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
+            INTO v_entry, v_attempts, v_payload, v_age_us
+            FROM {prefix}inbox_entries
+            WHERE inbox = v_id AND error IS NULL
+            ORDER BY id LIMIT 1;
+            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
+            WHERE inbox = v_id AND id = v_entry;
+            SET v_attempts = v_attempts + 1;
+        END IF;
+        SET v_status = 'taken', v_taken = v_id, v_taken_name = v_name;
+    END LOOP;
+    CLOSE candidates;
+    COMMIT;
+    SELECT v_status, v_taken_name, v_token, v_entry, v_attempts, v_payload,
+           GREATEST(v_age_us, 0) / 1000000, v_pending, v_more;
+END
+$$;
+
 -- ==== Semaphores (asynclock.Semaphore, the SemaphoreState capability) ==========================
 -- Separate from the lock and inbox tables: a semaphore key is a namespace of its own. Every
 -- operation on a key first locks its row of {prefix}semaphores (created on first use), so the

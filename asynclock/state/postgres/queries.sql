@@ -278,21 +278,23 @@ RETURNING 1
 -- inbox_accept --
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
 -- entries are pending ("full"); record the claim for claim_ttl_ms and mark the key as having work;
--- unless the key's lock is held (its holder's next step takes the entry), NOTIFY one live worker
--- of the prefix (at most one per wake_gap_ms for the key): the hand-out. Answers (status, pending).
--- Atomic: one call of inbox_accept_v4 (schema.sql), one transaction that first locks the key's
--- inboxes row, so concurrent accepts and drain steps of one key run one after the other.
+-- unless the key's lock is held (its holder's next step takes the entry), or the key waits for a
+-- retry or is parked, NOTIFY one live worker of the prefix (at most one per wake_gap_ms for the
+-- key): the hand-out. Answers (status, pending). Atomic: one call of inbox_accept_v5
+-- (schema.sql), one transaction that first locks the key's inboxes row, so concurrent accepts and
+-- drain steps of one key run one after the other.
 SELECT status, pending
-FROM {prefix}inbox_accept_v4(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
+FROM {prefix}inbox_accept_v5(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
                              %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s, %(wake_gap_ms)s)
 
 -- inbox_claim --
--- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock
--- (hint's first), for ttl_ms, with its head handed out when "take". Answers (status, name, token,
--- entry, attempts, payload, age, pending, more). Atomic: one call of inbox_claim_v1 (schema.sql),
--- which passes over every row another transaction holds (SKIP LOCKED) and so never waits.
+-- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock,
+-- neither parked nor waiting for a retry not due yet (hint's first), for ttl_ms, with its head
+-- handed out when "take". Answers (status, name, token, entry, attempts, payload, age, pending,
+-- more). Atomic: one call of inbox_claim_v2 (schema.sql), which passes over every row another
+-- transaction holds (SKIP LOCKED) and so never waits.
 SELECT status, name, token, entry, attempts, payload, age, pending, more
-FROM {prefix}inbox_claim_v1(%(space)s, %(owner)s, %(ttl_ms)s, %(take)s, %(hint)s)
+FROM {prefix}inbox_claim_v2(%(space)s, %(owner)s, %(ttl_ms)s, %(take)s, %(hint)s)
 
 -- inbox_worker_seen --
 -- A serving worker of the prefix is alive until lease_ms from now, and LISTENs on "channel".
@@ -308,39 +310,54 @@ DELETE FROM {prefix}inbox_workers AS w WHERE w.id = %(worker)s
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
 -- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when
--- nothing is pending (as release does; NOTIFY on the release channel). Answers (status, entry,
--- attempts, payload, age, pending); status 'not_owner' changed nothing. Atomic: one call of
--- inbox_step_v2 (schema.sql), which locks the lock row, then the inboxes row, in one transaction.
+-- nothing is pending (as release does; NOTIFY on the release channel). With retry_ms, "done"
+-- stays the head (attempts unchanged), due retry_ms from now, and the lock is released; with park
+-- (and "dead"), the key is parked and the lock released. Answers (status, entry, attempts,
+-- payload, age, pending); status 'not_owner' changed nothing. Atomic: one call of inbox_step_v3
+-- (schema.sql), which locks the lock row, then the inboxes row, in one transaction.
 SELECT status, entry, attempts, payload, age, pending
-FROM {prefix}inbox_step_v2(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s,
-                           %(reservation_ms)s, %(channel)s, %(payload)s)
+FROM {prefix}inbox_step_v3(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s, %(retry_ms)s,
+                           %(park)s, %(reservation_ms)s, %(channel)s, %(payload)s)
 
 -- inbox_requeue --
 -- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
--- counts; if nobody holds the key, NOTIFY one live worker (the hand-out). Answers how many.
--- Atomic: one call of inbox_requeue_v2 (schema.sql), under the key's inboxes row lock.
-SELECT {prefix}inbox_requeue_v2(%(id)s, %(space)s)
+-- counts, and unpark the key; if it has work and nobody holds it, NOTIFY one live worker (the
+-- hand-out). Answers how many. Atomic: one call of inbox_requeue_v3 (schema.sql), under the key's
+-- inboxes row lock.
+SELECT {prefix}inbox_requeue_v3(%(id)s, %(space)s)
+
+-- inbox_discard --
+-- Delete the key's dead letters and unpark it; if it has work and nobody holds it, NOTIFY one
+-- live worker (the hand-out). Answers how many were deleted. Atomic: one call of inbox_discard_v1
+-- (schema.sql), under the key's inboxes row lock.
+SELECT {prefix}inbox_discard_v1(%(id)s, %(space)s)
 
 -- inbox_ready --
 -- The prefix's keys with pending entries, longest waiting first, except those whose lock is held
--- now (their holder drains them; a rescan would only fail to take them). One indexed read.
+-- now (their holder drains them; a rescan would only fail to take them), those parked and those
+-- whose retry is not due yet. One indexed read.
 SELECT i.name
 FROM {prefix}inboxes AS i
 WHERE i.space = %(space)s AND i.ready_at IS NOT NULL
+  AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= now())
   AND NOT EXISTS (SELECT 1 FROM {prefix}locks AS l
                   WHERE l.id = i.id AND l.owner IS NOT NULL AND l.expires_at > now())
 ORDER BY i.ready_at
 
 -- inbox_keys --
--- Operators' listing: the prefix's keys with pending entries or dead letters, by name, with the
--- age in seconds of the head (the oldest pending entry). One read.
+-- Operators' listing: the prefix's keys with pending entries, dead letters, a retry waiting or
+-- parked, by name, with the age in seconds of the head (the oldest pending entry), the seconds
+-- until the waiting retry is due (NULL: none waits; 0 once due) and whether it is parked. One read.
 SELECT i.name, i.pending,
        coalesce(extract(epoch FROM now() - (
            SELECT e.accepted_at FROM {prefix}inbox_entries AS e
            WHERE e.inbox = i.id AND e.error IS NULL ORDER BY e.id LIMIT 1)), 0)::float8,
-       i.dead
+       i.dead,
+       CASE WHEN i.retry_at IS NOT NULL  -- (greatest() would make a NULL 0)
+            THEN greatest(extract(epoch FROM i.retry_at - now()), 0) END::float8,
+       i.parked
 FROM {prefix}inboxes AS i
-WHERE i.space = %(space)s AND (i.pending > 0 OR i.dead > 0)
+WHERE i.space = %(space)s AND (i.pending > 0 OR i.dead > 0 OR i.parked OR i.retry_at IS NOT NULL)
 ORDER BY i.name
 
 -- inbox_dead_letters --
@@ -357,11 +374,13 @@ ORDER BY e.id
 -- (as inbox_step does). Answers a status row ('not_owner' changed nothing, 'released', or
 -- 'pending' with the seconds since the newest pending entry was accepted, and how many are
 -- pending), then one 'entry' row per entry handed out (entry, attempts, payload, age, pending).
--- Atomic: one call of inbox_take_v2 (schema.sql), which locks the lock row, then the inboxes row,
+-- With retry_ms the "done" entries stay pending and the key waits; with park (and "dead") they
+-- are dead letters and the key is parked; either way the lock is released, as inbox_step does.
+-- Atomic: one call of inbox_take_v3 (schema.sql), which locks the lock row, then the inboxes row,
 -- in one transaction.
 SELECT status, entry, attempts, payload, age, pending
-FROM {prefix}inbox_take_v2(%(id)s, %(owner)s, %(done)s, %(dead)s, %(limit)s,
-                           %(reservation_ms)s, %(channel)s, %(payload)s)
+FROM {prefix}inbox_take_v3(%(id)s, %(owner)s, %(done)s, %(dead)s, %(limit)s, %(retry_ms)s,
+                           %(park)s, %(reservation_ms)s, %(channel)s, %(payload)s)
 
 -- ==== Semaphores (SemaphoreState; functions in schema.sql) =====================================
 

@@ -545,6 +545,397 @@ BEGIN
 END
 $$;
 
+-- ==== Inbox retries that wait, and parked keys (SPEC 9) ========================================
+-- retry_at: the key's head waits for a retry until then (set by a step or take with retry_in, the
+-- lock released in the same transaction); NULL when no retry waits; kept once due until the key is
+-- taken again. parked: the key stopped at a dead letter (on_poison="park") until an operator
+-- requeues or discards it. A key that waits (retry_at in the future) or is parked is not handed
+-- out by accepts, not listed by inbox_ready and not taken; accepts still append behind it. Both
+-- columns live on the key's inboxes row, so they survive every crash and are changed under its row
+-- lock like the counters. Looked up first, as ALTER TABLE locks the table even when they exist.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{prefix}inboxes'::regclass
+                   AND attname = 'retry_at' AND NOT attisdropped) THEN
+        ALTER TABLE {prefix}inboxes ADD COLUMN retry_at timestamptz,
+                                    ADD COLUMN parked boolean NOT NULL DEFAULT false;
+    END IF;
+END $$;
+
+-- inbox_lock_rows_v2: inbox_lock_rows_v1, also answering whether a retry waits (or is due and
+-- not taken yet), read under the same row lock.
+CREATE OR REPLACE FUNCTION {prefix}inbox_lock_rows_v2(
+    p_id bytea, p_owner text, OUT o_held boolean, OUT o_pending integer, OUT o_dead integer,
+    OUT o_retrying boolean
+) LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {prefix}locks AS l
+    WHERE l.id = p_id AND l.owner = p_owner AND l.expires_at > now()
+    FOR UPDATE;
+    o_held := FOUND;
+    IF o_held THEN
+        SELECT i.pending, i.dead, i.retry_at IS NOT NULL INTO o_pending, o_dead, o_retrying
+        FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
+    END IF;
+END
+$$;
+
+-- inbox_release_v2: inbox_release_v1 for a key that may keep pending entries (a retry waits, or it
+-- is parked): the inboxes row goes only when nothing is pending and no dead letter is left, is
+-- marked idle when nothing is pending, and else stays as it is; the lock is released as v1 does.
+CREATE OR REPLACE FUNCTION {prefix}inbox_release_v2(
+    p_id bytea, p_pending integer, p_dead integer, p_reservation_ms bigint, p_channel text,
+    p_payload text
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(p_pending, 0) > 0 THEN
+        NULL;  -- entries stay behind a waiting retry or a parked key
+    ELSIF p_dead = 0 THEN
+        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
+    ELSIF p_dead IS NOT NULL THEN
+        UPDATE {prefix}inboxes AS i SET ready_at = NULL, retry_at = NULL WHERE i.id = p_id;
+    END IF;
+    UPDATE {prefix}locks AS l
+    SET owner = NULL,
+        expires_at = CASE WHEN l.flag IS NULL THEN now()
+                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
+    WHERE l.id = p_id;
+    PERFORM pg_notify(p_channel, p_payload);
+END
+$$;
+
+-- inbox_step_v3: inbox_step_v2, with the retries that wait and parking. With p_retry_ms (and
+-- p_done, the head): the head stays pending with its attempt count, the key's retry is due
+-- p_retry_ms from now (server clock), and the lock is released. With p_park (and p_done, p_dead):
+-- the head becomes a dead letter as in v2, the key is parked, and the lock is released. Otherwise
+-- the holder's step hands out the head as in v2, whatever the key's state (the claim that gave it
+-- the lock decided that), and ends a retry's wait (retry_at cleared). Answers as v2.
+CREATE OR REPLACE FUNCTION {prefix}inbox_step_v3(
+    p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean, p_retry_ms bigint,
+    p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
+) RETURNS TABLE (
+    status text, entry bigint, attempts integer, payload text, age float8, pending integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_held boolean;
+    v_pending integer;
+    v_dead integer;
+    v_closed boolean := false;
+    v_retrying boolean;
+    v_head {prefix}inbox_entries%ROWTYPE;
+BEGIN
+    SELECT r.o_held, r.o_pending, r.o_dead, r.o_retrying
+    INTO v_held, v_pending, v_dead, v_retrying
+    FROM {prefix}inbox_lock_rows_v2(p_id, p_owner) AS r;
+    IF NOT v_held THEN
+        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
+                            NULL::float8, NULL::integer;
+        RETURN;
+    END IF;
+    IF v_pending IS NOT NULL AND p_done IS NOT NULL AND p_retry_ms IS NOT NULL THEN
+        -- the head stays where it is, attempts unchanged; the key waits, no lock held
+        UPDATE {prefix}inboxes AS i
+        SET retry_at = now() + p_retry_ms * interval '1 millisecond' WHERE i.id = p_id;
+        v_closed := true;
+    ELSIF v_pending IS NOT NULL AND p_done IS NOT NULL THEN
+        -- the head, unless dead letters were requeued in front of it meanwhile
+        IF p_dead IS NULL THEN
+            DELETE FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
+        ELSE
+            UPDATE {prefix}inbox_entries AS e SET error = p_dead
+            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
+        END IF;
+        IF FOUND THEN
+            v_pending := v_pending - 1;
+            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE 1 END;
+            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
+            WHERE i.id = p_id;
+        END IF;
+        IF p_park AND p_dead IS NOT NULL THEN
+            UPDATE {prefix}inboxes AS i SET parked = true, retry_at = NULL WHERE i.id = p_id;
+            v_closed := true;
+        END IF;
+    END IF;
+    IF coalesce(v_pending, 0) > 0 AND NOT v_closed THEN
+        SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
+        WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
+        IF p_take THEN
+            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+            WHERE e.inbox = p_id AND e.id = v_head.id;
+            v_head.attempts := v_head.attempts + 1;
+        END IF;
+        IF v_retrying THEN  -- its holder hands the head out: no retry waits any more
+            UPDATE {prefix}inboxes AS i SET retry_at = NULL WHERE i.id = p_id;
+        END IF;
+        RETURN QUERY SELECT 'entry'::text, v_head.id, v_head.attempts, v_head.payload,
+                            greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
+                            v_pending;
+        RETURN;
+    END IF;
+    PERFORM {prefix}inbox_release_v2(p_id, v_pending, v_dead, p_reservation_ms, p_channel,
+                                     p_payload);
+    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
+                        NULL::float8, NULL::integer;
+END
+$$;
+
+-- inbox_take_v3: inbox_take_v2, with the retries that wait and parking, as inbox_step_v3: with
+-- p_retry_ms the entries p_done lists stay pending with their attempt counts and the key's retry
+-- is due p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is
+-- parked; either way the lock is released ('released'). Handing out entries ends a retry's wait.
+-- Answers as v2.
+CREATE OR REPLACE FUNCTION {prefix}inbox_take_v3(
+    p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer, p_retry_ms bigint,
+    p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
+) RETURNS TABLE (
+    status text, entry bigint, attempts integer, payload text, age float8, pending integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_held boolean;
+    v_pending integer;
+    v_dead integer;
+    v_closed boolean := false;
+    v_retrying boolean;
+    v_gone integer;
+    v_done bigint[] := string_to_array(nullif(p_done, ''), ',')::bigint[];
+BEGIN
+    SELECT r.o_held, r.o_pending, r.o_dead, r.o_retrying
+    INTO v_held, v_pending, v_dead, v_retrying
+    FROM {prefix}inbox_lock_rows_v2(p_id, p_owner) AS r;
+    IF NOT v_held THEN
+        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
+                            NULL::float8, NULL::integer;
+        RETURN;
+    END IF;
+    IF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0
+       AND p_retry_ms IS NOT NULL THEN
+        UPDATE {prefix}inboxes AS i
+        SET retry_at = now() + p_retry_ms * interval '1 millisecond' WHERE i.id = p_id;
+        v_closed := true;
+    ELSIF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0 THEN
+        IF p_dead IS NULL THEN
+            DELETE FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
+        ELSE
+            UPDATE {prefix}inbox_entries AS e SET error = p_dead
+            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
+        END IF;
+        GET DIAGNOSTICS v_gone = ROW_COUNT;
+        IF v_gone > 0 THEN
+            v_pending := v_pending - v_gone;
+            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE v_gone END;
+            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
+            WHERE i.id = p_id;
+        END IF;
+        IF p_park AND p_dead IS NOT NULL THEN
+            UPDATE {prefix}inboxes AS i SET parked = true, retry_at = NULL WHERE i.id = p_id;
+            v_closed := true;
+        END IF;
+    END IF;
+    IF coalesce(v_pending, 0) > 0 AND NOT v_closed THEN
+        IF v_retrying AND p_limit > 0 THEN  -- its holder hands entries out: no retry waits
+            UPDATE {prefix}inboxes AS i SET retry_at = NULL WHERE i.id = p_id;
+        END IF;
+        RETURN QUERY
+        SELECT 'pending'::text, NULL::bigint, NULL::integer, NULL::text,
+               greatest(extract(epoch FROM now() - n.accepted_at), 0)::float8, v_pending
+        FROM (SELECT e.accepted_at FROM {prefix}inbox_entries AS e
+              WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id DESC LIMIT 1) AS n;
+        RETURN QUERY
+        UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+        FROM (SELECT h.id FROM {prefix}inbox_entries AS h
+              WHERE h.inbox = p_id AND h.error IS NULL ORDER BY h.id LIMIT p_limit) AS t
+        WHERE e.inbox = p_id AND e.id = t.id
+        RETURNING 'entry'::text, e.id, e.attempts, e.payload,
+                  greatest(extract(epoch FROM now() - e.accepted_at), 0)::float8, v_pending;
+        RETURN;
+    END IF;
+    PERFORM {prefix}inbox_release_v2(p_id, v_pending, v_dead, p_reservation_ms, p_channel,
+                                     p_payload);
+    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
+                        NULL::float8, NULL::integer;
+END
+$$;
+
+-- inbox_open: whether key p_id may be handed out now as far as its inbox goes: not parked, and no
+-- retry waiting that is not due yet (a key without an inboxes row counts as open).
+CREATE OR REPLACE FUNCTION {prefix}inbox_open_v1(p_id bytea)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM {prefix}inboxes AS i
+                       WHERE i.id = p_id AND (i.parked OR i.retry_at > now()))
+$$;
+
+-- inbox_accept_v5: v4, waking nobody for a key that waits for its retry or is parked (a worker
+-- woken for it could not take it); once due, an accept that finds the key free wakes one worker.
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v5(
+    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
+    p_claim_ttl_ms bigint, p_max_pending integer, p_wake_gap_ms bigint
+) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+    v_pending integer;
+BEGIN
+    SELECT a.status, a.pending INTO v_status, v_pending
+    FROM {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending) AS a;
+    IF v_status = 'accepted' AND NOT EXISTS (
+        SELECT 1 FROM {prefix}locks l
+        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
+    ) AND {prefix}inbox_open_v1(p_id) THEN
+        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, p_wake_gap_ms);
+    END IF;
+    RETURN QUERY SELECT v_status, v_pending;
+END
+$$;
+
+-- inbox_hand_out: the end of a requeue or a discard that may have opened the key: if entries are
+-- pending, the key is open and nobody holds its lock, wake one worker for it at once (no gap).
+CREATE OR REPLACE FUNCTION {prefix}inbox_hand_out_v1(p_id bytea, p_space bytea)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {prefix}inboxes AS i WHERE i.id = p_id AND i.pending > 0)
+       AND {prefix}inbox_open_v1(p_id) AND NOT EXISTS (
+        SELECT 1 FROM {prefix}locks l
+        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
+    ) THEN
+        UPDATE {prefix}inboxes AS i SET woken_at = NULL WHERE i.id = p_id;
+        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, 0);
+    END IF;
+END
+$$;
+
+-- inbox_requeue_v3: v2, also unparking the key (the dead letters go back to its head, attempts
+-- from 0, so the next delivery is attempt 1); a retry that waits still holds the key until due.
+-- Then, if the key has work, is open and free, the hand-out's wake-up. Answers how many were put
+-- back.
+CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v3(
+    p_id bytea, p_space bytea
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    v_moved := {prefix}inbox_requeue_rows_v1(p_id);  -- locks the inboxes row first
+    UPDATE {prefix}inboxes AS i SET parked = false WHERE i.id = p_id AND i.parked;
+    PERFORM {prefix}inbox_hand_out_v1(p_id, p_space);
+    RETURN v_moved;
+END
+$$;
+
+-- inbox_discard: delete the key's dead letters and unpark it, under its inboxes row lock (taken
+-- first, as every inbox change does); the row goes when nothing is left. Then, if entries are
+-- pending, the key is open and free, the hand-out's wake-up. Answers how many were deleted.
+CREATE OR REPLACE FUNCTION {prefix}inbox_discard_v1(
+    p_id bytea, p_space bytea
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_pending integer;
+    v_gone integer;
+BEGIN
+    SELECT i.pending INTO v_pending FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM {prefix}inbox_entries AS e WHERE e.inbox = p_id AND e.error IS NOT NULL;
+    GET DIAGNOSTICS v_gone = ROW_COUNT;
+    IF v_pending = 0 THEN
+        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
+        RETURN v_gone;
+    END IF;
+    UPDATE {prefix}inboxes AS i SET dead = 0, parked = false WHERE i.id = p_id;
+    PERFORM {prefix}inbox_hand_out_v1(p_id, p_space);
+    RETURN v_gone;
+END
+$$;
+
+-- inbox_claim_v2: inbox_claim_v1, passing over keys that are parked or whose retry is not due
+-- (checked again under the inboxes row lock), and ending the wait of a key whose retry it takes.
+CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v2(
+    p_space bytea, p_owner text, p_ttl_ms bigint, p_take boolean, p_hint bytea
+) RETURNS TABLE (
+    status text, name text, token bigint, entry bigint, attempts integer, payload text,
+    age float8, pending integer, more boolean
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bytea;
+    v_lock {prefix}locks%ROWTYPE;
+    v_name text;
+    v_pending integer;
+    v_closed boolean;
+    v_token bigint;
+    v_seen integer := 0;
+    v_head {prefix}inbox_entries%ROWTYPE;
+    v_more boolean;
+BEGIN
+    FOR v_id, v_name IN
+        (SELECT i.id, i.name FROM {prefix}inboxes AS i
+         WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space)
+        UNION ALL
+        (SELECT c.id, c.name FROM (
+            SELECT i.id, i.name FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL
+              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= now())
+              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL))
+            ORDER BY i.ready_at
+            LIMIT 16) AS c)
+    LOOP
+        v_seen := v_seen + 1;
+        SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            IF NOT (v_lock.expires_at <= now() OR (v_lock.owner IS NULL AND v_lock.flag IS NULL))
+            THEN
+                CONTINUE;  -- held, or reserved for a waiter of another state
+            END IF;
+        ELSE
+            IF EXISTS (SELECT 1 FROM {prefix}locks AS l WHERE l.id = v_id) THEN
+                CONTINUE;  -- another transaction is changing it: pass it over
+            END IF;
+            INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at)
+            VALUES (v_id, v_name, NULL, 0, '-infinity')
+            ON CONFLICT (id) DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;
+            END IF;
+            SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id;
+        END IF;
+        SELECT i.pending, i.parked OR coalesce(i.retry_at > now(), false)
+        INTO v_pending, v_closed FROM {prefix}inboxes AS i
+        WHERE i.id = v_id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND OR coalesce(v_pending, 0) = 0 OR v_closed THEN
+            CONTINUE;  -- being changed (an accept: it wakes a worker if need be), drained or closed
+        END IF;
+        v_token := greatest(v_lock.token + 1, (extract(epoch FROM now()) * 1000000)::bigint);
+        UPDATE {prefix}locks AS l
+        SET owner = p_owner, flag = NULL, token = v_token,
+            expires_at = now() + p_ttl_ms * interval '1 millisecond'
+        WHERE l.id = v_id;
+        UPDATE {prefix}inboxes AS i SET woken_at = NULL, retry_at = NULL WHERE i.id = v_id;
+        v_more := v_seen > 1 OR EXISTS (
+            SELECT 1 FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL AND i.id <> v_id
+              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= now())
+              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL)));
+        IF p_take THEN
+            SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = v_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
+            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+            WHERE e.inbox = v_id AND e.id = v_head.id;
+            RETURN QUERY SELECT 'taken'::text, v_name, v_token, v_head.id, v_head.attempts + 1,
+                                v_head.payload,
+                                greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
+                                v_pending, v_more;
+        ELSE
+            RETURN QUERY SELECT 'taken'::text, v_name, v_token, NULL::bigint, NULL::integer,
+                                NULL::text, NULL::float8, v_pending, v_more;
+        END IF;
+        RETURN;
+    END LOOP;
+    RETURN QUERY SELECT 'none'::text, NULL::text, NULL::bigint, NULL::bigint, NULL::integer,
+                        NULL::text, NULL::float8, NULL::integer, false;
+END
+$$;
+
 -- ==== Semaphores (asynclock.Semaphore, the SemaphoreState capability) ==========================
 -- Separate from the lock and inbox tables: a semaphore key is a namespace of its own. Every
 -- operation on a key first locks its row of {prefix}semaphores (created on first use), so the

@@ -2,8 +2,8 @@
 
 :class:`SQLInboxState` adds the inbox operations to :class:`~asynclock.state.sql._state.SQLState`:
 parameters in, answers out, the same for PostgreSQL and MySQL. Each operation is one named
-statement of the backend's ``queries.sql``; the three that change several rows (accept, step,
-take, requeue) call a function (PostgreSQL) or procedure (MySQL) of its ``schema.sql``, one
+statement of the backend's ``queries.sql``; those that change several rows (accept, step, take,
+requeue, discard, the hand-out's claim) call a function (PostgreSQL) or procedure (MySQL) of its ``schema.sql``, one
 transaction that first locks the key's row of ``{table_prefix}inboxes``, so the accepts and
 drain steps of one key run one after the other across every process. A backend supplies only
 how its answer reads as rows (:meth:`SQLInboxState._rows`) and how an inbox watch hears of
@@ -19,7 +19,7 @@ import functools
 from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._errors import LockNotOwnedError
-from asynclock._validate import check_key, check_limit, check_ttl, ttl_ms
+from asynclock._validate import check_inbox_finish, check_key, check_limit, check_ttl, ttl_ms
 from asynclock.state._protocol import (
     DeadLetter,
     InboxAccepted,
@@ -61,7 +61,11 @@ class SQLInboxState(SQLState[C, S, R]):
     * ``inbox_step`` and ``inbox_take`` change nothing unless the caller holds the key's lock,
       and release the lock in their own transaction when nothing is pending (release-if-empty).
     * The inbox rows are never deleted by :meth:`purge_expired`; a key's rows go when its last
-      entry is done (dead letters stay until requeued and handled).
+      entry is done (dead letters stay until requeued and handled, or discarded).
+    * A retry that waits (its due time, by the server's clock) and a parked key are columns of
+      the key's inboxes row, set by the step that releases the lock: no lock is held meanwhile,
+      and the claim, ``inbox_ready`` and an accept's wake-up pass over the key until it is due
+      (a retry) or requeued or discarded (parked).
     """
 
     # -- the driver's part ------------------------------------------------------------------
@@ -132,12 +136,17 @@ class SQLInboxState(SQLState[C, S, R]):
         done: int | None = None,
         dead: str | None = None,
         take: bool = True,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxEntry | None:
         """See :meth:`asynclock.state.InboxState.inbox_step` (``inbox_step`` in ``queries.sql``).
 
         Raises:
             LockNotOwnedError: ``owner`` does not hold ``key``'s lock (nothing changed).
+            ValueError: a bad ``retry_in`` / ``park`` (see
+                :func:`asynclock._validate.check_inbox_finish`).
         """
+        wait = check_inbox_finish(key, done=done, dead=dead, retry_in=retry_in, park=park)
         ident, _ = self._ids(key)
         hex_id = ident.hex()
         answer = await self._run(
@@ -148,6 +157,8 @@ class SQLInboxState(SQLState[C, S, R]):
                 "done": done,
                 "dead": dead if done is not None else None,
                 "take": bool(take),
+                "retry_ms": ttl_ms(wait) if wait is not None else None,
+                "park": park,
                 "reservation_ms": self._reservation_ms,
                 "channel": self._channel,
                 "payload": hex_id,
@@ -171,14 +182,20 @@ class SQLInboxState(SQLState[C, S, R]):
         done: Collection[int] = (),
         dead: str | None = None,
         limit: int,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxBatch | None:
         """See :meth:`asynclock.state.InboxState.inbox_take` (``inbox_take`` in ``queries.sql``).
 
         Raises:
             LockNotOwnedError: ``owner`` does not hold ``key``'s lock (nothing changed).
+            ValueError: a bad ``limit``, ``retry_in`` or ``park`` (see
+                :func:`asynclock._validate.check_inbox_finish`).
         """
         check_limit(limit)
-        ids = ",".join(str(int(entry)) for entry in done)
+        finished = frozenset(done)
+        wait = check_inbox_finish(key, done=finished, dead=dead, retry_in=retry_in, park=park)
+        ids = ",".join(str(int(entry)) for entry in sorted(finished))
         ident, _ = self._ids(key)
         hex_id = ident.hex()
         answer = await self._run(
@@ -189,6 +206,8 @@ class SQLInboxState(SQLState[C, S, R]):
                 "done": ids,
                 "dead": dead if ids else None,
                 "limit": limit,
+                "retry_ms": ttl_ms(wait) if wait is not None else None,
+                "park": park,
                 "reservation_ms": self._reservation_ms,
                 "channel": self._channel,
                 "payload": hex_id,
@@ -283,8 +302,15 @@ class SQLInboxState(SQLState[C, S, R]):
         )
         start = len(self._prefix)
         return [
-            InboxKey(_text(name)[start:], _int(pending), _float(age), _int(dead))
-            for name, pending, age, dead in self._rows(answer)
+            InboxKey(
+                _text(name)[start:],
+                _int(pending),
+                _float(age),
+                _int(dead),
+                _float(retry_in) if retry_in is not None else None,
+                _bool(parked),
+            )
+            for name, pending, age, dead, retry_in, parked in self._rows(answer)
         ]
 
     async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
@@ -309,6 +335,19 @@ class SQLInboxState(SQLState[C, S, R]):
         )
         return _int(self._rows(answer)[0][0])
 
+    async def inbox_discard(self, key: str) -> int:
+        """See :meth:`asynclock.state.InboxState.inbox_discard` (``inbox_discard`` in
+        ``queries.sql``: one statement, one transaction; a key left with work that nobody holds
+        wakes one worker)."""
+        check_key(key)
+        ident, _ = self._ids(key)
+        answer = await self._run(
+            "inbox_discard",
+            {"id": self._id_param(ident), "space": self._id_param(self._space)},
+            idempotent=False,  # repeated, it would answer 0: the count of the first is lost
+        )
+        return _int(self._rows(answer)[0][0])
+
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
@@ -320,3 +359,9 @@ def _int(value: object) -> int:
 
 def _float(value: object) -> float:
     return float(_text(value))
+
+
+def _bool(value: object) -> bool:
+    if isinstance(value, (bool, int)):
+        return bool(value)
+    return _text(value).lower() in ("1", "t", "true")
