@@ -35,12 +35,16 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 from redis.crc import key_slot
 
 from asynclock import Event, EventDispatcher, Outcome, state_from_url
+from asynclock.state.sql._queries import key_id
 from tests._matrix import (
     INBOX_SERVER_STATES,
+    POSTGRES,
+    POSTGRES_PGBOUNCER,
     REDIS,
     REDIS_CLUSTER,
     Backend,
@@ -403,3 +407,114 @@ async def test_b_eight_workers_three_killed_at_random_lose_nothing_and_keep_orde
         f"[{fleet.backend.name}] {KILL_EVENTS} events, {KILL_WORKERS} workers, {KILLS} killed "
         f"(seed {seed}): all handled in {elapsed:.1f} s, {doubles} redelivered"
     )
+
+
+#: the stream of test (c): events to idle keys, accepted back to back
+STREAM_EVENTS = 24
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(b, id=b.name, marks=pytest.mark.postgres)
+        for b in (POSTGRES, POSTGRES_PGBOUNCER)
+    ]
+)
+async def pg_fleet(request: pytest.FixtureRequest) -> AsyncIterator[CountedFleet]:
+    """A :class:`CountedFleet` on PostgreSQL (direct and behind PgBouncer), nothing counted."""
+    backend: Backend = request.param
+    require(REDIS)  # the effect store
+    require(backend)
+    made = CountedFleet(backend, uuid.uuid4().hex)
+    try:
+        yield made
+    finally:
+        for worker in made.workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        await made.effects.aclose()
+        await purge_namespace(REDIS, made.namespace)
+        await purge_namespace(backend, made.namespace)
+        shutil.rmtree(made.folder, ignore_errors=True)
+
+
+async def test_c_a_stream_of_events_sends_one_notify_per_wake_up_whatever_the_workers(
+    pg_fleet: CountedFleet,
+) -> None:
+    # At each commit that NOTIFYs, PostgreSQL (up to 18 at least) signals every LISTENing session
+    # of the database, whatever its channel, and each one reads the queue in a transaction of its
+    # own: with W workers, every NOTIFY costs W transactions. So a stream of events to idle keys
+    # may NOTIFY once per event (the wake-up of one worker, on its own channel) and never more,
+    # with 1 worker or 6; the drain's release NOTIFYs nobody (no waiter flagged the key), which
+    # it did at every event before (#24: 2 more transactions per event per worker). Counted
+    # exactly: the test LISTENs on every worker's channel and on the release channel.
+    fleet = pg_fleet
+    space = key_id(fleet.prefix)
+    released = "asynclock_released"  # the default table prefix's release channel
+    threads = idle_threads(fleet.backend)
+    producer_state = state_from_url(fleet.backend.url, prefix=fleet.prefix)
+    producer = EventDispatcher(producer_state, on_lock_conflict="queue")
+    listener = await asyncpg.connect(POSTGRES.url)
+    heard: dict[str, list[str]] = {released: []}
+    synced = asyncio.Event()
+    sentinel = f"asynclock_test_{uuid.uuid4().hex[:12]}"
+
+    def on_notify(conn: object, pid: object, channel: object, payload: object) -> None:
+        heard.setdefault(str(channel), []).append(str(payload))
+
+    async def sync() -> None:
+        # notifications arrive in commit order: the sentinel, sent last, comes after all of them
+        synced.clear()
+        await listener.execute("SELECT pg_notify($1, '')", sentinel)
+        await asyncio.wait_for(synced.wait(), HANDLED_WITHIN)
+
+    per_event: dict[int, float] = {}
+    try:
+        await listener.add_listener(sentinel, lambda *_: synced.set())
+        await listener.add_listener(released, on_notify)
+        for workers in (1, 6):
+            while len(fleet.workers) < workers:
+                fleet.start(INBOX_TEST_TTL="30", INBOX_TEST_PAUSE="0")
+
+            async def registered(workers: int = workers) -> bool:
+                rows = await listener.fetch(
+                    "SELECT channel FROM asynclock_inbox_workers"
+                    " WHERE space = $1 AND expires_at > now()",
+                    space,
+                )
+                return len(rows) == workers
+
+            await wait_until(f"{workers} workers registered\n{fleet.output()}", registered)
+            for row in await listener.fetch(
+                "SELECT channel FROM asynclock_inbox_workers WHERE space = $1", space
+            ):
+                if row[0] not in heard:
+                    heard[row[0]] = []
+                    await listener.add_listener(row[0], on_notify)
+            await sync()
+            for payloads in heard.values():
+                payloads.clear()
+            batch = [next(threads) for _ in range(STREAM_EVENTS)]
+            mine = {key_id(f"{fleet.prefix}slack:C1:{t}").hex() for t in batch}
+            for thread in batch:
+                outcome = await producer.accept(
+                    Event("message", "slack", "C1", thread, f"{thread}-m")
+                )
+                assert outcome == Outcome.ACCEPTED
+            for thread in batch:
+                await settled(fleet, producer_state, thread)
+            await sync()
+            releases = [p for p in heard[released] if p in mine]
+            assert releases == [], f"W={workers}: the drain's releases NOTIFYed {len(releases)}x"
+            wake_ups = sum(
+                1 for c, payloads in heard.items() if c != released for p in payloads if p in mine
+            )
+            per_event[workers] = wake_ups / STREAM_EVENTS
+            assert 1 <= wake_ups <= STREAM_EVENTS, (
+                f"W={workers}: {wake_ups} wake-up NOTIFYs for {STREAM_EVENTS} events"
+            )
+        print(f"[{fleet.backend.name}] wake-up NOTIFYs per event: {per_event}")
+    finally:
+        await listener.close()
+        await producer_state.aclose()
+    assert sorted(await asyncio.to_thread(fleet.stop)) == [0] * 6

@@ -11,12 +11,15 @@ import re
 import uuid
 from typing import TYPE_CHECKING
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from asynclock import LockNotOwnedError, state_from_url
 from asynclock.state.sql._inbox import SQLInboxState
 from asynclock.state.sql._queries import load_schema
 from tests._matrix import (
+    POSTGRES,
+    POSTGRES_PGBOUNCER,
     SQL_INBOX_STATES,
     Backend,
     expire_rows,
@@ -29,6 +32,8 @@ from tests._matrix import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+#: PostgreSQL, direct and behind PgBouncer (its NOTIFY's cost, #24)
+PG_BACKENDS = (POSTGRES, POSTGRES_PGBOUNCER)
 #: states racing (each opens its own connections)
 CLIENTS = 4
 #: the name of a routine schema.sql creates (without its table prefix)
@@ -258,3 +263,87 @@ async def test_keys_payloads_and_errors_keep_every_character(clients: Clients) -
     [letter] = await state.inbox_dead_letters(key)
     assert (letter.error, letter.payload) == ("ValueError: ça 👎", payload)
     assert [info.key for info in await state.inbox_keys()] == [key]
+
+
+@pytest.fixture(
+    params=[pytest.param(b, id=b.name, marks=pytest.mark.postgres) for b in PG_BACKENDS]
+)
+async def pg_clients(request: pytest.FixtureRequest) -> AsyncIterator[Clients]:
+    """``clients`` on PostgreSQL (direct and behind PgBouncer)."""
+    backend: Backend = request.param
+    require(backend)
+    made = Clients(backend)
+    for _ in range(CLIENTS):
+        made.open()
+    yield made
+    for state in made.states:
+        await state.aclose()
+    await purge_namespace(backend, made.namespace)
+
+
+async def test_a_drained_key_s_release_notifies_nobody_unless_a_waiter_flagged_it(
+    pg_clients: Clients,
+) -> None:
+    # PostgreSQL signals every LISTENing session of the database at each commit that NOTIFYs,
+    # whatever the channel, and each of them reads the queue in a transaction of its own: a
+    # release that NOTIFYed at the end of every drained key cost one transaction per serving
+    # worker per event (#24). Like the release statement, the step and the take that release a
+    # key NOTIFY only when a waiter of some state flagged it; their own state wakes its watchers
+    # in process.
+    drainer, producer, waiter = pg_clients.states[:3]
+    channel = f"{drainer._table_prefix}released"
+    heard: list[str] = []
+    mine: set[str] = set()
+    sentinel = f"{channel}_{uuid.uuid4().hex[:8]}"
+    synced = asyncio.Event()
+
+    def on_released(conn: object, pid: object, name: object, payload: object) -> None:
+        if str(payload) in mine:  # other tests share the channel
+            heard.append(str(payload))
+
+    listener = await asyncpg.connect(POSTGRES.url)
+    try:
+        await listener.add_listener(channel, on_released)
+        await listener.add_listener(sentinel, lambda *_: synced.set())
+
+        async def heard_by_now() -> list[str]:
+            # notifications arrive in commit order: once the sentinel sent after every step is
+            # heard, so is any NOTIFY those steps sent
+            synced.clear()
+            await listener.execute("SELECT pg_notify($1, '')", sentinel)
+            await asyncio.wait_for(synced.wait(), 10)
+            return list(heard)
+
+        for n in range(3):  # one entry at a time, as the drainer's inbox_step
+            key = f"step-{n}"
+            mine.add(drainer._ids(key)[0].hex())
+            await producer.inbox_accept(key, "x", claim=None, claim_ttl=60.0, max_pending=5)
+            assert (await drainer.acquire(key, "o", 5.0)).token is not None
+            entry = await drainer.inbox_step(key, "o")
+            assert entry is not None
+            assert await drainer.inbox_step(key, "o", done=entry.id) is None
+        for n in range(3):  # by batches, as a folding drainer's inbox_take
+            key = f"take-{n}"
+            mine.add(drainer._ids(key)[0].hex())
+            await producer.inbox_accept(key, "x", claim=None, claim_ttl=60.0, max_pending=5)
+            assert (await drainer.acquire(key, "o", 5.0)).token is not None
+            batch = await drainer.inbox_take(key, "o", limit=5)
+            assert batch is not None
+            done = [e.id for e in batch.entries]
+            assert await drainer.inbox_take(key, "o", done=done, limit=5) is None
+        assert await heard_by_now() == [], "a release nobody waits for sent a NOTIFY"
+
+        # a waiter of another state flags the key: the release that ends the drain wakes it
+        key = "flagged"
+        ident = drainer._ids(key)[0].hex()
+        mine.add(ident)
+        await producer.inbox_accept(key, "x", claim=None, claim_ttl=60.0, max_pending=5)
+        assert (await drainer.acquire(key, "o", 5.0)).token is not None
+        assert (await waiter.acquire(key, "w", 5.0, waiting=True)).token is None
+        entry = await drainer.inbox_step(key, "o")
+        assert entry is not None
+        assert await drainer.inbox_step(key, "o", done=entry.id) is None
+        assert await heard_by_now() == [ident]
+        assert (await waiter.acquire(key, "w", 5.0, waiting=True)).token is not None
+    finally:
+        await listener.close()

@@ -92,6 +92,11 @@ ROUTINES = {
         "inbox_release_v2",
         "inbox_step_v3",
         "inbox_take_v3",
+        # a release NOTIFYs only for a flagged key (#24: each NOTIFY costs every LISTENing
+        # session of the database a transaction)
+        "inbox_release_v3",
+        "inbox_step_v4",
+        "inbox_take_v4",
         "inbox_open_v1",
         "inbox_accept_v5",
         "inbox_hand_out_v1",

@@ -310,13 +310,14 @@ DELETE FROM {prefix}inbox_workers AS w WHERE w.id = %(worker)s
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
 -- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when
--- nothing is pending (as release does; NOTIFY on the release channel). With retry_ms, "done"
+-- nothing is pending (as release does: NOTIFY on the release channel only if a waiter flagged the
+-- key). With retry_ms, "done"
 -- stays the head (attempts unchanged), due retry_ms from now, and the lock is released; with park
 -- (and "dead"), the key is parked and the lock released. Answers (status, entry, attempts,
--- payload, age, pending); status 'not_owner' changed nothing. Atomic: one call of inbox_step_v3
+-- payload, age, pending); status 'not_owner' changed nothing. Atomic: one call of inbox_step_v4
 -- (schema.sql), which locks the lock row, then the inboxes row, in one transaction.
 SELECT status, entry, attempts, payload, age, pending
-FROM {prefix}inbox_step_v3(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s, %(retry_ms)s,
+FROM {prefix}inbox_step_v4(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s, %(retry_ms)s,
                            %(park)s, %(reservation_ms)s, %(channel)s, %(payload)s)
 
 -- inbox_requeue --
@@ -376,10 +377,10 @@ ORDER BY e.id
 -- pending), then one 'entry' row per entry handed out (entry, attempts, payload, age, pending).
 -- With retry_ms the "done" entries stay pending and the key waits; with park (and "dead") they
 -- are dead letters and the key is parked; either way the lock is released, as inbox_step does.
--- Atomic: one call of inbox_take_v3 (schema.sql), which locks the lock row, then the inboxes row,
+-- Atomic: one call of inbox_take_v4 (schema.sql), which locks the lock row, then the inboxes row,
 -- in one transaction.
 SELECT status, entry, attempts, payload, age, pending
-FROM {prefix}inbox_take_v3(%(id)s, %(owner)s, %(done)s, %(dead)s, %(limit)s, %(retry_ms)s,
+FROM {prefix}inbox_take_v4(%(id)s, %(owner)s, %(done)s, %(dead)s, %(limit)s, %(retry_ms)s,
                            %(park)s, %(reservation_ms)s, %(channel)s, %(payload)s)
 
 -- ==== Semaphores (SemaphoreState; functions in schema.sql) =====================================

@@ -757,6 +757,185 @@ BEGIN
 END
 $$;
 
+-- ==== Quiet releases (#24) ======================================================================
+-- A NOTIFY costs every LISTENing session of the database a transaction of its own (PostgreSQL
+-- signals each of them, whatever channel it listens on, and each reads the queue), so a step that
+-- NOTIFYed at every release cost one transaction per serving worker per event. The release of a
+-- drained key now NOTIFYs only when a waiter of some state flagged the key, as the release
+-- statement does; a state wakes its own watchers in process (unflagged releases).
+
+-- inbox_release_v3: inbox_release_v2, with the NOTIFY on p_channel only when the key is flagged.
+CREATE OR REPLACE FUNCTION {prefix}inbox_release_v3(
+    p_id bytea, p_pending integer, p_dead integer, p_reservation_ms bigint, p_channel text,
+    p_payload text
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_flagged boolean;
+BEGIN
+    IF coalesce(p_pending, 0) > 0 THEN
+        NULL;  -- entries stay behind a waiting retry or a parked key
+    ELSIF p_dead = 0 THEN
+        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
+    ELSIF p_dead IS NOT NULL THEN
+        UPDATE {prefix}inboxes AS i SET ready_at = NULL, retry_at = NULL WHERE i.id = p_id;
+    END IF;
+    UPDATE {prefix}locks AS l
+    SET owner = NULL,
+        expires_at = CASE WHEN l.flag IS NULL THEN now()
+                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
+    WHERE l.id = p_id
+    RETURNING l.flag IS NOT NULL INTO v_flagged;
+    IF v_flagged THEN
+        PERFORM pg_notify(p_channel, p_payload);
+    END IF;
+END
+$$;
+
+-- inbox_step_v4: inbox_step_v3 through inbox_release_v3 (a quiet release). Answers as v3.
+CREATE OR REPLACE FUNCTION {prefix}inbox_step_v4(
+    p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean, p_retry_ms bigint,
+    p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
+) RETURNS TABLE (
+    status text, entry bigint, attempts integer, payload text, age float8, pending integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_held boolean;
+    v_pending integer;
+    v_dead integer;
+    v_closed boolean := false;
+    v_retrying boolean;
+    v_head {prefix}inbox_entries%ROWTYPE;
+BEGIN
+    SELECT r.o_held, r.o_pending, r.o_dead, r.o_retrying
+    INTO v_held, v_pending, v_dead, v_retrying
+    FROM {prefix}inbox_lock_rows_v2(p_id, p_owner) AS r;
+    IF NOT v_held THEN
+        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
+                            NULL::float8, NULL::integer;
+        RETURN;
+    END IF;
+    IF v_pending IS NOT NULL AND p_done IS NOT NULL AND p_retry_ms IS NOT NULL THEN
+        -- the head stays where it is, attempts unchanged; the key waits, no lock held
+        UPDATE {prefix}inboxes AS i
+        SET retry_at = now() + p_retry_ms * interval '1 millisecond' WHERE i.id = p_id;
+        v_closed := true;
+    ELSIF v_pending IS NOT NULL AND p_done IS NOT NULL THEN
+        -- the head, unless dead letters were requeued in front of it meanwhile
+        IF p_dead IS NULL THEN
+            DELETE FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
+        ELSE
+            UPDATE {prefix}inbox_entries AS e SET error = p_dead
+            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
+        END IF;
+        IF FOUND THEN
+            v_pending := v_pending - 1;
+            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE 1 END;
+            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
+            WHERE i.id = p_id;
+        END IF;
+        IF p_park AND p_dead IS NOT NULL THEN
+            UPDATE {prefix}inboxes AS i SET parked = true, retry_at = NULL WHERE i.id = p_id;
+            v_closed := true;
+        END IF;
+    END IF;
+    IF coalesce(v_pending, 0) > 0 AND NOT v_closed THEN
+        SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
+        WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
+        IF p_take THEN
+            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+            WHERE e.inbox = p_id AND e.id = v_head.id;
+            v_head.attempts := v_head.attempts + 1;
+        END IF;
+        IF v_retrying THEN  -- its holder hands the head out: no retry waits any more
+            UPDATE {prefix}inboxes AS i SET retry_at = NULL WHERE i.id = p_id;
+        END IF;
+        RETURN QUERY SELECT 'entry'::text, v_head.id, v_head.attempts, v_head.payload,
+                            greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
+                            v_pending;
+        RETURN;
+    END IF;
+    PERFORM {prefix}inbox_release_v3(p_id, v_pending, v_dead, p_reservation_ms, p_channel,
+                                     p_payload);
+    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
+                        NULL::float8, NULL::integer;
+END
+$$;
+
+-- inbox_take_v4: inbox_take_v3 through inbox_release_v3 (a quiet release). Answers as v3.
+CREATE OR REPLACE FUNCTION {prefix}inbox_take_v4(
+    p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer, p_retry_ms bigint,
+    p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
+) RETURNS TABLE (
+    status text, entry bigint, attempts integer, payload text, age float8, pending integer
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_held boolean;
+    v_pending integer;
+    v_dead integer;
+    v_closed boolean := false;
+    v_retrying boolean;
+    v_gone integer;
+    v_done bigint[] := string_to_array(nullif(p_done, ''), ',')::bigint[];
+BEGIN
+    SELECT r.o_held, r.o_pending, r.o_dead, r.o_retrying
+    INTO v_held, v_pending, v_dead, v_retrying
+    FROM {prefix}inbox_lock_rows_v2(p_id, p_owner) AS r;
+    IF NOT v_held THEN
+        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
+                            NULL::float8, NULL::integer;
+        RETURN;
+    END IF;
+    IF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0
+       AND p_retry_ms IS NOT NULL THEN
+        UPDATE {prefix}inboxes AS i
+        SET retry_at = now() + p_retry_ms * interval '1 millisecond' WHERE i.id = p_id;
+        v_closed := true;
+    ELSIF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0 THEN
+        IF p_dead IS NULL THEN
+            DELETE FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
+        ELSE
+            UPDATE {prefix}inbox_entries AS e SET error = p_dead
+            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
+        END IF;
+        GET DIAGNOSTICS v_gone = ROW_COUNT;
+        IF v_gone > 0 THEN
+            v_pending := v_pending - v_gone;
+            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE v_gone END;
+            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
+            WHERE i.id = p_id;
+        END IF;
+        IF p_park AND p_dead IS NOT NULL THEN
+            UPDATE {prefix}inboxes AS i SET parked = true, retry_at = NULL WHERE i.id = p_id;
+            v_closed := true;
+        END IF;
+    END IF;
+    IF coalesce(v_pending, 0) > 0 AND NOT v_closed THEN
+        IF v_retrying AND p_limit > 0 THEN  -- its holder hands entries out: no retry waits
+            UPDATE {prefix}inboxes AS i SET retry_at = NULL WHERE i.id = p_id;
+        END IF;
+        RETURN QUERY
+        SELECT 'pending'::text, NULL::bigint, NULL::integer, NULL::text,
+               greatest(extract(epoch FROM now() - n.accepted_at), 0)::float8, v_pending
+        FROM (SELECT e.accepted_at FROM {prefix}inbox_entries AS e
+              WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id DESC LIMIT 1) AS n;
+        RETURN QUERY
+        UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+        FROM (SELECT h.id FROM {prefix}inbox_entries AS h
+              WHERE h.inbox = p_id AND h.error IS NULL ORDER BY h.id LIMIT p_limit) AS t
+        WHERE e.inbox = p_id AND e.id = t.id
+        RETURNING 'entry'::text, e.id, e.attempts, e.payload,
+                  greatest(extract(epoch FROM now() - e.accepted_at), 0)::float8, v_pending;
+        RETURN;
+    END IF;
+    PERFORM {prefix}inbox_release_v3(p_id, v_pending, v_dead, p_reservation_ms, p_channel,
+                                     p_payload);
+    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
+                        NULL::float8, NULL::integer;
+END
+$$;
+
 -- inbox_open: whether key p_id may be handed out now as far as its inbox goes: not parked, and no
 -- retry waiting that is not due yet (a key without an inboxes row counts as open).
 CREATE OR REPLACE FUNCTION {prefix}inbox_open_v1(p_id bytea)
