@@ -18,16 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support.ports import free_port
+
 #: seconds a server may take to start answering, or to exit after being told to
 START_BOUND = 10.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def redis_server_binary() -> str | None:

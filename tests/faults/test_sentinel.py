@@ -32,8 +32,9 @@ from asynclock.state import state_from_url
 from tests._helpers import reply
 from tests._matrix import IN_CI
 from tests.faults._load import Load
-from tests.faults._server import START_BOUND, _ping, free_port, redis_server_binary
+from tests.faults._server import START_BOUND, _ping, redis_server_binary
 from tests.faults._timing import bounded, report, unexpected_failures, until
+from tests.support.ports import free_port
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

@@ -23,7 +23,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from tests._matrix import REDIS, purge_namespace
+from tests.support.ports import free_port
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
@@ -159,13 +159,6 @@ class Deployment:
         if not self.journal.exists():
             return []
         return self.journal.read_text().split()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.asynccontextmanager
