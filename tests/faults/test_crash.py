@@ -19,8 +19,9 @@ import pytest
 
 from asynclock import AsyncLock, Deduper
 from tests.faults import _crash_worker
-from tests.faults._timing import bounded, report, until
+from tests.faults._timing import bounded, until
 from tests.support.processes import spawned
+from tests.support.reporting import report
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

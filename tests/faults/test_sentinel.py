@@ -33,8 +33,9 @@ from tests._helpers import reply
 from tests._matrix import IN_CI
 from tests.faults._load import Load
 from tests.faults._server import START_BOUND, _ping, redis_server_binary
-from tests.faults._timing import bounded, report, unexpected_failures, until
+from tests.faults._timing import bounded, unexpected_failures, until
 from tests.support.ports import free_port
+from tests.support.reporting import report
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from tests._helpers import reply
 from tests._matrix import REDIS
+from tests.support.processes import kill_group, start_group
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -49,16 +50,8 @@ class Workers:
 
     def start(self, *command: str) -> subprocess.Popen[bytes]:
         log = self.folder / f"worker-{len(self.processes)}.log"
-        with log.open("wb") as out:
-            # its own process group: a command that forks workers (taskiq) is killed whole
-            process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # its own process group: a command that forks workers (taskiq) is killed whole
+        process = start_group(command, cwd=ROOT, env=self.env, log=log)
         self.processes.append(process)
         self.logs.append(log)
         return process
@@ -67,16 +60,14 @@ class Workers:
         """SIGKILL every running worker: no shutdown hook, no cleanup, as in a crash."""
         for process in self.processes:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                kill_group(process)
 
     def kill_group_of(self, pid: int) -> subprocess.Popen[bytes]:
         """SIGKILL the started command whose process group holds ``pid`` (a forked worker)."""
         group = os.getpgid(pid)
         for process in self.processes:
             if process.pid == group and process.poll() is None:
-                os.killpg(group, signal.SIGKILL)
-                process.wait()
+                kill_group(process)
                 return process
         raise AssertionError(f"pid {pid} is not in a running worker's process group")
 
@@ -88,8 +79,7 @@ class Workers:
             try:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:  # noqa: PERF203 - a worker that does not stop
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                kill_group(process)
 
     def output(self) -> str:
         return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in self.logs)
