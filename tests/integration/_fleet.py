@@ -10,9 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import signal
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +17,10 @@ from typing import TYPE_CHECKING
 
 from tests._helpers import reply
 from tests._matrix import REDIS
-from tests.support.processes import kill_group, start_group
+from tests.support.processes import WorkerProcesses, kill_group
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Awaitable, Callable
 
 if TYPE_CHECKING:
@@ -31,10 +29,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Workers:
+class Workers(WorkerProcesses):
     """The worker processes of one test (one namespace)."""
 
     def __init__(self, namespace: str, *, unit: float, fair: bool) -> None:
+        super().__init__("job-workers-")
         self.namespace = namespace
         self.env = {
             **os.environ,
@@ -44,23 +43,10 @@ class Workers:
             "JOBS_REDIS_URL": REDIS.url,
             "PYTHONPATH": str(ROOT),
         }
-        self.folder = Path(tempfile.mkdtemp(prefix="job-workers-"))
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
 
     def start(self, *command: str) -> subprocess.Popen[bytes]:
-        log = self.folder / f"worker-{len(self.processes)}.log"
         # its own process group: a command that forks workers (taskiq) is killed whole
-        process = start_group(command, cwd=ROOT, env=self.env, log=log)
-        self.processes.append(process)
-        self.logs.append(log)
-        return process
-
-    def kill(self) -> None:
-        """SIGKILL every running worker: no shutdown hook, no cleanup, as in a crash."""
-        for process in self.processes:
-            if process.poll() is None:
-                kill_group(process)
+        return self.launch(command, cwd=ROOT, env=self.env)
 
     def kill_group_of(self, pid: int) -> subprocess.Popen[bytes]:
         """SIGKILL the started command whose process group holds ``pid`` (a forked worker)."""
@@ -71,18 +57,11 @@ class Workers:
                 return process
         raise AssertionError(f"pid {pid} is not in a running worker's process group")
 
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:  # noqa: PERF203 - a worker that does not stop
-                kill_group(process)
+    def output(self, tail: int | None = 3000) -> str:
+        return super().output(tail)
 
-    def output(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in self.logs)
+    def stop(self, within: float = 15.0) -> list[int]:
+        return super().stop(within)
 
 
 @dataclass

@@ -11,7 +11,8 @@ module and asynclock, not pytest's collection):
 
 Commands (``subprocess``) started in a session of their own, so that a signal reaches the
 children they fork (uvicorn's and taskiq's workers): :func:`start_group`, :func:`kill_group`,
-:func:`stop_groups`.
+:func:`stop_groups`; :class:`WorkerProcesses`: the worker commands of one test, each with its
+output in a log file of its own for the failure message.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ import multiprocessing
 import os
 import signal
 import subprocess
+import tempfile
 import time
 import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
     from multiprocessing.context import SpawnProcess
     from multiprocessing.queues import Queue
-    from pathlib import Path
 
 #: seconds the parent waits for each worker's answer, then for each one to exit
 ANSWER_BOUND = 100.0
@@ -136,3 +138,51 @@ def stop_groups(processes: Sequence[subprocess.Popen[bytes]], within: float) -> 
             process.wait(max(0.0, deadline - time.monotonic()))
         if process.poll() is None:
             kill_group(process)
+
+
+class WorkerProcesses:
+    """The worker commands of one test, each in a process group of its own, each one's output
+    in ``folder/worker-<n>.log`` (:meth:`output` for the failure message)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix=prefix))
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def launch(
+        self, command: Sequence[str], *, cwd: Path, env: Mapping[str, str]
+    ) -> subprocess.Popen[bytes]:
+        """Start one more worker."""
+        log = self.folder / f"worker-{len(self.processes)}.log"
+        process = start_group(command, cwd=cwd, env=env, log=log)
+        self.processes.append(process)
+        self.logs.append(log)
+        return process
+
+    def output(self, tail: int | None = None) -> str:
+        """Every worker's log (its last ``tail`` characters), one after the other."""
+        return "\n".join(
+            f"--- {log.name}\n{log.read_text()[-tail:] if tail else log.read_text()}"
+            for log in self.logs
+        )
+
+    def kill(self) -> None:
+        """SIGKILL every running worker (its whole group): no shutdown hook, as in a crash."""
+        for process in self.processes:
+            if process.poll() is None:
+                kill_group(process)
+
+    def stop(self, within: float) -> list[int]:
+        """SIGTERM every running worker (the leader, which stops what it forked) and wait up
+        to ``within`` seconds for each; SIGKILL one that does not stop. Their exit codes."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        codes = []
+        for process in self.processes:
+            try:
+                codes.append(process.wait(timeout=within))
+            except subprocess.TimeoutExpired:  # noqa: PERF203 - a worker that does not stop
+                kill_group(process)
+                codes.append(process.wait())
+        return codes
