@@ -12,11 +12,11 @@ import asyncio
 import os
 import random
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from asynclock import Event, EventDispatcher, HandlerContext, state_from_url
 from tests._workers import redis_client
+from tests.support.processes import report_back, spawned
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -58,13 +58,7 @@ def dispatch_worker(
     With ``counter_prefix`` (Redis), each handler INCRs ``<prefix><lock key>`` on the server on
     entry and DECRs it on exit; ``most_inside`` is the largest value any handler saw.
     """
-    try:
-        answer = asyncio.run(
-            _dispatch_all(url, options, stream, policy, counter_prefix, seed, barrier)
-        )
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
-        answer = {"error": traceback.format_exc(), "pid": os.getpid()}
-    results.put(answer)
+    report_back(results, _dispatch_all(url, options, stream, policy, counter_prefix, seed, barrier))
 
 
 async def _dispatch_all(
@@ -154,18 +148,9 @@ async def kill_mid_dispatch(
     """
     import multiprocessing
 
-    ctx = multiprocessing.get_context("spawn")
-    inside = ctx.Event()
-    proc = ctx.Process(
-        target=dispatch_until_killed, args=(url, options, spec, lock_ttl, inside), daemon=True
-    )
-    proc.start()
-    try:
+    inside = multiprocessing.get_context("spawn").Event()
+    async with spawned(dispatch_until_killed, url, options, spec, lock_ttl, inside) as proc:
         assert await asyncio.to_thread(inside.wait, spawn_bound), "never got inside"
         proc.kill()
         await asyncio.to_thread(proc.join, 10.0)
         return time.monotonic()
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()

@@ -15,7 +15,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from asynclock import Semaphore, state_from_url
-from tests._workers import BARRIER_TIMEOUT, _report
+from tests._workers import BARRIER_TIMEOUT
+from tests.support.processes import report_back
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -43,7 +44,7 @@ def limit_worker(
 ) -> None:
     """``tasks`` tasks take a permit of ``key`` ``rounds`` times each; the holders are counted
     in ``counter_key`` (and its largest value in ``counter_key:max``) on ``counter_url``."""
-    _report(
+    report_back(
         results,
         _limit(url, options, key, limit, counter_url, counter_key, tasks, rounds, barrier),
     )
@@ -99,7 +100,7 @@ def holding_worker(
     results: Queue[dict[str, Any]],
 ) -> None:
     """Take every permit of ``key``, say so through ``held``, and hang until killed."""
-    _report(results, _hold(url, options, key, limit, ttl, held))
+    report_back(results, _hold(url, options, key, limit, ttl, held))
 
 
 async def _hold(
@@ -123,7 +124,7 @@ def waiting_worker(
     results: Queue[dict[str, Any]],
 ) -> None:
     """Wait for a permit of ``key``; report when it was granted, with its token."""
-    _report(results, _wait(url, options, key, limit, number))
+    report_back(results, _wait(url, options, key, limit, number))
 
 
 async def _wait(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import traceback
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from redis.asyncio import Redis
 from asynclock import AsyncLock, state_from_url
 from asynclock.cli._storm import Message, StormHandler, lock_key, run_storm, storm_handler
 from tests._helpers import reply
+from tests.support.processes import report_back
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -95,14 +95,6 @@ def make_wait(kind: str, step: float) -> WaitSpec:
     raise ValueError(f"unknown wait kind {kind!r}")
 
 
-def _report(results: Queue[dict[str, Any]], run: Any) -> None:
-    try:
-        answer: dict[str, Any] = asyncio.run(run)
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
-        answer = {"error": traceback.format_exc(), "pid": os.getpid()}
-    results.put(answer)
-
-
 def storm_worker(
     url: str,
     options: dict[str, object],
@@ -121,7 +113,7 @@ def storm_worker(
     ``attempts``, ``jitter``. With ``go``, the deliveries start only once it is set (after the
     start line).
     """
-    _report(
+    report_back(
         results,
         _deliver(url, options, db_url, db_prefix, variant, messages, settings, go, barrier),
     )
@@ -186,7 +178,7 @@ def holder_worker(
     """The slow first handler: for each message (one per contact), take the contact's lock,
     find (no conversation yet), set ``go``, then stay ``hold`` seconds between the find and
     the create, still inside the lock (``hold`` < ``ttl``)."""
-    _report(results, _hold(url, options, db_url, db_prefix, messages, ttl, hold, go, barrier))
+    report_back(results, _hold(url, options, db_url, db_prefix, messages, ttl, hold, go, barrier))
 
 
 async def _hold(

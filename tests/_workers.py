@@ -12,12 +12,12 @@ import asyncio
 import os
 import random
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from asynclock import AsyncLock, Deduper, state_from_url
 from tests._helpers import token_of
+from tests.support.processes import report_back
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -54,14 +54,6 @@ def redis_client(url: str) -> Any:
 REDIS_BACKENDS = frozenset({"redis", "redis-cluster"})
 
 
-def _report(results: Queue[dict[str, Any]], run: Any) -> None:
-    try:
-        answer: dict[str, Any] = asyncio.run(run)
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
-        answer = {"error": traceback.format_exc(), "pid": os.getpid()}
-    results.put(answer)
-
-
 def lock_worker(
     url: str,
     options: dict[str, object],
@@ -77,7 +69,7 @@ def lock_worker(
     With ``counter_key`` (Redis or Redis Cluster), each critical section also INCRs a counter on the server and
     DECRs it on the way out; ``most_inside`` is the largest value any process saw.
     """
-    _report(results, _contend(url, options, key, counter_key, tasks, rounds, barrier))
+    report_back(results, _contend(url, options, key, counter_key, tasks, rounds, barrier))
 
 
 async def _contend(
@@ -128,7 +120,7 @@ def dedupe_worker(
     results: Queue[dict[str, Any]],
 ) -> None:
     """Call ``first_seen`` on every id (in an order of its own); report the ids it saw first."""
-    _report(results, _first_seen_all(url, options, ids, seed, barrier))
+    report_back(results, _first_seen_all(url, options, ids, seed, barrier))
 
 
 async def _first_seen_all(

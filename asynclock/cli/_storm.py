@@ -14,14 +14,15 @@ trip later create one if there was none, then append the message. Three ways to 
   no duplicates, nothing lost.
 
 The "database" is anything with the four coroutines of :class:`Conversations`: the demo uses
-:class:`MemoryConversations`; the cross-process tests use Redis itself.
+:class:`MemoryConversations`; the cross-process tests use Redis itself. Only what the demo
+runs lives here: the tests' own pieces (shuffled messages, the workers, the Redis database)
+live with them, under ``tests/``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,7 +50,6 @@ __all__ = (
     "lock_key",
     "run_storm",
     "storm_handler",
-    "storm_messages",
     "tally",
 )
 
@@ -63,13 +63,6 @@ class Message:
 
     id: int
     contact: int
-
-
-def storm_messages(contacts: int, per_contact: int, seed: int | None = None) -> list[Message]:
-    """``contacts * per_contact`` messages, shuffled (ids ``0..n-1``, contact ``id % contacts``)."""
-    messages = [Message(n, n % contacts) for n in range(contacts * per_contact)]
-    random.Random(seed).shuffle(messages)
-    return messages
 
 
 def lock_key(contact: int) -> str:

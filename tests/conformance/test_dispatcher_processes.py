@@ -20,7 +20,8 @@ from tests import _dispatch_workers
 from tests._dispatch_workers import Spec, event_of
 from tests._matrix import TEST_PREFIX
 from tests._workers import REDIS_BACKENDS
-from tests.conformance.test_processes import run_processes, server_counters
+from tests.conformance.test_processes import server_counters
+from tests.support.processes import run_processes
 
 if TYPE_CHECKING:
     from asynclock import State
@@ -52,9 +53,13 @@ async def run(target: Target, policy: PolicyName) -> tuple[list[dict[str, Any]],
     )
     events = distinct_events()
     reports = await run_processes(
-        _dispatch_workers.dispatch_worker,
-        lambda n: (target.url, target.options, stream_for(n, events), policy, counter_prefix, n),
-        PROCESSES,
+        [
+            (
+                _dispatch_workers.dispatch_worker,
+                (target.url, target.options, stream_for(n, events), policy, counter_prefix, n),
+            )
+            for n in range(PROCESSES)
+        ]
     )
     if counter_prefix is not None:  # every handler that entered also left, on the server too
         keys = [f"{counter_prefix}slack:C1:T{t}" for t in range(THREADS)]

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +24,7 @@ from redis.asyncio import Redis
 
 from asynclock import Event, EventDispatcher, Outcome, state_from_url
 from tests._matrix import INBOX_SERVER_STATES, REDIS, Backend, purge_namespace, require
+from tests.support.processes import WorkerProcesses
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -36,17 +36,19 @@ EVENTS = 300
 pytestmark = [pytest.mark.processes, pytest.mark.redis, pytest.mark.timeout(180)]
 
 
-class Fleet:
+class Fleet(WorkerProcesses):
     """Worker processes over one namespace, and the effect store they write to."""
 
     def __init__(self, backend: Backend, namespace: str) -> None:
+        super().__init__("inbox-workers-")
         self.backend = backend
         self.prefix = f"asynclock-test:{namespace}:"
         self.namespace = namespace
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
-        self.folder = Path(tempfile.mkdtemp(prefix="inbox-workers-"))
         self.effects = Redis.from_url(REDIS.url)
+
+    @property
+    def workers(self) -> list[subprocess.Popen[bytes]]:
+        return self.processes
 
     def env(self, **extra: str) -> dict[str, str]:
         return {
@@ -59,21 +61,8 @@ class Fleet:
         }
 
     def start(self, **env: str) -> subprocess.Popen[bytes]:
-        log = self.folder / f"worker-{len(self.workers)}.log"
-        with log.open("wb") as output:  # the child keeps its own descriptor
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "asynclock", "worker", "tests._inbox_app:make_bot"],
-                cwd=ROOT,
-                env=self.env(**env),
-                stdout=output,
-                stderr=subprocess.STDOUT,
-            )
-        self.workers.append(worker)
-        self.logs.append(log)
-        return worker
-
-    def output(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text()}" for log in self.logs)
+        command = [sys.executable, "-m", "asynclock", "worker", "tests._inbox_app:make_bot"]
+        return self.launch(command, cwd=ROOT, env=self.env(**env))
 
     async def handled(self) -> dict[str, list[tuple[str, int, int]]]:
         """Per lock key: (message id, attempt, token) of every effect, in write order."""
@@ -117,18 +106,8 @@ class Fleet:
             assert time.monotonic() < deadline, f"workers not ready after {within} s"
             await asyncio.sleep(0.01)
 
-    def stop(self) -> list[int]:
-        codes = []
-        for worker in self.workers:
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGTERM)
-        for worker in self.workers:
-            try:
-                codes.append(worker.wait(timeout=20))
-            except subprocess.TimeoutExpired:  # noqa: PERF203 - a worker that does not stop
-                worker.kill()
-                codes.append(worker.wait())
-        return codes
+    def stop(self, within: float = 20.0) -> list[int]:
+        return super().stop(within)
 
 
 @pytest.fixture(params=INBOX_SERVER_STATES)
@@ -140,10 +119,7 @@ async def fleet(request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
     try:
         yield made
     finally:
-        for worker in made.workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+        made.kill()
         await made.effects.aclose()
         await purge_namespace(REDIS, made.namespace)
         if backend is not REDIS:  # the state lives elsewhere too

@@ -1,25 +1,24 @@
 """Several OS processes sharing one server: exclusion and exactly-once dedupe across processes.
 
 Each process (multiprocessing *spawn*: a fresh interpreter) builds its own state from the URL and
-runs its own event loop; see ``tests/_workers.py``.
+runs its own event loop; see ``tests/_workers.py`` and ``tests/support/processes.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import multiprocessing
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from asynclock import AsyncLock, Deduper
 from tests import _workers
 from tests._matrix import TEST_PREFIX
+from tests.support.processes import run_processes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from asynclock import State
     from tests.conftest import Target
@@ -27,36 +26,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.processes
 
 PROCESSES = 3
-
-
-async def run_processes(
-    target: Callable[..., None], args_for: Callable[[int], Sequence[object]], count: int
-) -> list[dict[str, Any]]:
-    """Start ``count`` spawned processes behind one start barrier; return their reports."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(count)
-    results: Any = ctx.Queue()
-    procs = [
-        ctx.Process(target=target, args=(*args_for(n), barrier, results), daemon=True)
-        for n in range(count)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        reports = [await asyncio.to_thread(results.get, True, 100.0) for _ in procs]
-        for proc in procs:
-            await asyncio.to_thread(proc.join, 20.0)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        results.close()
-        results.join_thread()
-    errors = [report["error"] for report in reports if "error" in report]
-    assert not errors, "\n".join(errors)
-    assert len({report["pid"] for report in reports}) == count
-    return reports
 
 
 async def server_counters(url: str, keys: Sequence[str]) -> list[int | None]:
@@ -81,11 +50,8 @@ class TestLockAcrossProcesses:
             else None
         )
         tasks, rounds = 2, 10
-        reports = await run_processes(
-            _workers.lock_worker,
-            lambda n: (server_target.url, server_target.options, key, counter_key, tasks, rounds),
-            PROCESSES,
-        )
+        args = (server_target.url, server_target.options, key, counter_key, tasks, rounds)
+        reports = await run_processes([(_workers.lock_worker, args)] * PROCESSES)
 
         intervals = sorted(itertools.chain.from_iterable(r["intervals"] for r in reports))
         assert len(intervals) == PROCESSES * tasks * rounds
@@ -108,9 +74,10 @@ class TestDedupeAcrossProcesses:
     ) -> None:
         ids = [f"evt-{n}" for n in range(200)]
         reports = await run_processes(
-            _workers.dedupe_worker,
-            lambda n: (server_target.url, server_target.options, ids, n),
-            PROCESSES,
+            [
+                (_workers.dedupe_worker, (server_target.url, server_target.options, ids, n))
+                for n in range(PROCESSES)
+            ]
         )
         counts = Counter(itertools.chain.from_iterable(r["fresh"] for r in reports))
         assert set(counts) == set(ids)

@@ -24,14 +24,9 @@ from asynclock import (
     RetryStatistics,
     retry_on_lock_conflict,
 )
-from asynclock.cli._storm import (
-    MemoryConversations,
-    run_storm,
-    storm_handler,
-    storm_messages,
-    tally,
-)
+from asynclock.cli._storm import MemoryConversations, run_storm, storm_handler, tally
 from tests._helpers import eventually, finish
+from tests.support.storm import storm_messages
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -24,7 +24,7 @@ from asynclock.state import SemaphoreState
 from tests import _semaphore_workers
 from tests._helpers import eventually
 from tests._matrix import REDIS, TEST_PREFIX, require
-from tests.conformance.test_processes import run_processes
+from tests.support.processes import run_processes
 
 if TYPE_CHECKING:
     from asynclock import State
@@ -48,20 +48,17 @@ async def test_the_limit_holds_across_processes(
     require(REDIS)  # the shared count lives on the plain Redis server
     counter_key = f"{TEST_PREFIX}{server_target.namespace}:holders"
     rounds = 4
-    reports = await run_processes(
-        _semaphore_workers.limit_worker,
-        lambda n: (
-            server_target.url,
-            server_target.options,
-            key,
-            LIMIT,
-            REDIS.url,
-            counter_key,
-            TASKS,
-            rounds,
-        ),
-        PROCESSES,
+    args = (
+        server_target.url,
+        server_target.options,
+        key,
+        LIMIT,
+        REDIS.url,
+        counter_key,
+        TASKS,
+        rounds,
     )
+    reports = await run_processes([(_semaphore_workers.limit_worker, args)] * PROCESSES)
     counter = Redis.from_url(REDIS.url)
     try:
         now, most = await counter.get(counter_key), await counter.get(f"{counter_key}:max")

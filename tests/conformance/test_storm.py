@@ -20,7 +20,6 @@ process stalled for ~0.3 s on a loaded 2-core machine still cannot change the ou
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import random
 from collections import Counter
@@ -31,14 +30,15 @@ import pytest
 from redis.asyncio import Redis
 
 from asynclock import retry_on_lock_conflict
-from asynclock.cli._storm import StormTally, lock_key, storm_messages, tally
+from asynclock.cli._storm import StormTally, lock_key, tally
 from tests import _storm_workers
 from tests._matrix import REDIS, TEST_PREFIX, require
 from tests._workers import REDIS_BACKENDS, redis_client
+from tests.support.processes import run_processes
+from tests.support.storm import storm_messages
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-    from multiprocessing.synchronize import Event
+    from collections.abc import AsyncIterator, Iterable, Sequence
 
     from asynclock import RedisState
     from asynclock.cli._storm import Message, Variant
@@ -93,39 +93,6 @@ async def storm_db(server_target: Target) -> AsyncIterator[StormDb]:
                 await client.delete(*keys)
         finally:
             await client.aclose()
-
-
-async def run_processes(
-    targets: Sequence[tuple[Callable[..., None], Sequence[object]]], go: Event | None = None
-) -> list[dict[str, Any]]:
-    """Start one spawned process per ``(function, args)`` behind one start barrier.
-
-    Each function gets ``*args`` and then ``(barrier, results)``. Returns their reports.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(len(targets))
-    results: Any = ctx.Queue()
-    procs = [
-        ctx.Process(target=function, args=(*args, barrier, results), daemon=True)
-        for function, args in targets
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        reports = [await asyncio.to_thread(results.get, True, 100.0) for _ in procs]
-        for proc in procs:
-            await asyncio.to_thread(proc.join, 20.0)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        results.close()
-        results.join_thread()
-    errors = [report["error"] for report in reports if "error" in report]
-    assert not errors, "\n".join(errors)
-    assert len({report["pid"] for report in reports}) == len(targets)
-    return reports
 
 
 async def check_lock_homes(

@@ -1,4 +1,7 @@
-"""Bounded waits and the figures the fault tests report (``pytest -s`` shows them)."""
+"""Bounded waits and the record of the public calls made during a fault.
+
+The figures the fault tests print are :func:`tests.support.reporting.report`'s.
+"""
 
 from __future__ import annotations
 
@@ -39,15 +42,6 @@ async def until(
             raise AssertionError(f"still waiting for {what} after {within} s")
         await asyncio.sleep(interval)
     return time.monotonic() - start
-
-
-def report(test: str, **figures: float | str) -> None:
-    """Print one line of figures (for docs/reliability.md); seconds are shown in ms."""
-    parts = [
-        f"{name}={value * 1000:.0f}ms" if isinstance(value, float) else f"{name}={value}"
-        for name, value in figures.items()
-    ]
-    print(f"\n[faults] {test}: " + " ".join(parts))
 
 
 @dataclass

@@ -17,8 +17,8 @@ import pytest
 from redis.asyncio import Redis
 
 from asynclock import RedisState
-from tests._matrix import IN_CI
-from tests.faults._server import RedisServer, redis_server_binary
+from tests.faults._server import RedisServer
+from tests.support.servers import require_binary
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -32,12 +32,7 @@ def throwaway_redis(*, durable: bool = False) -> Iterator[RedisServer]:
 
     ``durable``: it keeps an append-only file fsynced on every write (see ``_server.py``).
     """
-    binary = redis_server_binary()
-    if binary is None:
-        reason = "redis-server is not installed: the fault tests start their own servers"
-        if IN_CI:
-            pytest.fail(f"CI=true and {reason}", pytrace=False)
-        pytest.skip(reason)
+    binary = require_binary("redis-server", "the fault tests start their own servers")
     server = RedisServer(binary, durable=durable)
     server.start()
     try:

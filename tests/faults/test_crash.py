@@ -19,7 +19,9 @@ import pytest
 
 from asynclock import AsyncLock, Deduper
 from tests.faults import _crash_worker
-from tests.faults._timing import bounded, report, until
+from tests.faults._timing import bounded, until
+from tests.support.processes import spawned
+from tests.support.reporting import report
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -44,15 +46,10 @@ async def killed_worker(
     redis_server: RedisServer, admin: Redis, prefix: str, open_state: Callable[..., RedisState]
 ) -> AsyncIterator[float]:
     """Start the worker, wait until it holds everything, SIGKILL it; yields the kill time."""
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    proc = ctx.Process(
-        target=_crash_worker.hold_until_killed,
-        args=(redis_server.url, prefix, KEYS, EVENTS, TTL, ready),
-        daemon=True,
-    )
-    proc.start()
-    try:
+    ready = multiprocessing.get_context("spawn").Event()
+    async with spawned(
+        _crash_worker.hold_until_killed, redis_server.url, prefix, KEYS, EVENTS, TTL, ready
+    ) as proc:
         assert await asyncio.to_thread(ready.wait, SPAWN_BOUND), "the worker never held its locks"
         probe = open_state()
         for key in KEYS:
@@ -65,10 +62,6 @@ async def killed_worker(
         await asyncio.to_thread(proc.join, 10.0)
         assert proc.exitcode == -signal.SIGKILL
         yield killed_at
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
 
 
 async def test_survivors_take_every_lock_over_within_the_ttl(

@@ -26,8 +26,9 @@ from asynclock import (
 from tests._helpers import reply as answer
 from tests.faults._load import Load
 from tests.faults._proxy import FaultProxy
-from tests.faults._timing import bounded, report, unexpected_failures, until
+from tests.faults._timing import bounded, unexpected_failures, until
 from tests.faults.conftest import OP_TIMEOUT
+from tests.support.reporting import report
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

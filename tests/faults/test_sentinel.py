@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ from asynclock import (
 )
 from asynclock.state import state_from_url
 from tests._helpers import reply
-from tests._matrix import IN_CI
 from tests.faults._load import Load
-from tests.faults._server import START_BOUND, _ping, free_port, redis_server_binary
-from tests.faults._timing import bounded, report, unexpected_failures, until
+from tests.faults._timing import bounded, unexpected_failures, until
+from tests.support.reporting import report
+from tests.support.servers import RedisProcess, require_binary
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -46,45 +45,11 @@ OP_TIMEOUT = 0.5
 DOWN_AFTER_MS = 500
 
 
-class _Process:
-    """One redis-server (or sentinel) on 127.0.0.1:port, started and killed by the test."""
-
-    def __init__(self, binary: str, workdir: Path, name: str, args: list[str]) -> None:
-        self.port = free_port()
-        self.name = name
-        self._log = workdir / f"{name}.log"
-        self._argv = [binary, *args, "--port", str(self.port), "--bind", "127.0.0.1"]
-        self._argv += ["--daemonize", "no", "--dir", str(workdir), "--logfile", str(self._log)]
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._proc = subprocess.Popen(
-            self._argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + START_BOUND
-        while not _ping(self.port, 0.2):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                text = self._log.read_text(errors="replace") if self._log.exists() else ""
-                raise RuntimeError(
-                    f"{self.name} on port {self.port} did not start:\n{text[-2000:]}"
-                )
-            time.sleep(0.005)
-
-    def kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(START_BOUND)
-
-
 @dataclass
 class SentinelSet:
-    master: _Process
-    replica: _Process
-    sentinels: list[_Process]
+    master: RedisProcess
+    replica: RedisProcess
+    sentinels: list[RedisProcess]
 
     @property
     def url(self) -> str:
@@ -97,10 +62,10 @@ class SentinelSet:
 
 def _start_set(binary: str, workdir: Path) -> SentinelSet:
     volatile = ["--save", "", "--appendonly", "no"]
-    master = _Process(binary, workdir, "master", volatile)
+    master = RedisProcess(binary, workdir, *volatile, name="master")
     master.start()
-    replica = _Process(
-        binary, workdir, "replica", [*volatile, "--replicaof", "127.0.0.1", str(master.port)]
+    replica = RedisProcess(
+        binary, workdir, *volatile, "--replicaof", "127.0.0.1", str(master.port), name="replica"
     )
     replica.start()
     sentinels = []
@@ -113,7 +78,7 @@ def _start_set(binary: str, workdir: Path) -> SentinelSet:
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
         # the config file comes first (sentinel rewrites it): redis-server <conf> --sentinel ...
-        sentinel = _Process(binary, workdir, f"sentinel-{number}", [str(conf), "--sentinel"])
+        sentinel = RedisProcess(binary, workdir, str(conf), "--sentinel", name=f"sentinel-{number}")
         sentinel.start()
         sentinels.append(sentinel)
     return SentinelSet(master, replica, sentinels)
@@ -140,12 +105,7 @@ async def _ready(topology: SentinelSet) -> bool:
 
 @pytest.fixture
 async def topology() -> AsyncIterator[SentinelSet]:
-    binary = redis_server_binary()
-    if binary is None:
-        reason = "redis-server is not installed: the sentinel tests start their own servers"
-        if IN_CI:
-            pytest.fail(f"CI=true and {reason}", pytrace=False)
-        pytest.skip(reason)
+    binary = require_binary("redis-server", "the sentinel tests start their own servers")
     with tempfile.TemporaryDirectory(prefix="asynclock-sentinel-") as workdir:
         started = await asyncio.to_thread(_start_set, binary, Path(workdir))
         try:

@@ -139,8 +139,9 @@ from tests.faults._soak_history import (
     check,
 )
 from tests.faults._sql import SQLTarget
-from tests.faults._timing import report, until
+from tests.faults._timing import until
 from tests.faults.conftest import throwaway_redis
+from tests.support.reporting import report
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator

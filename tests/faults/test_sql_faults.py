@@ -61,7 +61,8 @@ from asynclock.state.sql._queries import key_id
 from tests._matrix import MYSQL, POSTGRES, require
 from tests.faults._proxy import FaultProxy
 from tests.faults._sql import SQLTarget
-from tests.faults._timing import Call, bounded, report, timed, unexpected_failures, until
+from tests.faults._timing import Call, bounded, timed, unexpected_failures, until
+from tests.support.reporting import report
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable

@@ -10,9 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import signal
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +17,10 @@ from typing import TYPE_CHECKING
 
 from tests._helpers import reply
 from tests._matrix import REDIS
+from tests.support.processes import WorkerProcesses, kill_group
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Awaitable, Callable
 
 if TYPE_CHECKING:
@@ -30,10 +29,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Workers:
+class Workers(WorkerProcesses):
     """The worker processes of one test (one namespace)."""
 
     def __init__(self, namespace: str, *, unit: float, fair: bool) -> None:
+        super().__init__("job-workers-")
         self.namespace = namespace
         self.env = {
             **os.environ,
@@ -43,56 +43,25 @@ class Workers:
             "JOBS_REDIS_URL": REDIS.url,
             "PYTHONPATH": str(ROOT),
         }
-        self.folder = Path(tempfile.mkdtemp(prefix="job-workers-"))
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
 
     def start(self, *command: str) -> subprocess.Popen[bytes]:
-        log = self.folder / f"worker-{len(self.processes)}.log"
-        with log.open("wb") as out:
-            # its own process group: a command that forks workers (taskiq) is killed whole
-            process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.processes.append(process)
-        self.logs.append(log)
-        return process
-
-    def kill(self) -> None:
-        """SIGKILL every running worker: no shutdown hook, no cleanup, as in a crash."""
-        for process in self.processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        # its own process group: a command that forks workers (taskiq) is killed whole
+        return self.launch(command, cwd=ROOT, env=self.env)
 
     def kill_group_of(self, pid: int) -> subprocess.Popen[bytes]:
         """SIGKILL the started command whose process group holds ``pid`` (a forked worker)."""
         group = os.getpgid(pid)
         for process in self.processes:
             if process.pid == group and process.poll() is None:
-                os.killpg(group, signal.SIGKILL)
-                process.wait()
+                kill_group(process)
                 return process
         raise AssertionError(f"pid {pid} is not in a running worker's process group")
 
-    def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:  # noqa: PERF203 - a worker that does not stop
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    def output(self, tail: int | None = 3000) -> str:
+        return super().output(tail)
 
-    def output(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in self.logs)
+    def stop(self, within: float = 15.0) -> list[int]:
+        return super().stop(within)
 
 
 @dataclass

@@ -23,8 +23,6 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,8 +35,11 @@ from typing import TYPE_CHECKING
 import httpx
 
 from tests._matrix import REDIS, purge_namespace
+from tests.support.ports import free_port
+from tests.support.processes import start_group, stop_groups
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import AsyncIterator, Mapping
 
 #: seconds Slack waits for a 2xx before it counts the delivery as failed
@@ -161,13 +162,6 @@ class Deployment:
         return self.journal.read_text().split()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextlib.asynccontextmanager
 async def deployed(
     kind: str, settings: Mapping[str, str], *, workers: int = 2
@@ -190,36 +184,18 @@ async def deployed(
         commands = [command]
     else:
         commands = [[sys.executable, "-m", "examples.aiohttp_bot"]] * workers
-    processes = _start(commands, env)
+    # each in a session of its own, so stopping it reaches its children (uvicorn's workers)
+    processes = [start_group(c, cwd=ROOT, env=env) for c in commands]
     deployment = Deployment(kind, port, processes, journal)
     try:
         seen = await every_worker_answers(deployment, workers)
         deployment.serving = {int(worker.rsplit(":", 1)[1]) for worker in seen}
         yield deployment
     finally:
-        await asyncio.to_thread(_stop, processes)
+        await asyncio.to_thread(stop_groups, processes, 20.0)
         journal.unlink(missing_ok=True)
         journal.with_name(journal.name + ".started").unlink(missing_ok=True)
         journal.parent.rmdir()
-
-
-def _start(commands: list[list[str]], env: Mapping[str, str]) -> list[subprocess.Popen[bytes]]:
-    # each in a session of its own, so stopping it reaches its children (uvicorn's workers)
-    return [subprocess.Popen(c, cwd=ROOT, env=env, start_new_session=True) for c in commands]
-
-
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each process group this module started; SIGKILL what is left after 20 s."""
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 20.0
-    for process in processes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(max(0.0, deadline - time.monotonic()))
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 async def every_worker_answers(deployment: Deployment, workers: int) -> set[str]:

@@ -8,13 +8,14 @@ the test waits for, never by how long something took.
 from __future__ import annotations
 
 import asyncio
-import socket
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import uvicorn
 from aiohttp import web
+
+from tests.support.ports import bound_socket, port_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -52,9 +53,8 @@ class Running:
 @asynccontextmanager
 async def serve_fastapi(app: FastAPI, journal: Journal) -> AsyncIterator[Running]:
     """Serve ``app`` with uvicorn (lifespan on) on 127.0.0.1:<free port>."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
+    sock = bound_socket()
+    port = port_of(sock)
     config = uvicorn.Config(
         app, lifespan="on", log_level="warning", ws="none", access_log=False, http="h11"
     )

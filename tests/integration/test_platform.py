@@ -25,13 +25,13 @@ import pytest
 from tests._matrix import REDIS, purge_namespace, require
 from tests.integration._platform import (
     Load,
-    Result,
     deployed,
     run_scenario,
     settings_for,
     worker_running,
 )
 from tests.integration._redelivery import SLACK_RETRIES, redeliver
+from tests.support.reporting import report
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -59,10 +59,6 @@ async def redis_env() -> AsyncIterator[dict[str, str]]:
     await purge_namespace(REDIS, namespace)
 
 
-def report(what: str, result: Result) -> None:
-    print(f"{what}: {result.row()}")
-
-
 @pytest.mark.parametrize(
     ("kind", "route", "policy"),
     [
@@ -77,7 +73,7 @@ async def test_a_worker_killed_mid_burst_loses_no_acknowledged_event(
 ) -> None:
     settings = {**redis_env, **settings_for(route, policy, LOCK_TTL, DELAY)}
     result = await run_scenario(kind, settings, LOAD, kill=True, settle=SETTLE)
-    report(f"{kind} {route} {policy} kill -9", result)
+    report(f"{kind} {route} {policy} kill -9", **result.row())
     assert result.killed is not None
     assert result.lost == set(), result.row()
     if route == "durable":
@@ -92,7 +88,7 @@ async def test_without_a_crash_a_burst_under_drop_is_handled_within_the_retries(
     # the shipped lock TTL is 30 s; 10 s leaves the retries of a burst room to spread out
     settings = {**redis_env, **settings_for("sync", "drop", 10.0, DELAY)}
     result = await run_scenario("fastapi", settings, LOAD, kill=False, settle=0.0)
-    report("fastapi sync drop, no crash", result)
+    report("fastapi sync drop, no crash", **result.row())
     assert result.lost == set(), result.row()
     assert result.tally.given_up == set(), result.row()
     assert result.never_handled == 0, result.row()

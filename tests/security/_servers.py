@@ -2,49 +2,20 @@
 
 Each server runs on a free loopback port with nothing persisted, in a temporary directory of
 its own, and is killed afterwards; the shared servers of ``.ci/services.sh`` are never touched.
-Readiness is a TCP (or TLS) handshake plus a reply to PING, polled with a deadline.
+Readiness is a TCP (or TLS) handshake plus a reply to PING, polled with a deadline
+(:class:`tests.support.servers.RedisProcess`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-START_BOUND = 10.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def redis_server_binary() -> str | None:
-    return shutil.which("redis-server")
-
-
-def openssl_binary() -> str | None:
-    return shutil.which("openssl")
-
-
-def _answers(port: int, tls: ssl.SSLContext | None) -> bool:
-    """The server replied to PING (``+PONG``, or ``-NOAUTH`` when it wants a login)."""
-    try:
-        with contextlib.ExitStack() as stack:
-            sock = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=0.5))
-            if tls is not None:
-                sock = stack.enter_context(tls.wrap_socket(sock, server_hostname="127.0.0.1"))
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(64)[:1] in (b"+", b"-")
-    except OSError:
-        return False
+from tests.support.ports import free_port
+from tests.support.servers import RedisProcess
 
 
 class Certificates:
@@ -79,41 +50,40 @@ class Certificates:
             )
 
 
-class RedisProcess:
-    """One ``redis-server`` with extra arguments; ``tls_ca`` makes it TLS-only."""
+class SecureRedis(RedisProcess):
+    """One ``redis-server`` with extra arguments, in a folder of its own; with ``tls``, TLS-only
+    (no plain port) with that certificate."""
 
     def __init__(self, binary: str, *extra: str, tls: Certificates | None = None) -> None:
-        self.port = free_port()
         self._dir = tempfile.TemporaryDirectory(prefix="asynclock-security-")
-        self._log = Path(self._dir.name) / "redis.log"
-        args = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        args += ["--dir", self._dir.name, "--logfile", str(self._log)]
+        port = free_port()
+        args = ["--save", "", "--appendonly", "no"]
+        port_args = None
         client_tls: ssl.SSLContext | None = None
-        if tls is None:
-            args += ["--port", str(self.port)]
-        else:
-            args += ["--port", "0", "--tls-port", str(self.port)]
+        if tls is not None:
+            port_args = ["--port", "0", "--tls-port", str(port)]
             args += ["--tls-cert-file", str(tls.server_cert)]
             args += ["--tls-key-file", str(tls.server_key)]
             args += ["--tls-ca-cert-file", str(tls.ca_cert), "--tls-auth-clients", "no"]
             client_tls = ssl.create_default_context(cafile=str(tls.ca_cert))
-        self._proc = subprocess.Popen(
-            [*args, *extra],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        super().__init__(
+            binary,
+            Path(self._dir.name),
+            *args,
+            *extra,
+            name=f"redis-server {extra}",
+            port=port,
+            port_args=port_args,
+            tls=client_tls,
+            login=True,  # -NOAUTH is an answer: the ACL server wants a login
         )
-        deadline = time.monotonic() + START_BOUND
-        while not _answers(self.port, client_tls):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                text = self._log.read_text(errors="replace") if self._log.exists() else ""
-                self.close()
-                raise RuntimeError(f"redis-server {extra} did not start:\n{text[-2000:]}")
-            time.sleep(0.01)
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(START_BOUND)
+        self.stop(kill=True)
         with contextlib.suppress(OSError):
             self._dir.cleanup()

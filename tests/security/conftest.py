@@ -12,13 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests._matrix import IN_CI
-from tests.security._servers import (
-    Certificates,
-    RedisProcess,
-    openssl_binary,
-    redis_server_binary,
-)
+from tests.security._servers import Certificates, SecureRedis
+from tests.support.servers import require_binary
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -28,20 +23,15 @@ ACL_USER = "alice"
 ACL_PASSWORD = "s3cret-Alice-7f3a"
 
 
-def _need(binary: str | None, what: str) -> str:
-    if binary is None:
-        reason = f"{what} is not installed: the security tests start their own Redis servers"
-        if IN_CI:
-            pytest.fail(f"CI=true and {reason}", pytrace=False)
-        pytest.skip(reason)
-    return binary
+#: why the tests need the programs they require
+WHY = "the security tests start their own Redis servers"
 
 
 @pytest.fixture
-def acl_redis() -> Iterator[RedisProcess]:
+def acl_redis() -> Iterator[SecureRedis]:
     """A Redis whose only user is ``alice`` with a password (the default user is off)."""
-    binary = _need(redis_server_binary(), "redis-server")
-    server = RedisProcess(
+    binary = require_binary("redis-server", WHY)
+    server = SecureRedis(
         binary,
         *("--user", ACL_USER, "on", f">{ACL_PASSWORD}", "~*", "&*", "+@all"),
         *("--user", "default", "off"),
@@ -54,16 +44,16 @@ def acl_redis() -> Iterator[RedisProcess]:
 
 @pytest.fixture(scope="module")
 def certificates() -> Iterator[Certificates]:
-    openssl = _need(openssl_binary(), "openssl")
+    openssl = require_binary("openssl", WHY)
     with tempfile.TemporaryDirectory(prefix="asynclock-certs-") as folder:
         yield Certificates(openssl, Path(folder))
 
 
 @pytest.fixture
-def tls_redis(certificates: Certificates) -> Iterator[RedisProcess]:
+def tls_redis(certificates: Certificates) -> Iterator[SecureRedis]:
     """A Redis that speaks TLS only (no plain port), with a certificate of ``certificates``."""
-    binary = _need(redis_server_binary(), "redis-server")
-    server = RedisProcess(binary, tls=certificates)
+    binary = require_binary("redis-server", WHY)
+    server = SecureRedis(binary, tls=certificates)
     try:
         yield server
     finally:

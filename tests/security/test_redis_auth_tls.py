@@ -12,7 +12,7 @@ from tests.security.conftest import ACL_PASSWORD, ACL_USER
 
 if TYPE_CHECKING:
     from asynclock import State
-    from tests.security._servers import Certificates, RedisProcess
+    from tests.security._servers import Certificates, SecureRedis
 
 pytestmark = [pytest.mark.security, pytest.mark.redis]
 
@@ -47,14 +47,14 @@ def everything_said(error: BaseException, caplog: pytest.LogCaptureFixture) -> s
 
 
 class TestAcl:
-    async def test_user_and_password_in_the_url(self, acl_redis: RedisProcess) -> None:
+    async def test_user_and_password_in_the_url(self, acl_redis: SecureRedis) -> None:
         url = f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{acl_redis.port}/0"
         async with state_from_url(url, **TIMEOUTS) as state:
             assert ACL_PASSWORD not in repr(state)
             await round_trip(state)
 
     async def test_without_credentials_the_server_refuses(
-        self, acl_redis: RedisProcess, caplog: pytest.LogCaptureFixture
+        self, acl_redis: SecureRedis, caplog: pytest.LogCaptureFixture
     ) -> None:
         async with state_from_url(f"redis://127.0.0.1:{acl_redis.port}/0", **TIMEOUTS) as s:
             with pytest.raises(StateUnavailableError) as caught:
@@ -63,7 +63,7 @@ class TestAcl:
             assert not await _locked_as_alice(acl_redis, "k")
 
     async def test_wrong_password_is_unavailable_and_never_shown(
-        self, acl_redis: RedisProcess, caplog: pytest.LogCaptureFixture
+        self, acl_redis: SecureRedis, caplog: pytest.LogCaptureFixture
     ) -> None:
         wrong = "Wr0ng-Passw0rd-91c2"
         url = f"redis://{ACL_USER}:{wrong}@127.0.0.1:{acl_redis.port}/0"
@@ -82,7 +82,7 @@ class TestAcl:
 
 class TestTls:
     async def test_rediss_with_the_test_ca(
-        self, tls_redis: RedisProcess, certificates: Certificates
+        self, tls_redis: SecureRedis, certificates: Certificates
     ) -> None:
         url = (
             f"rediss://127.0.0.1:{tls_redis.port}/0"
@@ -92,7 +92,7 @@ class TestTls:
             await round_trip(state)
 
     async def test_a_client_that_does_not_trust_the_ca_is_refused(
-        self, tls_redis: RedisProcess, caplog: pytest.LogCaptureFixture
+        self, tls_redis: SecureRedis, caplog: pytest.LogCaptureFixture
     ) -> None:
         # the system's CAs only: the test CA is unknown, so the handshake must fail
         url = f"rediss://127.0.0.1:{tls_redis.port}/0?ssl_cert_reqs=required"
@@ -103,13 +103,13 @@ class TestTls:
         text = everything_said(caught.value, caplog).lower()
         assert "certificate" in text or "ssl" in text, text[:500]
 
-    async def test_plain_redis_to_a_tls_port_fails_cleanly(self, tls_redis: RedisProcess) -> None:
+    async def test_plain_redis_to_a_tls_port_fails_cleanly(self, tls_redis: SecureRedis) -> None:
         async with state_from_url(f"redis://127.0.0.1:{tls_redis.port}/0", **TIMEOUTS) as s:
             with pytest.raises(StateUnavailableError):
                 await AsyncLock(s, "k", ttl=5.0).acquire()
 
 
-async def _locked_as_alice(server: RedisProcess, key: str) -> bool:
+async def _locked_as_alice(server: SecureRedis, key: str) -> bool:
     url = f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{server.port}/0"
     async with state_from_url(url, **TIMEOUTS) as state:
         return await AsyncLock(state, key).locked()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,7 @@ from asynclock import (
     StateUnavailableError,
     state_from_url,
 )
+from tests.support.ports import bound_socket, port_of
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
@@ -42,10 +42,9 @@ OPERATIONS: dict[str, Callable[[State], Awaitable[object]]] = {
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A port that accepts TCP connections (in the kernel backlog) and never answers."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+    with bound_socket() as sock:
         sock.listen(64)
-        yield sock.getsockname()[1]
+        yield port_of(sock)
 
 
 async def assert_unavailable_in_time(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
 from typing import TYPE_CHECKING
 
 import httpx
@@ -18,6 +17,7 @@ import uvicorn
 
 from asynclock import Event, EventDispatcher, HandlerContext
 from tests._helpers import eventually
+from tests.support.ports import bound_socket, port_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -140,9 +140,8 @@ def card(html: str, label: str) -> str:
 @contextlib.asynccontextmanager
 async def served(app: Callable[..., object]) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port, in this event loop; its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
+    sock = bound_socket()
+    port = port_of(sock)
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -16,7 +16,7 @@ from asynclock import state_from_url
 from tests._helpers import eventually
 from tests._matrix import REDIS, TEST_PREFIX, purge_namespace, require
 from tests.conftest import new_namespace
-from tests.integration._platform import free_port
+from tests.support.ports import free_port
 from tests.web._helpers import accept, key_of
 
 
