@@ -60,12 +60,20 @@ def open_inbox(space: Namespace) -> Inbox:
     return opened
 
 
-async def accept(state: InboxState, *events: Event, max_pending: int = 100) -> list[str]:
-    """Accept ``events`` (each a new entry of its thread's key); their statuses."""
+async def accept(
+    state: InboxState, *events: Event, max_pending: int = 100, with_entry: bool = True
+) -> list[str]:
+    """Accept ``events`` (each a new entry of its thread's key); their statuses. ``with_entry``
+    as the deployment's workers (``inbox_worker``) pass it."""
     statuses = []
     for event in events:
         accepted = await state.inbox_accept(
-            event.thread_key, encode(event), claim=None, claim_ttl=60.0, max_pending=max_pending
+            event.thread_key,
+            encode(event),
+            claim=None,
+            claim_ttl=60.0,
+            max_pending=max_pending,
+            with_entry=with_entry,
         )
         statuses.append(accepted.status)
     return statuses
@@ -365,7 +373,7 @@ class TestBatches:
         return grant
 
     async def test_a_batch_retry_keeps_its_entries_and_waits(self, state: Inbox) -> None:
-        await accept(state, ev(1), ev(2))
+        await accept(state, ev(1), ev(2), with_entry=False)
         async with state.inbox_worker(lock_ttl=5.0, with_entry=False) as worker:
             grant = await self.taken(worker)
             batch = await state.inbox_take(KEY, grant.owner, limit=5)
@@ -379,7 +387,7 @@ class TestBatches:
             assert (info.pending, info.dead, info.parked) == (2, 0, False)
             assert info.retry_in is not None
             assert 0.0 < info.retry_in <= 0.6
-            assert await accept(state, ev(3)) == ["accepted"]
+            assert await accept(state, ev(3), with_entry=False) == ["accepted"]
             await nothing_handed(state, worker)
             waited = await due(state)
             assert waited >= 0.6 - QUIET * 2 - SKEW  # (nothing_handed waited some of it)
@@ -392,7 +400,7 @@ class TestBatches:
             assert got == [("m1", 2), ("m2", 2), ("m3", 1)]
 
     async def test_a_batch_parks_its_key(self, state: Inbox) -> None:
-        await accept(state, ev(1), ev(2), ev(3))
+        await accept(state, ev(1), ev(2), ev(3), with_entry=False)
         async with state.inbox_worker(lock_ttl=5.0, with_entry=False) as worker:
             grant = await self.taken(worker)
             batch = await state.inbox_take(KEY, grant.owner, limit=2)
