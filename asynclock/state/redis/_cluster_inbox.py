@@ -22,6 +22,13 @@ starts or stops being listed, not per event. Invariants (``_listed.lua``):
   stays. A crash between the two steps leaves an entry listing an empty slot: one extra read per
   rescan until the slot is listed again, never a key missed.
 
+A key that waits for a retry stays in its slot's set, its score the due time (``_hold.lua``):
+the slot stays listed, and the rescan after the due time finds the key (``inbox_ready.lua``
+returns each set's members with its master's clock, the one that set the scores). A parked key
+leaves its set (accepts behind it append without listing the slot), so however many keys stay
+parked, no rescan reads them and their slots can leave the directory; ``inbox_requeue.lua``
+lists the slot again when it unparks the key, as an accept would.
+
 Workers hear of new work through the hand-out (``_handout.lua``): a grant goes onto the lane of
 the key's master, a list in the lowest slot that master serves (:meth:`SlotReadySets.lane_for`),
 which a script of any slot of that master reaches (an undeclared key of another slot on the same

@@ -6,6 +6,10 @@ through the state's guard, its key layout and its ready index), as ``sql/_inbox.
 SQL states. Each operation is one script of this folder (``inbox_*.lua``, ``_inbox_*.lua``
 before ``release.lua``), atomic with the key's lock; the set of keys with work is the ready
 index's (``_ready.py``; per slot with a directory on a cluster, ``_cluster_inbox.py``).
+
+A retry that waits (``retry_in``) and a parked key (``park``) are the key's *hold*
+(``_hold.lua``), written by the step that releases the lock and read by every script that would
+hand the key out (accept, take, requeue): still one script per operation, no round trip added.
 """
 
 from __future__ import annotations
