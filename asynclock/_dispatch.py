@@ -30,6 +30,7 @@ from asynclock._grant import _granted, granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
 from asynclock._inbox import MAX_KEYS, Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
+from asynclock._inbox_retry import retry_plan
 from asynclock._lean import LeanHold
 from asynclock._lock import AsyncLock
 from asynclock._owner import new_owner
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
+    from asynclock._inbox_retry import PoisonPolicy
     from asynclock._waiters import Line
 
 
@@ -130,6 +132,15 @@ class EventDispatcher:
             dead-lettered (:meth:`serve`).
         max_pending: undrained inbox entries per key beyond which :meth:`accept` raises
             :class:`InboxFullError`.
+        retry_wait: how long an inbox entry whose handler failed waits before its next
+            delivery (:meth:`serve`): seconds (plus up to 15 % at random) or a function
+            ``attempt -> seconds`` (``attempt`` is the delivery that failed, 1 for the first),
+            the forms of ``retry_on_lock_conflict``'s ``wait``. It waits in the state, holding
+            no lock and no worker; the key's later entries wait behind it. ``None`` (default)
+            and waits under a millisecond: a short backoff while the worker holds the key.
+        on_poison: after ``max_attempts``: ``"dead_letter"`` (default) sets the entry aside
+            and the key goes on; ``"park"`` stops the key at it (nothing is handed out until
+            ``asynclock inbox requeue KEY`` or ``discard KEY``).
 
     Example:
         >>> import asyncio
@@ -168,6 +179,7 @@ class EventDispatcher:
         "_policy",
         "_queue_timeout",
         "_raise_errors",
+        "_retry",
         "_scope",
         "_slots",
         "_state",
@@ -190,6 +202,8 @@ class EventDispatcher:
         queue_timeout: float | None = None,
         max_attempts: int = 5,
         max_pending: int = 1000,
+        retry_wait: float | Callable[[int], float] | None = None,
+        on_poison: PoisonPolicy = "dead_letter",
     ) -> None:
         if not callable(on_lock_conflict) and on_lock_conflict not in POLICIES:
             raise ValueError(
@@ -234,6 +248,7 @@ class EventDispatcher:
         self._queue_timeout = check_seconds(queue_timeout, "queue_timeout", allow_none=True)
         self._max_attempts = _check_count(max_attempts, "max_attempts")
         self._max_pending = _check_count(max_pending, "max_pending")
+        self._retry = retry_plan(retry_wait, on_poison)
         self._stopping: set[asyncio.Event] = set()
         self._raise_errors = bool(raise_errors)
         self._on_outcome = on_outcome
@@ -1018,7 +1033,9 @@ class EventDispatcher:
         is handed to one worker (docs/inbox.md, "Scaling workers"), which drains at most
         ``max_keys`` keys at once (default 64): more are left to the other workers. Each handling is
         recorded (``HANDLED``, or ``FAILED`` for an attempt that raised); an entry that failed
-        ``max_attempts`` deliveries is dead-lettered, logged at ERROR, and the key goes on.
+        ``max_attempts`` deliveries is dead-lettered, logged at ERROR, and the key goes on (or
+        parks, ``on_poison="park"``). With ``retry_wait`` a failed entry waits in the state,
+        holding no lock and no worker, until it is due (docs/inbox.md, "Retries and poison").
 
         Under ``on_lock_conflict="latest"`` the entries pending for a key are taken as one batch
         and folded as :meth:`dispatch` folds a backlog: per thread and route the newest is
@@ -1049,6 +1066,7 @@ class EventDispatcher:
                 max_attempts=self._max_attempts,
                 record=self._record,
                 observe=self._freeing.observe,
+                retry=self._retry,
             )
         drainer = Drainer(
             self._state,
@@ -1060,6 +1078,7 @@ class EventDispatcher:
             observe=self._freeing.observe,
             folding=folding,
             max_keys=max_keys,
+            retry=self._retry,
         )
         try:
             await drainer.run(stopping)

@@ -15,6 +15,10 @@ Redis the accept reserves the lock and queues the grant; on the SQL states the a
 worker, which takes the key), so the cost of an event does not grow with the number of workers.
 Every few seconds each worker also rescans the keys with work whose lock is free: the safety
 net that finds a key whose worker died, or whose grant was lost on its way.
+
+Retries that wait (``retry_wait``, ``_inbox_retry.py``): a failed entry is kept at its key's
+head in the state with a due time, and the lock released in the same step; the worker sets a
+local timer that takes the key once it is due (the rescan delivers it if that worker died).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from asynclock import metrics as _metrics
 from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._handlers import call_all
+from asynclock._inbox_retry import RetryPlan
 from asynclock._lock import AsyncLock
 from asynclock._owner import new_owner
 
@@ -61,6 +66,8 @@ MAX_KEYS = 64
 #: the lock key whose holder rescans for the deployment this interval (a name no thread key of
 #: the built-in lock scopes takes: they read "adapter:channel:thread")
 RESCAN_TURN = "asynclock.inbox.rescan"
+#: what the dead-letter log line adds under ``on_poison="park"``
+PARKED = " (key parked until `asynclock inbox requeue` or `discard`)"
 
 
 def encode(event: Event) -> str:
@@ -130,8 +137,12 @@ class Drainer:
         "_max_keys",
         "_observe",
         "_record",
+        "_retry",
         "_room",
         "_state",
+        "_stopping",
+        "_timers",
+        "_worker",
     )
 
     def __init__(
@@ -146,8 +157,15 @@ class Drainer:
         observe: Callable[[str, float], None],
         folding: FoldingDrain | None = None,
         max_keys: int = MAX_KEYS,
+        retry: RetryPlan | None = None,
     ) -> None:
         self._state = state
+        #: ``retry_wait`` and ``on_poison`` (the default: short in-lock retries, dead letters)
+        self._retry = retry if retry is not None else RetryPlan()
+        #: the local timers of the retries that wait (cancelled when the serve() ends)
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._worker: InboxWorker | None = None
+        self._stopping: asyncio.Event | None = None
         #: keys drained at once at most: grants beyond are left to the other workers
         self._max_keys = max_keys
         self._room = asyncio.Event()
@@ -171,6 +189,7 @@ class Drainer:
         rescans: asyncio.Task[None] | None = None
         try:
             async with handout as worker:
+                self._worker, self._stopping = worker, stopping
                 rescans = asyncio.ensure_future(self._rescan_every(worker, interval, stopping))
                 while not stopping.is_set():
                     if len(self._keys) >= self._max_keys:
@@ -186,6 +205,10 @@ class Drainer:
                     if grant is not None:
                         self._start(grant.key, self._drain_granted(grant, stopping))
         finally:
+            self._worker = None  # no timer takes a key any more (a drain ending now sets none)
+            for timer in self._timers:  # their keys are in the state: the rescan finds them
+                timer.cancel()
+            self._timers.clear()
             if rescans is not None:
                 rescans.cancel()
                 await asyncio.gather(rescans, return_exceptions=True)
@@ -260,16 +283,64 @@ class Drainer:
         try:
             async with lock._holding():
                 if self._folding is not None:
-                    await self._folding.drain(key, lock, stopping)
+                    retry_in = await self._folding.drain(key, lock, stopping)
                 else:
-                    await self._drain_held(key, lock, stopping, first)
+                    retry_in = await self._drain_held(key, lock, stopping, first)
         except LockLostError:
             logger.warning("asynclock: lost the lock of inbox %r; its entry is redelivered", key)
+            return
+        if retry_in is not None:
+            self._retry_later(key, retry_in)
+
+    def _retry_later(self, key: str, retry_in: float) -> None:
+        """Take ``key`` again once its retry is due (``retry_in`` seconds from the step that
+        set it): a local timer, so the retry comes on time without holding the key meanwhile;
+        the rescan is the safety net if this worker is gone by then."""
+        if self._worker is None:
+            return  # this serve() ended: the key waits in the state for another worker
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def fire() -> None:
+            assert timer is not None
+            self._timers.discard(timer)
+            if self._worker is None or self._stopping is None or self._stopping.is_set():
+                return  # stopped: the key waits in the state for another worker
+            if len(self._keys) >= self._max_keys:
+                self._retry_later(key, 0.5)  # full: a little later (or another worker's rescan)
+                return
+            # as the key's drain task: counted in max_keys, awaited when the serve() ends
+            self._start(key, self._take_due(key))
+
+        timer = loop.call_later(RetryPlan.timer_delay(retry_in), fire)
+        self._timers.add(timer)
+
+    async def _take_due(self, key: str) -> None:
+        """Take ``key``, whose retry is due now, and drain what that gives (maybe nothing: another
+        worker's rescan or an accept took it first)."""
+        worker, stopping = self._worker, self._stopping
+        if worker is None or stopping is None or stopping.is_set():
+            return
+        try:
+            grant = await worker.take(key)
+        except StateUnavailableError as exc:
+            logger.warning("asynclock: taking inbox %r for its retry failed: %s", key, exc)
+            return  # the rescan takes it once the state answers
+        if grant is None:
+            return
+        if grant.key == key:
+            await self._drain_granted(grant, stopping)
+        else:  # another key with work, handed out instead (a backend may): its own task
+            self._start(grant.key, self._drain_granted(grant, stopping))
 
     async def _drain_held(
         self, key: str, lock: AsyncLock, stopping: asyncio.Event, entry: InboxEntry | None
-    ) -> None:
-        """Handle ``key``'s entries one at a time; ``entry``: the head, handed out already."""
+    ) -> float | None:
+        """Handle ``key``'s entries one at a time; ``entry``: the head, handed out already.
+
+        Returns the seconds its head waits for a retry in the state (the step that set the
+        wait released the lock), else ``None``.
+        """
         done: int | None = None
         dead: str | None = None
         failures = 0
@@ -281,16 +352,27 @@ class Drainer:
                 )
                 if entry is None:
                     lock._released_by_step()  # the step released it: the inbox was empty
-                    return
+                    return None
                 if not take:
-                    return  # stopping: leaving `async with` releases the lock, the entry stays
+                    return None  # stopping: leaving `async with` releases the lock
             done, dead = await self._handle(key, lock, entry)
-            entry = None
             if done is None:
+                retry_in = self._retry.retry_in(key, entry.attempt)
+                if retry_in is not None:
+                    # the entry waits in the state, holding nothing: the lock goes in this step
+                    await self._inbox.inbox_step(key, lock.owner, done=entry.id, retry_in=retry_in)
+                    lock._released_by_step()
+                    return retry_in
                 failures += 1
                 await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
+            elif dead is not None and self._retry.park:
+                # the key stops at its poison: parked, the lock released in this step
+                await self._inbox.inbox_step(key, lock.owner, done=done, dead=dead, park=True)
+                lock._released_by_step()
+                return None
             else:
                 failures = 0
+            entry = None
 
     async def _handle(
         self, key: str, lock: AsyncLock, entry: InboxEntry
@@ -311,10 +393,11 @@ class Drainer:
             if _metrics._sink is not None:
                 _metrics.report("inbox_dead_letter", key)
             logger.error(
-                "asynclock: inbox entry %s of %r dead-lettered after %d attempts: %s",
+                "asynclock: inbox entry %s of %r dead-lettered after %d attempts%s: %s",
                 event.message_id,
                 key,
                 entry.attempt,
+                PARKED if self._retry.park else "",
                 text,
                 extra={
                     "lock_key": key,

@@ -15,6 +15,10 @@ A drainer holding a key's lock takes the oldest pending entries as one batch
   the next batch with what arrived since (so a newer event of their thread and route may then
   be the one handled, with them in ``ctx.skipped``). ``ctx.attempt`` of a call is the highest
   attempt count among its entries.
+* ``retry_wait`` (``_inbox_retry.py``): once the batch's other calls ran, the entries of its
+  failed calls wait in the state (``inbox_take(retry_in=...)``, the lock released in that
+  step) for the longest wait their attempts ask; ``on_poison="park"``: a call that fails its
+  last attempt dead-letters its entries and parks the key, and the batch stops there.
 * ``debounce``: before each batch the drainer holds the key until no entry arrived for
   ``debounce`` seconds, but at most ``max(debounce, lock_ttl / 3)`` seconds (:func:`quiet_cap`),
   so a steady stream delays a key's batch by a bounded time and never starves it.
@@ -31,7 +35,8 @@ from asynclock import metrics as _metrics
 from asynclock._backlog import fold
 from asynclock._event import HandlerContext, Outcome
 from asynclock._handlers import call_all
-from asynclock._inbox import MAX_RETRY_PAUSE, decode
+from asynclock._inbox import MAX_RETRY_PAUSE, PARKED, decode
+from asynclock._inbox_retry import RetryPlan
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,7 +64,16 @@ class FoldingDrain:
     """How one ``serve()`` drains a key it holds under ``latest`` (``debounce=None``) or
     ``debounce`` (seconds without a new entry to wait for)."""
 
-    __slots__ = ("_cap", "_debounce", "_handlers", "_inbox", "_max_attempts", "_observe", "_record")
+    __slots__ = (
+        "_cap",
+        "_debounce",
+        "_handlers",
+        "_inbox",
+        "_max_attempts",
+        "_observe",
+        "_record",
+        "_retry",
+    )
 
     def __init__(
         self,
@@ -71,8 +85,10 @@ class FoldingDrain:
         max_attempts: int,
         record: Recorder,
         observe: Callable[[str, float], None],
+        retry: RetryPlan | None = None,
     ) -> None:
         self._inbox = inbox
+        self._retry = retry if retry is not None else RetryPlan()
         self._handlers = handlers
         self._debounce = debounce
         self._cap = quiet_cap(debounce or 0.0, lock_ttl)
@@ -80,20 +96,30 @@ class FoldingDrain:
         self._record = record
         self._observe = observe
 
-    async def drain(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> None:
+    async def drain(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> float | None:
         """Fold and handle ``key``'s entries until its inbox is empty (the lock released by the
-        step that found it so) or ``stopping`` is set (the caller releases the lock)."""
+        step that found it so) or ``stopping`` is set (the caller releases the lock).
+
+        Returns the seconds the key waits for a retry in the state (the step that set the wait
+        released the lock), else ``None``.
+        """
         failures = 0
         while True:
             if self._debounce is not None and not await self._settle(key, lock, stopping):
-                return
+                return None
             limit = 0 if stopping.is_set() else BATCH
             batch = await self._take(key, lock, limit=limit)
             if batch is None or not limit:
-                return
-            released, failed = await self._run(key, lock, batch)
+                return None
+            released, failed, waits = await self._run(key, lock, batch)
             if released:
-                return
+                return None
+            if waits:
+                # the failed calls' entries wait in the state, holding nothing (lock released)
+                ids = tuple(i for ids, _ in waits for i in ids)
+                retry_in = max(seconds for _, seconds in waits)
+                await self._take(key, lock, limit=0, done=ids, retry_in=retry_in)
+                return retry_in
             if failed:
                 failures += 1
                 await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
@@ -108,8 +134,15 @@ class FoldingDrain:
         limit: int,
         done: tuple[int, ...] = (),
         dead: str | None = None,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxBatch | None:
-        batch = await self._inbox.inbox_take(key, lock.owner, done=done, dead=dead, limit=limit)
+        if retry_in is None and not park:
+            batch = await self._inbox.inbox_take(key, lock.owner, done=done, dead=dead, limit=limit)
+        else:  # (only then: a custom state written before retry_in and park still works)
+            batch = await self._inbox.inbox_take(
+                key, lock.owner, done=done, dead=dead, limit=limit, retry_in=retry_in, park=park
+            )
         if batch is None:
             lock._released_by_step()  # the step released it: the inbox was empty
         return batch
@@ -130,10 +163,14 @@ class FoldingDrain:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stopping.wait(), wait)
 
-    async def _run(self, key: str, lock: AsyncLock, batch: InboxBatch) -> tuple[bool, bool]:
-        """Run ``batch``'s calls in order, acknowledging each; ``(released, some call failed)``."""
+    async def _run(
+        self, key: str, lock: AsyncLock, batch: InboxBatch
+    ) -> tuple[bool, bool, list[tuple[tuple[int, ...], float]]]:
+        """Run ``batch``'s calls in order, acknowledging each; ``(released, some call failed,
+        the failed calls' entry ids and the seconds each asks to wait in the state)``."""
         events = [decode(entry.payload) for entry in batch.entries]
         failed = False
+        waits: list[tuple[tuple[int, ...], float]] = []
         for call in fold(events, self._handlers):
             covered = [batch.entries[i] for i in (*call.skipped, call.handled)]
             attempt = max(entry.attempt for entry in covered)
@@ -145,13 +182,17 @@ class FoldingDrain:
                 left = await self._take(key, lock, limit=0, done=ids)
             elif attempt < self._max_attempts:
                 failed = True  # its entries stay pending: the next batch has them again
+                retry_in = self._retry.retry_in(key, attempt)
+                if retry_in is not None:  # ... once they waited in the state (after the batch)
+                    waits.append((ids, retry_in))
                 continue
             else:
                 text = self._dead(key, covered, events[call.handled], error)
-                left = await self._take(key, lock, limit=0, done=ids, dead=text)
+                park = self._retry.park  # parked: the batch stops here, the rest stays pending
+                left = await self._take(key, lock, limit=0, done=ids, dead=text, park=park)
             if left is None:
-                return True, failed
-        return False, failed
+                return True, failed, []
+        return False, failed, waits
 
     async def _call(
         self, key: str, lock: AsyncLock, call: BatchCall, events: list[Event], attempt: int
@@ -187,11 +228,12 @@ class FoldingDrain:
             for _ in covered:
                 _metrics.report("inbox_dead_letter", key)
         logger.error(
-            "asynclock: %d inbox entries of %r (handling %s) dead-lettered after %d attempts: %s",
+            "asynclock: %d inbox entries of %r (handling %s) dead-lettered after %d attempts%s: %s",
             len(covered),
             key,
             event.message_id,
             self._max_attempts,
+            PARKED if self._retry.park else "",
             text,
             extra={
                 "lock_key": key,

@@ -113,31 +113,60 @@ def _wait_function(
         raise ValueError(  # noqa: TRY004 - a str is the right type, 'lock_ttl' the only value
             f"wait must be seconds, a callable executions -> seconds, or 'lock_ttl', got {wait!r}"
         )
+    by_executions, lower_bound = wait_by_executions(
+        wait, jitter, name="wait", forms="a number of seconds, a callable or 'lock_ttl'"
+    )
+
+    def computed(executions: int, error: LockAcquisitionError) -> float:
+        return by_executions(executions)
+
+    return computed, lower_bound
+
+
+def wait_by_executions(
+    wait: float | Callable[[int], float],
+    jitter: float,
+    *,
+    name: str,
+    forms: str,
+) -> tuple[Callable[[int], float], Callable[[int], float]]:
+    """Normalise a wait given as seconds (plus up to ``jitter`` of itself, at random) or as a
+    callable ``executions -> seconds`` (deterministic; its result checked on each call) to
+    ``executions -> seconds``, with its deterministic lower bound.
+
+    The one normalisation of ``retry_on_lock_conflict``'s ``wait`` and of the inbox's
+    ``retry_wait`` (``EventDispatcher``), so both take the same forms with the same messages;
+    ``name`` and ``forms`` (what the value may be) word the errors.
+
+    Raises:
+        TypeError: ``wait`` is neither a number nor a callable.
+        ValueError: a number that is not finite or is negative.
+    """
     if callable(wait):
         function = wait
 
-        def computed(executions: int, error: LockAcquisitionError) -> float:
-            return _checked_wait(function(executions), executions)
+        def computed(executions: int) -> float:
+            return _checked_wait(function(executions), executions, name)
 
-        return computed, lambda executions: _checked_wait(function(executions), executions)
+        return computed, computed
     if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-        raise TypeError(f"wait must be a number of seconds, a callable or 'lock_ttl', got {wait!r}")
+        raise TypeError(f"{name} must be {forms}, got {wait!r}")
     seconds = float(wait)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"wait must be finite seconds >= 0, got {wait!r}")
+        raise ValueError(f"{name} must be finite seconds >= 0, got {wait!r}")
 
-    def fixed(executions: int, error: LockAcquisitionError) -> float:
+    def fixed(executions: int) -> float:
         return seconds * (1.0 + jitter * random.random())
 
     return fixed, lambda executions: seconds
 
 
-def _checked_wait(value: object, executions: int) -> float:
+def _checked_wait(value: object, executions: int, name: str = "wait") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"wait({executions}) must return seconds, got {value!r}")
+        raise TypeError(f"{name}({executions}) must return seconds, got {value!r}")
     seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"wait({executions}) must return finite seconds >= 0, got {value!r}")
+        raise ValueError(f"{name}({executions}) must return finite seconds >= 0, got {value!r}")
     return seconds
 
 

@@ -5,7 +5,8 @@ Subcommands:
 * ``demo``: the webhook storm, without and with asynclock (see :mod:`asynclock.cli._demo`).
 * ``bench``: runs the benchmark harness of a source checkout (``python -m benchmarks``).
 * ``worker MODULE:ATTR``: ``serve()`` of a dispatcher until SIGTERM/SIGINT; ``inbox``: the
-  durable inbox's keys, oldest ages and dead letters (``inbox requeue KEY``).
+  durable inbox's keys, oldest ages, dead letters, retries waiting and parked keys
+  (``inbox requeue KEY``, ``inbox discard KEY``).
 * ``locks``: the locks held now (key, owner host and pid, seconds left, token), as a table or
   JSON; ``unlock``: force-release one key after a confirmation (``--yes`` skips it), logged.
 * ``dashboard``: the web dashboard of the inbox, dead letters and locks (see
@@ -25,7 +26,7 @@ from asynclock._errors import StateUnavailableError
 from asynclock._inbox import MAX_KEYS
 from asynclock.cli._admin import format_locks, held_locks, open_state, print_locks, unlock
 from asynclock.cli._demo import format_result, run_demo
-from asynclock.cli._worker import inbox_command, run_worker
+from asynclock.cli._worker import dead_letter_count, inbox_command, run_worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -131,10 +132,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     inbox = commands.add_parser(
         "inbox",
-        help="keys with pending events, the oldest age, dead letters; requeue KEY",
-        description="Lists the durable inbox; `inbox requeue KEY` puts KEY's dead letters back.",
+        help="keys with pending events, the oldest age, dead letters, retries and parked keys; "
+        "requeue KEY, discard KEY",
+        description="Lists the durable inbox (per key: pending events, the oldest age, dead "
+        "letters, and 'retrying in Ns' or 'parked'); `inbox requeue KEY` puts KEY's dead "
+        "letters back at its head (a parked key goes on); `inbox discard KEY` deletes them "
+        "(asks first) and the key goes on.",
     )
-    inbox.add_argument("action", nargs="*", metavar="requeue KEY", help="requeue KEY")
+    inbox.add_argument(
+        "action",
+        nargs="*",
+        metavar="requeue|discard KEY",
+        help="requeue KEY's dead letters, or discard them",
+    )
+    inbox.add_argument("--yes", action="store_true", help="discard without asking for confirmation")
     inbox.add_argument(
         "--state", metavar="URL", required=True, help="e.g. redis://127.0.0.1:6379/0"
     )
@@ -331,8 +342,21 @@ def _inbox_command(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.command == "worker":
         return asyncio.run(run_worker(args.target, max_keys=args.max_keys))
     action: list[str] = args.action
-    if action and (action[0] != "requeue" or len(action) != 2):
-        parser.error(f"inbox takes no argument or `requeue KEY`, got {' '.join(action)!r}")
-    requeue = action[1] if action else None
-    print(asyncio.run(inbox_command(args.state, args.prefix, requeue)), end="")
+    if action and (action[0] not in ("requeue", "discard") or len(action) != 2):
+        parser.error(
+            f"inbox takes no argument, `requeue KEY` or `discard KEY`, got {' '.join(action)!r}"
+        )
+    verb, key = (action[0], action[1]) if action else (None, None)
+    if verb == "discard" and not args.yes:
+        assert key is not None
+        # asked outside the event loop, as unlock asks: deleting dead letters cannot be undone
+        dead = asyncio.run(dead_letter_count(args.state, args.prefix, key))
+        if not dead:
+            print(f"{key!r} has no dead letters")
+            return 0
+        answer = input(f"delete the {dead} dead letter(s) of {key!r} for good? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("left as it is")
+            return 1
+    print(asyncio.run(inbox_command(args.state, args.prefix, verb, key)), end="")
     return 0

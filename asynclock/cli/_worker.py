@@ -76,23 +76,50 @@ async def run_worker(target: str, *, max_keys: int = MAX_KEYS) -> int:
 
 
 def format_inbox(keys: list[InboxKey]) -> str:
-    """The ``asynclock inbox`` table."""
+    """The ``asynclock inbox`` table: per key its pending events, oldest age, dead letters, and
+    whether it waits for a retry ("retrying in 12s") or is parked."""
     if not keys:
         return "no pending events and no dead letters\n"
     width = max(len("key"), *(len(k.key) for k in keys))
-    lines = [f"{'key':<{width}}  pending  oldest (s)  dead letters"]
+    lines = [f"{'key':<{width}}  pending  oldest (s)  dead letters  state"]
     lines += [
-        f"{k.key:<{width}}  {k.pending:>7}  {k.oldest_age:>10.1f}  {k.dead:>12}" for k in keys
+        f"{k.key:<{width}}  {k.pending:>7}  {k.oldest_age:>10.1f}  {k.dead:>12}  {_state_of(k)}".rstrip()
+        for k in keys
     ]
     return "\n".join(lines) + "\n"
 
 
-async def inbox_command(url: str, prefix: str | None, requeue: str | None) -> str:
-    """``asynclock inbox`` (list) or ``asynclock inbox requeue KEY``: the text to print."""
+def _state_of(key: InboxKey) -> str:
+    """ "parked", "retrying in Ns" (due now: "retry due"), or "" (read with getattr: a custom
+    state's keys may have the four fields of before)."""
+    if getattr(key, "parked", False):
+        return "parked"
+    retry_in: float | None = getattr(key, "retry_in", None)
+    if retry_in is None:
+        return ""
+    return f"retrying in {retry_in:.0f}s" if retry_in >= 0.5 else "retry due"
+
+
+async def inbox_command(
+    url: str, prefix: str | None, action: str | None = None, key: str | None = None
+) -> str:
+    """``asynclock inbox`` (list), ``inbox requeue KEY`` or ``inbox discard KEY``: the text to
+    print."""
     async with open_state(url, prefix) as state:
         if not isinstance(state, InboxState):
             raise NotImplementedError(f"{type(state).__name__} has no durable inbox")
-        if requeue is not None:
-            moved = await state.inbox_requeue(requeue)
-            return f"requeued {moved} dead letter(s) of {requeue!r}\n"
+        if action == "requeue" and key is not None:
+            moved = await state.inbox_requeue(key)
+            return f"requeued {moved} dead letter(s) of {key!r}\n"
+        if action == "discard" and key is not None:
+            deleted = await state.inbox_discard(key)
+            return f"discarded {deleted} dead letter(s) of {key!r}\n"
         return format_inbox(await state.inbox_keys())
+
+
+async def dead_letter_count(url: str, prefix: str | None, key: str) -> int:
+    """How many dead letters ``key`` has (what ``inbox discard KEY`` asks about first)."""
+    async with open_state(url, prefix) as state:
+        if not isinstance(state, InboxState):
+            raise NotImplementedError(f"{type(state).__name__} has no durable inbox")
+        return len(await state.inbox_dead_letters(key))
