@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import RedisState
-from tests._matrix import REDIS, REDIS_CLUSTER, Backend, _param, purge_namespace, require
+from asynclock.state._protocol import InboxState
+from tests._matrix import MEMORY, REDIS, REDIS_CLUSTER, Backend, _param, purge_namespace, require
 from tests.conformance.test_inbox import Namespace
 
 if TYPE_CHECKING:
@@ -136,3 +137,58 @@ async def test_nothing_of_a_key_is_left_after_a_wait_and_a_park(state: RedisStat
     assert await state.inbox_discard(key) == 1
     assert await inbox_keys_of(state, key) == []
     assert await state.inbox_keys() == []
+
+
+@pytest.fixture(params=[_param(MEMORY), _param(REDIS), _param(REDIS_CLUSTER)])
+async def any_state(request: pytest.FixtureRequest) -> AsyncIterator[InboxState]:
+    """Memory too: the reference the Redis layout must agree with."""
+    backend: Backend = request.param
+    require(backend)
+    space = Namespace(backend)
+    opened = space.open()
+    assert isinstance(opened, InboxState)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+        await purge_namespace(backend, space.namespace)
+
+
+async def test_a_requeue_during_a_wait_keeps_the_waiting_entrys_attempts(
+    any_state: InboxState,
+) -> None:
+    # m1 dead-lettered (the key goes on), m2 fails once and waits; the requeue puts m1 in front
+    # of m2 (m1 starts again at attempt 1) and does not cut the wait short. Once due, m1 comes
+    # first, then m2 with the attempt it had: its count is kept while it is not the head.
+    state = any_state
+    key = "slack:C1:kept"
+    for n in (1, 2):
+        accepted = await state.inbox_accept(
+            key, f"m{n}", claim=None, claim_ttl=60.0, max_pending=9, with_entry=True
+        )
+        assert accepted.status == "accepted"
+    async with state.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
+        grant = await worker.next(5.0)
+        assert grant is not None
+        assert grant.entry is not None
+        assert (grant.entry.payload, grant.entry.attempt) == ("m1", 1)
+        second = await state.inbox_step(key, grant.owner, done=grant.entry.id, dead="boom")
+        assert second is not None
+        assert (second.payload, second.attempt) == ("m2", 1)
+        assert await state.inbox_step(key, grant.owner, done=second.id, retry_in=0.3) is None
+        assert await state.inbox_requeue(key) == 1
+        [info] = await state.inbox_keys()
+        assert (info.pending, info.dead, info.parked) == (2, 0, False)
+        assert info.retry_in is not None
+        assert await worker.take(key) is None  # still waiting
+        await asyncio.sleep(info.retry_in + 0.05)  # the due time, by the state's clock
+        taken = await worker.take(key)
+        assert taken is not None
+        assert taken.entry is not None
+        delivered = [(taken.entry.payload, taken.entry.attempt)]
+        entry: InboxEntry | None = taken.entry
+        while entry is not None:
+            entry = await state.inbox_step(key, taken.owner, done=entry.id)
+            if entry is not None:
+                delivered.append((entry.payload, entry.attempt))
+    assert delivered == [("m1", 1), ("m2", 2)]

@@ -12,6 +12,11 @@
 --               listing it); inbox_keys finds it by its hold (a SCAN), as it finds dead letters.
 -- No hold: the key's work is handed out as soon as its lock is free.
 
+-- id_of(entry) -> the id of an inbox entry "<id> <accepted ms> <payload>"
+local function id_of(entry)
+  return string.sub(entry, 1, string.find(entry, ' ', 1, true) - 1)
+end
+
 -- server_ms() -> the server's clock in ms
 local function server_ms()
   local now = redis.call('TIME')

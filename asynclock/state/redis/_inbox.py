@@ -92,6 +92,10 @@ class RedisInbox:
         """The key's hold: a retry's due time, or its parking (``_hold.lua``; the same slot)."""
         return f"{self.lock_key(key)}:inbox:hold"
 
+    def _tries_of(self, key: str) -> str:
+        """The attempt counts of entries that are not the head (``_inbox_take.lua``)."""
+        return f"{self.lock_key(key)}:inbox:tries"
+
     async def inbox_accept(
         self,
         key: str,
@@ -228,7 +232,7 @@ class RedisInbox:
             key,
             *_finish_args(retry, park),
         )
-        keys = (*self._step_keys(key), self._hold_of(key))
+        keys = (*self._step_keys(key), self._hold_of(key), self._tries_of(key))
         reply = await self._eval("inbox_step", keys, *args)
         if isinstance(reply, list):
             head, count, now_ms, pending = reply
@@ -263,8 +267,7 @@ class RedisInbox:
             key,
             *_finish_args(retry, park),
         )
-        tries = f"{self._inbox_keys(key)[0]}:tries"
-        keys = (*self._step_keys(key), tries, self._hold_of(key))
+        keys = (*self._step_keys(key), self._tries_of(key), self._hold_of(key))
         reply = await self._eval("inbox_take", keys, *args, *ids)
         if not isinstance(reply, list):
             if as_int(reply) < 0:
@@ -414,7 +417,10 @@ class RedisInbox:
         reply = await self._eval_listing(
             "inbox_requeue",
             lock_key,
-            (entries, attempts, dead_letters, ready, mark, lock_key, self._hold_of(key), seq),
+            (
+                *(entries, attempts, dead_letters, ready, mark, lock_key),
+                *(self._hold_of(key), seq, self._tries_of(key)),
+            ),
             (key,),
             (lane, new_handout_owner(), ttl_ms(REQUEUE_RESERVATION), mode),
             _unlisted_requeue,

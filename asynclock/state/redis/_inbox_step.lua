@@ -1,7 +1,10 @@
 -- Prepended to release.lua to make inbox_step: finish the head of a key's inbox and hand out the
 -- next entry, or release the lock when there is none, in one atomic step fenced by the lock.
 -- KEYS[3] the inbox, KEYS[4] the head's attempt count, KEYS[5] the dead letters, KEYS[6] the set of
--- keys with work, KEYS[7] the entry counter, KEYS[8] the key's hold (see _hold.lua)
+-- keys with work, KEYS[7] the entry counter, KEYS[8] the key's hold (see _hold.lua), KEYS[9] the
+-- attempt counts of entries that are not the head (a hash: entry id -> deliveries; see
+-- _inbox_take.lua, and inbox_requeue.lua, which keeps the head's there when it puts dead letters
+-- in front of it: the count comes back when the entry is the head again)
 -- ARGV[6] the id of the entry done ('' for none), ARGV[7] '1' to dead-letter it instead,
 -- ARGV[8] its error text, ARGV[9] '1' to hand out the next entry ('0': only look at it),
 -- ARGV[10] the key (as the caller names it), ARGV[11] retry_ms: the head stays and the key waits
@@ -26,14 +29,29 @@ else
     -- the entry done is the head, unless dead letters were requeued in front of it meanwhile
     local window = redis.call('LRANGE', KEYS[3], 0, 99)
     for i, entry in ipairs(window) do
-      if string.sub(entry, 1, string.find(entry, ' ', 1, true) - 1) == ARGV[6] then
+      if id_of(entry) == ARGV[6] then
         redis.call('LREM', KEYS[3], 1, entry)
         if ARGV[7] == '1' then
-          local attempts = tonumber(redis.call('GET', KEYS[4]) or '0')
+          local attempts
+          if i == 1 then
+            attempts = tonumber(redis.call('GET', KEYS[4]) or '0')
+          else
+            attempts = tonumber(redis.call('HGET', KEYS[9], ARGV[6]) or '0')
+          end
           redis.call('RPUSH', KEYS[5], cjson.encode({entry, attempts, ARGV[8]}))
         end
+        redis.call('HDEL', KEYS[9], ARGV[6])
         if i == 1 then
           redis.call('DEL', KEYS[4])
+          -- the next head's count, if it was kept while requeued entries went first
+          local next_head = redis.call('LINDEX', KEYS[3], 0)
+          if next_head then
+            local kept = redis.call('HGET', KEYS[9], id_of(next_head))
+            if kept then
+              redis.call('SET', KEYS[4], kept)
+              redis.call('HDEL', KEYS[9], id_of(next_head))
+            end
+          end
         end
         break
       end
@@ -60,7 +78,7 @@ else
   end
   if redis.call('LLEN', KEYS[3]) == 0 then
     redis.call('ZREM', KEYS[6], ARGV[10])
-    redis.call('DEL', KEYS[4])
+    redis.call('DEL', KEYS[4], KEYS[9])
     if not is_parked(KEYS[8]) then
       redis.call('DEL', KEYS[8])
       if redis.call('LLEN', KEYS[5]) == 0 then

@@ -22,9 +22,6 @@ local _, holder = parse(held)
 if holder == '' or holder ~= ARGV[1] then
   return -1
 end
-local function id_of(entry)
-  return string.sub(entry, 1, string.find(entry, ' ', 1, true) - 1)
-end
 -- deliveries of entry `id` so far; the head's may have been counted by _inbox_step.lua
 local function attempts_of(id, is_head)
   local count = tonumber(redis.call('HGET', KEYS[8], id) or '0')

@@ -1,6 +1,7 @@
 -- KEYS[1] the inbox, KEYS[2] the head's attempt count, KEYS[3] the dead letters, KEYS[4] the set
 -- of keys with work, KEYS[5] its listing mark, KEYS[6] the key's lock, KEYS[7] the key's hold
--- (see _hold.lua), KEYS[8] its entry counter | ARGV[1] the key (as the caller names it), ARGV[2]
+-- (see _hold.lua), KEYS[8] its entry counter, KEYS[9] the attempt counts of entries that are not
+-- the head (see _inbox_step.lua) | ARGV[1] the key (as the caller names it), ARGV[2]
 -- the listing (see _listed.lua), ARGV[3] the hand-out lane, ARGV[4] the owner a hand-out
 -- reserves the lock for, ARGV[5] its ttl_ms (see _handout.lua), ARGV[6] 'requeue'
 -- (inbox_requeue) or 'discard' (inbox_discard)
@@ -29,6 +30,13 @@ if pending > 0 then
   end
 end
 if ARGV[6] == 'requeue' and dead > 0 then
+  -- the head goes behind the requeued entries: its count is kept until it is the head again
+  local head = redis.call('LINDEX', KEYS[1], 0)
+  local count = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if head and count > 0 then
+    local kept = tonumber(redis.call('HGET', KEYS[9], id_of(head)) or '0')
+    redis.call('HSET', KEYS[9], id_of(head), math.max(count, kept))
+  end
   local letters = redis.call('LRANGE', KEYS[3], 0, -1)
   for i = #letters, 1, -1 do
     redis.call('LPUSH', KEYS[1], cjson.decode(letters[i])[1])
@@ -41,7 +49,7 @@ if parked then
 end
 if pending == 0 then
   -- nothing left of the key but its entry counter and a stale head count (discard only)
-  redis.call('DEL', KEYS[2], KEYS[8])
+  redis.call('DEL', KEYS[2], KEYS[8], KEYS[9])
   return dead
 end
 local now_ms = server_ms()
