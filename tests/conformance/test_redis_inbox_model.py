@@ -87,6 +87,30 @@ class Side:
             await state.release(KEY, owner)
         return seen
 
+    async def deliver_batch(self, finish: str, limit: int) -> list[object]:
+        """The batch form (``inbox_take``, as ``latest`` / ``debounce`` drain): hand out up to
+        ``limit`` of the oldest, finish them all as ``finish`` says; what each take answered."""
+        state = self.state
+        owner = await self.holder()
+        batch = await state.inbox_take(KEY, owner, limit=limit)
+        assert batch is not None
+        ids = [e.id for e in batch.entries]
+        seen: list[object] = [([(e.payload, e.attempt) for e in batch.entries], batch.pending)]
+        if finish == "ok":
+            after = await state.inbox_take(KEY, owner, done=ids, limit=0)
+        elif finish == "fail":  # nothing finished: the next take hands them out again
+            after = await state.inbox_take(KEY, owner, limit=0)
+        elif finish == "dead":
+            after = await state.inbox_take(KEY, owner, done=ids, dead="boom", limit=0)
+        elif finish == "park":
+            after = await state.inbox_take(KEY, owner, done=ids, dead="boom", park=True, limit=0)
+        else:
+            after = await state.inbox_take(KEY, owner, done=ids, retry_in=LONG, limit=0)
+        seen.append(None if after is None else after.pending)
+        if after is not None:
+            await state.release(KEY, owner)
+        return seen
+
     async def view(self) -> tuple[object, ...]:
         keys = [
             (k.pending, k.dead, k.parked, k.retry_in is not None)
@@ -102,6 +126,8 @@ class Side:
 class InboxMachine(RuleBasedStateMachine):
     #: set on the per-backend subclass that the test builds
     backend: ClassVar[Backend]
+    #: how the deployment drains: one entry per step (``queue``) or batches (``latest``)
+    batches: ClassVar[bool]
 
     def __init__(self) -> None:
         super().__init__()
@@ -169,10 +195,15 @@ class InboxMachine(RuleBasedStateMachine):
         ]
         assert statuses[0] == statuses[1]
 
-    @precondition(lambda self: self.deliverable())
+    @precondition(lambda self: not self.batches and self.deliverable())
     @rule(finish=finishes)
     def deliver(self, finish: str) -> None:
         self.both("deliver", finish)
+
+    @precondition(lambda self: self.batches and self.deliverable())
+    @rule(finish=finishes, limit=st.integers(1, MAX_PENDING))
+    def deliver_batch(self, finish: str, limit: int) -> None:
+        self.both("deliver_batch", finish, limit)
 
     @rule()
     def requeue(self) -> None:
@@ -187,10 +218,12 @@ class InboxMachine(RuleBasedStateMachine):
         self.both("view")
 
 
+@pytest.mark.parametrize("batches", [False, True], ids=["steps", "batches"])
 @pytest.mark.parametrize("backend", [_param(REDIS), _param(REDIS_CLUSTER)])
-def test_the_redis_inbox_agrees_with_memory(backend: Backend) -> None:
+def test_the_redis_inbox_agrees_with_memory(backend: Backend, batches: bool) -> None:
     require(backend)
-    machine = type(f"InboxMachine_{backend.name}", (InboxMachine,), {"backend": backend})
+    attributes = {"backend": backend, "batches": batches}
+    machine = type(f"InboxMachine_{backend.name}", (InboxMachine,), attributes)
     run_state_machine_as_test(
         machine,
         settings=settings(
