@@ -29,7 +29,7 @@ from tests.conftest import new_namespace
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from asynclock.state._protocol import InboxGrant
+    from asynclock.state._protocol import InboxEntry, InboxGrant
 
 pytestmark = pytest.mark.redis
 
@@ -347,3 +347,80 @@ async def _run(*command: str) -> str:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def _head_as_holder(inbox: Inbox, key: str) -> tuple[str, InboxEntry]:
+    """The owner that holds ``key`` (the grant its accept handed out) and the head it delivers."""
+    holder = await inbox.state.inspect(key)
+    assert holder is not None
+    entry = await inbox.state.inbox_step(key, holder.owner)
+    assert entry is not None
+    return holder.owner, entry
+
+
+async def test_a_parked_key_leaves_its_slot_which_is_listed_again_when_it_is_unparked(
+    inbox: Inbox,
+) -> None:
+    # A parked key is in no set of keys with work: no rescan reads it, however long it stays
+    # parked, and its slot can leave the directory; accepts behind it append without listing the
+    # slot. A discard (or requeue) lists the slot again and hands the key out.
+    key = "slack:C1:parked"
+    assert await inbox.accept(key, 1) == "accepted"
+    owner, head = await _head_as_holder(inbox, key)
+    assert await inbox.state.inbox_step(key, owner, done=head.id, dead="boom", park=True) is None
+    assert await inbox.state.inspect(key) is None  # the lock released in the same step
+    assert await inbox.index.keys() == []
+    assert await inbox.index.prune({inbox.slot(key)}) == 1
+    assert await inbox.listed(key) is None
+    assert await inbox.accept(key, 2) == "accepted"
+    assert await inbox.accept(key, 3) == "accepted"
+    assert await inbox.listed(key) is None  # nothing written to the directory for them
+    assert await inbox.index.keys() == []
+    assert await inbox.state.inbox_ready() == []
+    assert await inbox.state.inspect(key) is None  # and not handed out
+    [info] = await inbox.state.inbox_keys()
+    assert (info.key, info.pending, info.dead, info.parked, info.retry_in) == (
+        key,
+        2,
+        1,
+        True,
+        None,
+    )
+    assert await inbox.state.inbox_discard(key) == 1
+    assert await inbox.listed(key) is not None
+    assert await inbox.index.keys() == [key]
+    holder = await inbox.state.inspect(key)
+    assert holder is not None
+    assert holder.owner.startswith("inbox-handout:")
+    [info] = await inbox.state.inbox_keys()
+    assert (info.pending, info.dead, info.parked) == (2, 0, False)
+
+
+async def test_a_key_waiting_for_a_retry_keeps_its_slot_listed_and_a_rescan_finds_it_due(
+    inbox: Inbox,
+) -> None:
+    # The waiting key stays in its slot's set (its score the due time), so the slot is not
+    # pruned and the rescan that comes after the due time finds it; before, it leaves it out.
+    key = "slack:C1:waiting"
+    assert await inbox.accept(key, 1) == "accepted"
+    owner, head = await _head_as_holder(inbox, key)
+    assert await inbox.state.inbox_step(key, owner, done=head.id, retry_in=0.5) is None
+    assert await inbox.state.inspect(key) is None
+    assert await inbox.index.keys() == [key]
+    assert await inbox.index.keys(due=True) == []
+    assert await inbox.state.inbox_ready() == []
+    assert await inbox.index.prune({inbox.slot(key)}) == 0
+    assert await inbox.listed(key) is not None
+    [info] = await inbox.state.inbox_keys()
+    assert info.retry_in is not None
+    assert 0.0 < info.retry_in <= 0.5
+    await asyncio.sleep(info.retry_in + 0.05)  # the due time, by the server's clock
+    assert await inbox.state.inbox_ready() == [key]
+    async with inbox.state.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
+        grant = await worker.take(key)
+    assert grant is not None
+    assert grant.entry is not None
+    # the head that waited, its attempt counted once more (the step kept its count)
+    assert (grant.entry.id, grant.entry.attempt) == (head.id, head.attempt + 1)
+    [info] = await inbox.state.inbox_keys()
+    assert info.retry_in is None  # delivered: the wait is over

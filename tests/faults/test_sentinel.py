@@ -280,6 +280,48 @@ async def test_replicas_wait(topology: SentinelSet, open_state: Callable[..., Re
         await replica.aclose()
 
 
+async def test_inbox_retry_and_park_through_sentinel(
+    topology: SentinelSet, open_state: Callable[..., RedisState]
+) -> None:
+    """The inbox's retries that wait and parked keys (#30) under Sentinel: the rescan
+    (``inbox_ready.lua`` through the sentinel transport) leaves a waiting key out until its due
+    time by the master's clock, and a parked key out until it is discarded."""
+    state = open_state()
+
+    async def accept() -> None:
+        accepted = await state.inbox_accept("k", "{}", claim=None, claim_ttl=5.0, max_pending=9)
+        assert accepted.status == "accepted"
+
+    async def head() -> tuple[str, int]:
+        holder = await state.inspect("k")
+        assert holder is not None
+        entry = await state.inbox_step("k", holder.owner)
+        assert entry is not None
+        return holder.owner, entry.id
+
+    async def listed() -> bool:
+        return "k" in await state.inbox_ready()
+
+    await accept()
+    owner, entry = await head()
+    assert await state.inbox_step("k", owner, done=entry, retry_in=0.3) is None
+    assert not await listed()
+    waited = await until(listed, "the waiting key to be due", within=5.0)
+    assert waited >= 0.3 - 0.1  # (the clocks of this process and the master may differ a bit)
+    async with state.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
+        grant = await worker.take("k")
+    assert grant is not None
+    assert await state.inbox_step("k", grant.owner, done=entry, dead="boom", park=True) is None
+    await accept()
+    assert not await listed()
+    [info] = await state.inbox_keys()
+    assert (info.pending, info.dead, info.parked) == (1, 1, True)
+    assert await state.inbox_discard("k") == 1
+    holder = await state.inspect("k")  # unparked and handed out in the same script
+    assert holder is not None
+    assert holder.owner.startswith("inbox-handout:")
+
+
 async def test_semaphore_through_sentinel(
     topology: SentinelSet, open_state: Callable[..., RedisState]
 ) -> None:

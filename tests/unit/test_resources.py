@@ -27,6 +27,8 @@ SCRIPTS = {
     "_inbox_step.lua",
     "_inbox_take.lua",
     "inbox_requeue.lua",
+    "inbox_ready.lua",
+    "_hold.lua",
     "_listed.lua",
     "_handout.lua",
     "inbox_adopt.lua",

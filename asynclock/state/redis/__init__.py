@@ -16,8 +16,9 @@ atomic against every client of the server and uses the server's clock. Dedupe is
   Redis Cluster hash tag, so everything about one lock lives in one slot.
 * ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
 * ``P<namespace>:<id>``: a dedupe record.
-* ``P{key}:inbox`` (and ``:attempts``, ``:tries``, ``:dead``, ``:seq``): the key's durable inbox
-  (``:tries``: the attempt counts of the entries ``inbox_take`` handed out); the set of
+* ``P{key}:inbox`` (and ``:attempts``, ``:tries``, ``:dead``, ``:seq``, ``:hold``): the key's
+  durable inbox (``:tries``: the attempt counts of the entries ``inbox_take`` handed out;
+  ``:hold``: a retry's due time, or the key's parking, see ``_hold.lua``); the set of
   keys with work and the wake-up channel are the ready index's (``_ready.py``: one set on one
   server; one per slot and a directory on a cluster, ``_cluster_inbox.py``).
 

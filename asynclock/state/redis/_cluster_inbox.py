@@ -22,6 +22,13 @@ starts or stops being listed, not per event. Invariants (``_listed.lua``):
   stays. A crash between the two steps leaves an entry listing an empty slot: one extra read per
   rescan until the slot is listed again, never a key missed.
 
+A key that waits for a retry stays in its slot's set, its score the due time (``_hold.lua``):
+the slot stays listed, and the rescan after the due time finds the key (``inbox_ready.lua``
+returns each set's members with its master's clock, the one that set the scores). A parked key
+leaves its set (accepts behind it append without listing the slot), so however many keys stay
+parked, no rescan reads them and their slots can leave the directory; ``inbox_requeue.lua``
+lists the slot again when it unparks the key, as an accept would.
+
 Workers hear of new work through the hand-out (``_handout.lua``): a grant goes onto the lane of
 the key's master, a list in the lowest slot that master serves (:meth:`SlotReadySets.lane_for`),
 which a script of any slot of that master reaches (an undeclared key of another slot on the same
@@ -39,6 +46,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from asynclock.state.redis._cluster import SLOTS, slot_of
+from asynclock.state.redis._ready import read_scored
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -91,6 +99,7 @@ class SlotReadySets:
         *,
         unlist: Script,
         forget: Script,
+        read: Script,
         op_timeout: float,
     ) -> None:
         """``guard()``: one operation's deadline and error mapping (the state's)."""
@@ -99,6 +108,7 @@ class SlotReadySets:
         self._guard = guard
         self._unlist = unlist
         self._forget = forget
+        self._read = read
         self._op_timeout = op_timeout
         self.directory = tuple(
             # never a name ending in "}": held_locks() takes those for locks
@@ -113,7 +123,7 @@ class SlotReadySets:
         return f"{self._prefix}{{{slot_tag(slot)}}}:inbox:ready"
 
     def _read_set(self, slot: int) -> tuple[int, tuple[str | int, ...]]:
-        return slot, ("ZRANGE", self._set_of(slot), 0, -1, "WITHSCORES")
+        return slot, ("EVALSHA", self._read.sha, 1, self._set_of(slot))
 
     def ready_key(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.ready_key`: the set of the key's slot."""
@@ -136,8 +146,9 @@ class SlotReadySets:
             await self._router.call(slot_of(shard), "HSET", shard, slot, generation)
         return generation
 
-    async def keys(self) -> list[str]:
-        """See :meth:`ReadyIndex.keys`: the directory, and the sets it lists.
+    async def keys(self, *, due: bool = False) -> list[str]:
+        """See :meth:`ReadyIndex.keys`: the directory, and the sets it lists (``inbox_ready.lua``
+        on each: its members and the clock of its master, which set their due times).
 
         The sets of the slots listed at the previous call are read along with the directory
         (one pipelined write per master, the masters at once), so a steady inbox costs one
@@ -151,23 +162,26 @@ class SlotReadySets:
         async with self._guard():
             replies = await router.call_each(
                 [(slot_of(d), ("HKEYS", d)) for d in self.directory]
-                + [self._read_set(slot) for slot in known]
+                + [self._read_set(slot) for slot in known],
+                script=self._read.text,
             )
             shards, read = replies[:DIRECTORY_SHARDS], replies[DIRECTORY_SHARDS:]
             sets = dict(zip(known, read, strict=True))
             listed = {int(_text(s)) for reply in shards for s in _list(reply)}
             new = sorted(listed - self._known)
             if new:
-                read = await router.call_each([self._read_set(s) for s in new])
+                read = await router.call_each(
+                    [self._read_set(s) for s in new], script=self._read.text
+                )
                 sets.update(zip(new, read, strict=True))
         self._known = listed
         found: list[tuple[float, str]] = []
         empty: set[int] = set()
         for slot, reply in sets.items():
-            pairs = _scored(reply)
+            now_ms, pairs = read_scored(reply)
             if not pairs and slot in listed:
                 empty.add(slot)
-            found.extend(pairs)
+            found.extend(pair for pair in pairs if not due or pair[0] <= now_ms)
         if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
             await self.prune(empty & self._empty_at_last_prune)
             self._empty_at_last_prune = empty
@@ -236,11 +250,3 @@ def _text(value: object) -> str:
 def _list(reply: object) -> list[object]:
     assert isinstance(reply, list)
     return reply
-
-
-def _scored(reply: object) -> list[tuple[float, str]]:
-    """``ZRANGE ... WITHSCORES``: flat ``[member, score, ...]`` (RESP2) or pairs (RESP3)."""
-    items = _list(reply)
-    if items and isinstance(items[0], list):
-        return [(float(_text(pair[1])), _text(pair[0])) for pair in map(_list, items)]
-    return [(float(_text(items[i + 1])), _text(items[i])) for i in range(0, len(items), 2)]

@@ -160,6 +160,7 @@ class ClusterTransport:
             guard,
             unlist=scripts["inbox_unlist"],
             forget=scripts["inbox_forget_slot"],
+            read=scripts["inbox_ready"],
             op_timeout=guard.op_timeout or 5.0,
         )
 

@@ -77,14 +77,15 @@ class LaneWorker:
         *,
         lanes: Callable[[], Awaitable[list[str]]],
         connect: Callable[[str], Awaitable[AbstractConnection]],
-        adopt: Callable[[str, str, float, bool, InboxEntry | None], Awaitable[object]],
+        adopt: Callable[[str, str, float, bool, InboxEntry | None, bool], Awaitable[object]],
         lock_ttl: float,
         with_entry: bool,
         op_timeout: float,
     ) -> None:
         """``lanes()``: the lanes to wait on now; ``connect(lane)``: a new connection to the
-        server of ``lane``; ``adopt(key, owner, ttl, with_entry, handed)``: ``inbox_adopt.lua``'s
-        reply for a grant that may have waited too long (``handed``: the entry it handed out)."""
+        server of ``lane``; ``adopt(key, owner, ttl, with_entry, handed, bare)``:
+        ``inbox_adopt.lua``'s reply for a grant that may have waited too long (``handed``: the
+        entry it handed out; ``bare``: it came without the head this worker wants)."""
         self._lanes = lanes
         self._connect = connect
         self._adopt = adopt
@@ -181,18 +182,22 @@ class LaneWorker:
 
     async def _checked(self, item: str) -> InboxGrant | None:
         """The grant ``item`` as this worker drains it: as it came, when its reservation surely
-        has most of its TTL left, else after ``inbox_adopt.lua`` (``None``: nothing to drain)."""
+        has most of its TTL left, else after ``inbox_adopt.lua`` (``None``: nothing to drain).
+        A grant without the head although this worker hands it out (``with_entry``; a
+        requeue's or discard's, which knows no deployment's choice) gets it there too: one
+        round trip, for an operator's command only."""
         key, owner, token, pushed_ms, reserved_ms, *head = json.loads(item)
         loop = asyncio.get_running_loop()
         handed = self._entry(head)
-        if self._offset is not None:
+        bare = self._with_entry and handed is None
+        if self._offset is not None and not bare:
             age = max(loop.time() * 1000.0 + self._offset - pushed_ms, 0.0)
             left = (reserved_ms - age) / 1000.0
             if left >= max(self._lock_ttl / 3, min(1.0, self._lock_ttl / 2)):
                 return InboxGrant(key, owner, int(token), left, handed)
         sent = loop.time()
         try:
-            reply = await self._adopt(key, owner, self._lock_ttl, self._with_entry, handed)
+            reply = await self._adopt(key, owner, self._lock_ttl, self._with_entry, handed, bare)
         except Exception as exc:  # noqa: BLE001 - the key is left to its reservation's expiry
             logger.warning("asynclock: checking a grant of inbox %r failed: %r", key, exc)
             return None
@@ -222,7 +227,7 @@ class LaneWorker:
         one round trip)."""
         sent = asyncio.get_running_loop().time()
         owner = new_owner()
-        reply = await self._adopt(key, owner, self._lock_ttl, self._with_entry, None)
+        reply = await self._adopt(key, owner, self._lock_ttl, self._with_entry, None, False)
         if not reply or text(reply) == "held":
             return None
         key, owner, token, _, _, *head = json.loads(text(reply))

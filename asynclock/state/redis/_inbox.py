@@ -6,17 +6,22 @@ through the state's guard, its key layout and its ready index), as ``sql/_inbox.
 SQL states. Each operation is one script of this folder (``inbox_*.lua``, ``_inbox_*.lua``
 before ``release.lua``), atomic with the key's lock; the set of keys with work is the ready
 index's (``_ready.py``; per slot with a directory on a cluster, ``_cluster_inbox.py``).
+
+A retry that waits (``retry_in``) and a parked key (``park``) are the key's *hold*
+(``_hold.lua``), written by the step that releases the lock and read by every script that would
+hand the key out (accept, take, requeue): still one script per operation, no round trip added.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 from typing import TYPE_CHECKING
 
 from asynclock._errors import LockNotOwnedError
 from asynclock._owner import new_handout_owner
-from asynclock._validate import check_key, check_limit, check_ttl, ttl_ms
+from asynclock._validate import check_inbox_finish, check_key, check_limit, check_ttl, ttl_ms
 from asynclock.state._protocol import (
     DeadLetter,
     InboxAccepted,
@@ -83,6 +88,14 @@ class RedisInbox:
         base = f"{self.lock_key(key)}:inbox"
         return base, f"{base}:attempts", f"{base}:dead", f"{base}:seq"
 
+    def _hold_of(self, key: str) -> str:
+        """The key's hold: a retry's due time, or its parking (``_hold.lua``; the same slot)."""
+        return f"{self.lock_key(key)}:inbox:hold"
+
+    def _tries_of(self, key: str) -> str:
+        """The attempt counts of entries that are not the head (``_inbox_take.lua``)."""
+        return f"{self.lock_key(key)}:inbox:tries"
+
     async def inbox_accept(
         self,
         key: str,
@@ -110,7 +123,7 @@ class RedisInbox:
         reply = await self._eval_listing(
             "inbox_accept",
             lock_key,
-            (entries, seq, ready, claim_key, mark, lock_key, attempts),
+            (entries, seq, ready, claim_key, mark, lock_key, attempts, self._hold_of(key)),
             (payload, max_pending, ttl_ms(claim_ttl), key, "1" if claim is not None else "0"),
             await self._hand_out_args(lock_key, lock_ttl, with_entry),
             _unlisted_accept,
@@ -204,9 +217,12 @@ class RedisInbox:
         done: int | None = None,
         dead: str | None = None,
         take: bool = True,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxEntry | None:
         """See :meth:`asynclock.state.InboxState.inbox_step` (``_inbox_step.lua`` before
-        ``release.lua``: one EVALSHA)."""
+        ``release.lua``: one EVALSHA, also with ``retry_in`` or ``park``: see ``_hold.lua``)."""
+        retry = check_inbox_finish(key, done=done, dead=dead, retry_in=retry_in, park=park)
         args = (
             *self._step_args(owner),
             "" if done is None else str(done),
@@ -214,8 +230,10 @@ class RedisInbox:
             dead or "",
             "1" if take else "0",
             key,
+            *_finish_args(retry, park),
         )
-        reply = await self._eval("inbox_step", self._step_keys(key), *args)
+        keys = (*self._step_keys(key), self._hold_of(key), self._tries_of(key))
+        reply = await self._eval("inbox_step", keys, *args)
         if isinstance(reply, list):
             head, count, now_ms, pending = reply
             entry_id, accepted_ms, payload = _entry(head)
@@ -233,13 +251,23 @@ class RedisInbox:
         done: Collection[int] = (),
         dead: str | None = None,
         limit: int,
+        retry_in: float | None = None,
+        park: bool = False,
     ) -> InboxBatch | None:
         """See :meth:`asynclock.state.InboxState.inbox_take` (``_inbox_take.lua`` before
-        ``release.lua``: one EVALSHA)."""
+        ``release.lua``: one EVALSHA, also with ``retry_in`` or ``park``: see ``_hold.lua``)."""
         check_limit(limit)
         ids = tuple(str(int(entry)) for entry in done)
-        args = (*self._step_args(owner), limit, "1" if dead is not None else "0", dead or "", key)
-        keys = (*self._step_keys(key), f"{self._inbox_keys(key)[0]}:tries")
+        retry = check_inbox_finish(key, done=ids, dead=dead, retry_in=retry_in, park=park)
+        args = (
+            *self._step_args(owner),
+            limit,
+            "1" if dead is not None else "0",
+            dead or "",
+            key,
+            *_finish_args(retry, park),
+        )
+        keys = (*self._step_keys(key), self._tries_of(key), self._hold_of(key))
         reply = await self._eval("inbox_take", keys, *args, *ids)
         if not isinstance(reply, list):
             if as_int(reply) < 0:
@@ -275,9 +303,11 @@ class RedisInbox:
 
     async def inbox_ready(self) -> list[str]:
         """See :meth:`asynclock.state.InboxState.inbox_ready` (the set of keys with work, one
-        ZRANGE, and their locks, one MGET; on a cluster, the directory and the sets it lists,
-        see ``_cluster_inbox.py``, and the locks read per master in one round)."""
-        keys = await self._ready.keys()
+        EVALSHA of ``inbox_ready.lua``, and their locks, one MGET; on a cluster, the directory
+        and the sets it lists, see ``_cluster_inbox.py``, and the locks read per master in one
+        round). A key that waits for a retry is left out until its due time (its score in the
+        set, by the server's clock); a parked key is in no set (``_hold.lua``)."""
+        keys = await self._ready.keys(due=True)
         values = await self._ready.lock_values([self.lock_key(key) for key in keys])
         return [key for key, value in zip(keys, values, strict=True) if _free(value)]
 
@@ -301,40 +331,57 @@ class RedisInbox:
             await worker.aclose()
 
     async def _inbox_adopt(
-        self, key: str, owner: str, ttl: float, with_entry: bool, handed: InboxEntry | None
+        self,
+        key: str,
+        owner: str,
+        ttl: float,
+        with_entry: bool,
+        handed: InboxEntry | None,
+        bare: bool = False,
     ) -> object:
         """``inbox_adopt.lua`` for a grant of ``key`` to ``owner``, which handed out ``handed``
-        (see ``_handout.py``)."""
+        (``bare``: it came without the head a worker ``with_entry`` wants: see
+        ``_handout.py``)."""
         entries, attempts, _, _ = self._inbox_keys(key)
         return await self._eval(
             "inbox_adopt",
-            (self.lock_key(key), entries, attempts),
+            (self.lock_key(key), entries, attempts, self._hold_of(key)),
             owner,
             ttl_ms(ttl),
             "1" if with_entry else "0",
             key,
             "" if handed is None else str(handed.id),
             "" if handed is None else str(handed.attempt),
+            "1" if bare else "0",
         )
 
     async def inbox_keys(self) -> list[InboxKey]:
         """See :meth:`asynclock.state.InboxState.inbox_keys` (the set of keys with work, and a
-        SCAN for dead letters)."""
+        SCAN for dead letters and holds: a parked key is in no set of keys with work)."""
         keys = set(await self._ready.keys())
-        pattern = f"{glob_escape(self._prefix)}{{*}}:inbox:dead"
+        # ":inbox:dead" and ":inbox:hold" in one SCAN (no other key of the layout matches)
+        pattern = f"{glob_escape(self._prefix)}{{*}}:inbox:[dh][eo][al]d"
         async for name in self._scan(pattern):
-            keys.add(self._keys.key_of(name[: -len(":inbox:dead")]))
+            for suffix in (":inbox:dead", ":inbox:hold"):
+                if name.endswith(suffix):
+                    keys.add(self._keys.key_of(name[: -len(suffix)]))
         found = []
         now = await self._command(self._prefix, "TIME")  # the server's clock, once
         assert isinstance(now, list)
         now_ms = as_int(now[0]) * 1000 + as_int(now[1]) // 1000
         for key in sorted(keys):
             entries, _, dead_letters, _ = self._inbox_keys(key)
+            hold = self._hold_of(key)
             pending = as_int(await self._command(entries, "LLEN", entries))
             head = await self._command(entries, "LINDEX", entries, 0)
             age = 0.0 if head is None else max(now_ms - _entry(head)[1], 0) / 1000.0
             dead = as_int(await self._command(dead_letters, "LLEN", dead_letters))
-            found.append(InboxKey(key, pending, age, dead))
+            held = await self._command(hold, "GET", hold)
+            parked = held is not None and text(held) == "p"
+            retry_in = None
+            if held is not None and not parked:
+                retry_in = max(as_int(held) - now_ms, 0) / 1000.0
+            found.append(InboxKey(key, pending, age, dead, retry_in, parked))
         return found
 
     async def inbox_dead_letters(self, key: str) -> list[DeadLetter]:
@@ -351,19 +398,33 @@ class RedisInbox:
 
     async def inbox_requeue(self, key: str) -> int:
         """See :meth:`asynclock.state.InboxState.inbox_requeue` (``inbox_requeue.lua``; a key
-        nobody holds is handed out for ``REQUEUE_RESERVATION`` seconds, without an entry)."""
-        entries, attempts, dead_letters, _ = self._inbox_keys(key)
+        nobody holds is handed out for ``REQUEUE_RESERVATION`` seconds, without an entry: a
+        worker that hands the head out gets it when it takes the grant, see ``_handout.py``)."""
+        return await self._put_back(key, "requeue", "requeued")
+
+    async def inbox_discard(self, key: str) -> int:
+        """See :meth:`asynclock.state.InboxState.inbox_discard` (``inbox_requeue.lua`` that
+        deletes the dead letters instead; the hand-out as :meth:`inbox_requeue`'s)."""
+        return await self._put_back(key, "discard", "discarded")
+
+    async def _put_back(self, key: str, mode: str, what: str) -> int:
+        """``inbox_requeue.lua`` in ``mode`` (``requeue`` or ``discard``) for ``key``."""
+        check_key(key)
+        entries, attempts, dead_letters, seq = self._inbox_keys(key)
         lock_key = self.lock_key(key)
         ready, mark = self._ready.ready_key(lock_key), self._ready.listed_key(lock_key)
         lane = await self._ready.lane_for(lock_key)
         reply = await self._eval_listing(
             "inbox_requeue",
             lock_key,
-            (entries, attempts, dead_letters, ready, mark, lock_key),
+            (
+                *(entries, attempts, dead_letters, ready, mark, lock_key),
+                *(self._hold_of(key), seq, self._tries_of(key)),
+            ),
             (key,),
-            (lane, new_handout_owner(), ttl_ms(REQUEUE_RESERVATION)),
+            (lane, new_handout_owner(), ttl_ms(REQUEUE_RESERVATION), mode),
             _unlisted_requeue,
-            f"dead letters of {key!r} were requeued",
+            f"dead letters of {key!r} were {what}",
         )
         return as_int(reply)
 
@@ -377,6 +438,13 @@ def _unlisted_accept(reply: object) -> str | None:
 def _unlisted_requeue(reply: object) -> str | None:
     """An ``inbox_requeue.lua`` reply's generation to list its slot under, if it was unlisted."""
     return text(reply[1]) if isinstance(reply, list) else None
+
+
+def _finish_args(retry_in: float | None, park: bool) -> tuple[str, str]:
+    """The ARGV of a step's ``retry_in`` (in ms, rounded up: never due early; '' for none) and
+    ``park`` (``_inbox_step.lua``, ``_inbox_take.lua``)."""
+    retry_ms = "" if retry_in is None else str(max(math.ceil(retry_in * 1000.0), 1))
+    return retry_ms, "1" if park else "0"
 
 
 def _free(value: object) -> bool:

@@ -3,14 +3,17 @@
 -- is pending, in one atomic step fenced by the lock.
 -- KEYS[3] the inbox, KEYS[4] the head's attempt count (kept for _inbox_step.lua), KEYS[5] the
 -- dead letters, KEYS[6] the set of keys with work, KEYS[7] the entry counter, KEYS[8] the attempt
--- counts of entries handed out by this script (a hash: entry id -> deliveries)
+-- counts of entries handed out by this script (a hash: entry id -> deliveries), KEYS[9] the key's
+-- hold (see _hold.lua)
 -- ARGV[6] how many entries to hand out (0: none), ARGV[7] '1' to dead-letter the entries done
 -- instead of removing them, ARGV[8] their error text, ARGV[9] the key (as the caller names it),
--- ARGV[10..] the ids of the entries done
+-- ARGV[10] retry_ms: the entries done stay pending and the key waits that long ('' for none),
+-- ARGV[11] '1' to park the key (with ARGV[7] '1'), ARGV[12..] the ids of the entries done
 -- returns -1 when ARGV[1] does not hold the lock (nothing changed); {now ms, entries pending,
 -- newest entry, entry 1, attempts 1, ...} while entries are pending (the lock kept; the attempt
--- count of each entry handed out incremented); else falls through to release.lua (the inbox is
--- empty: the lock is released, 0)
+-- count of each entry handed out incremented; handing the head out ends a retry's wait); else
+-- falls through to release.lua (0): the inbox is empty, or the key now waits for a retry (the
+-- entries done kept with their counts) or is parked (see _hold.lua)
 local held = redis.call('GET', KEYS[1])
 if not held then
   return -1
@@ -18,9 +21,6 @@ end
 local _, holder = parse(held)
 if holder == '' or holder ~= ARGV[1] then
   return -1
-end
-local function id_of(entry)
-  return string.sub(entry, 1, string.find(entry, ' ', 1, true) - 1)
 end
 -- deliveries of entry `id` so far; the head's may have been counted by _inbox_step.lua
 local function attempts_of(id, is_head)
@@ -30,9 +30,12 @@ local function attempts_of(id, is_head)
   end
   return count
 end
-if #ARGV >= 10 then
+local retry = ARGV[10] ~= '' and redis.call('LLEN', KEYS[3]) > 0
+if retry then
+  wait_for_retry(KEYS[9], KEYS[6], ARGV[9], tonumber(ARGV[10]))
+elseif #ARGV >= 12 then
   local done, left = {}, 0
-  for i = 10, #ARGV do
+  for i = 12, #ARGV do
     done[ARGV[i]] = true
     left = left + 1
   end
@@ -55,10 +58,12 @@ if #ARGV >= 10 then
     end
   end
 end
+if ARGV[11] == '1' then
+  park(KEYS[9], KEYS[6], ARGV[9])
+end
 local pending = redis.call('LLEN', KEYS[3])
-if pending > 0 then
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if pending > 0 and not retry and not is_parked(KEYS[9]) then
+  local now_ms = server_ms()
   local reply = {now_ms, pending, redis.call('LINDEX', KEYS[3], -1)}
   local limit = tonumber(ARGV[6])
   if limit > 0 then
@@ -68,6 +73,7 @@ if pending > 0 then
       redis.call('HSET', KEYS[8], id, attempts)
       if i == 1 then
         redis.call('SET', KEYS[4], attempts)
+        redis.call('DEL', KEYS[9])  -- delivered: a retry's wait is over
       end
       reply[#reply + 1] = entry
       reply[#reply + 1] = attempts
@@ -75,8 +81,13 @@ if pending > 0 then
   end
   return reply
 end
-redis.call('ZREM', KEYS[6], ARGV[9])
-redis.call('DEL', KEYS[4], KEYS[8])
-if redis.call('LLEN', KEYS[5]) == 0 then
-  redis.call('DEL', KEYS[7])
+if pending == 0 then
+  redis.call('ZREM', KEYS[6], ARGV[9])
+  redis.call('DEL', KEYS[4], KEYS[8])
+  if not is_parked(KEYS[9]) then
+    redis.call('DEL', KEYS[9])
+    if redis.call('LLEN', KEYS[5]) == 0 then
+      redis.call('DEL', KEYS[7])
+    end
+  end
 end

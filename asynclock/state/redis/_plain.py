@@ -114,7 +114,13 @@ class PlainTransport:
         scripts: Mapping[str, Script],
     ) -> ReadyIndex:
         """See :meth:`Transport.ready_index`: one sorted set."""
-        return ReadySet(prefix, command)
+        script = scripts["inbox_ready"]
+
+        async def read(key: str) -> object:
+            async with guard():
+                return await self.eval(script, (key,), (), idempotent=True)
+
+        return ReadySet(prefix, command, read)
 
     async def aclose(self, *, owned: bool) -> None:
         """See :meth:`Transport.aclose`."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
 
 class Command(Protocol):
@@ -22,9 +22,12 @@ class Command(Protocol):
 class ReadyIndex(Protocol):
     """Where the keys with work are kept, and how workers hear of new work.
 
-    Invariant: a key with pending entries is a member of the set :meth:`ready_key` names for it
-    (``inbox_accept.lua`` adds it, the drain step removes it once its inbox is empty, in the
-    same atomic steps), and :meth:`keys` reads every such set.
+    Invariant: a key with pending entries that is not parked is a member of the set
+    :meth:`ready_key` names for it (``inbox_accept.lua`` adds it, the drain step removes it once
+    its inbox is empty or it parks, ``inbox_requeue.lua`` adds it back when it unparks, in the
+    same atomic steps), and :meth:`keys` reads every such set. A member's score is the accept
+    time of its oldest work, or, while a retry waits, the retry's due time (``_hold.lua``), by
+    the clock of the server holding the set.
     """
 
     #: ``ARGV`` "listing" of an accept or requeue (``_listed.lua``): ``''`` never needs one
@@ -43,8 +46,9 @@ class ReadyIndex(Protocol):
         one); the generation to come back with."""
         ...
 
-    async def keys(self) -> list[str]:
-        """Every key with pending entries, oldest first."""
+    async def keys(self, *, due: bool = False) -> list[str]:
+        """Every key with pending entries that is not parked, oldest first; with ``due``, not
+        those that wait for a retry that is not due yet (by the server's clock)."""
         ...
 
     async def lock_values(self, lock_keys: list[str]) -> list[object]:
@@ -69,16 +73,20 @@ class ReadyIndex(Protocol):
 
 
 class ReadySet:
-    """One server: one sorted set ``P inbox:ready`` (key -> accept time of its oldest work), and
-    one hand-out lane ``P inbox:lane``."""
+    """One server: one sorted set ``P inbox:ready`` (key -> accept time of its oldest work, or
+    due time of its retry), and one hand-out lane ``P inbox:lane``."""
 
     listing = ""
 
-    def __init__(self, prefix: str, command: Command) -> None:
-        """``command(key, *args)`` runs one command (the state's, under its deadline)."""
+    def __init__(
+        self, prefix: str, command: Command, read: Callable[[str], Awaitable[object]]
+    ) -> None:
+        """``command(key, *args)`` runs one command (the state's, under its deadline);
+        ``read(set)`` runs ``inbox_ready.lua`` on a set (likewise)."""
         self._key = f"{prefix}inbox:ready"
         self._lane = f"{prefix}inbox:lane"
         self._command = command
+        self._read = read
 
     def ready_key(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.ready_key` (the one set, whatever the key)."""
@@ -92,11 +100,10 @@ class ReadySet:
         """Never called: the one set is always listed."""
         raise AssertionError("a single Redis server lists no slot")
 
-    async def keys(self) -> list[str]:
-        """See :meth:`ReadyIndex.keys` (one ZRANGE)."""
-        reply = await self._command(self._key, "ZRANGE", self._key, 0, -1)
-        assert isinstance(reply, list)
-        return [m.decode() if isinstance(m, bytes) else str(m) for m in reply]
+    async def keys(self, *, due: bool = False) -> list[str]:
+        """See :meth:`ReadyIndex.keys` (one EVALSHA of ``inbox_ready.lua``)."""
+        now_ms, scored = read_scored(await self._read(self._key))
+        return [key for score, key in scored if not due or score <= now_ms]
 
     async def lock_values(self, lock_keys: list[str]) -> list[object]:
         """See :meth:`ReadyIndex.lock_values` (one MGET)."""
@@ -119,3 +126,11 @@ class ReadySet:
 
     async def aclose(self) -> None:
         """Nothing to close."""
+
+
+def read_scored(reply: object) -> tuple[float, list[tuple[float, str]]]:
+    """``inbox_ready.lua``'s reply: the server's ms, and the ``(score, key)`` of every member."""
+    assert isinstance(reply, list)
+    now_ms, *items = (item.decode() if isinstance(item, bytes) else str(item) for item in reply)
+    pairs = [(float(items[i + 1]), items[i]) for i in range(0, len(items), 2)]
+    return float(now_ms), pairs

@@ -53,11 +53,21 @@ def load_scripts(*, sharded: bool = False) -> dict[str, LuaScript]:
     scripts["release_claimed"] = LuaScript("release_claimed", "_settle", "release", sharded=sharded)
     # the inbox wake-up stays a PUBLISH on a cluster too (see _cluster_inbox.py): the prelude
     # that says whether the key may be added to its set of keys with work goes first
-    scripts["inbox_accept"] = LuaScript("inbox_accept", "_listed", "_handout", "inbox_accept")
-    scripts["inbox_requeue"] = LuaScript("inbox_requeue", "_listed", "_handout", "inbox_requeue")
-    scripts["inbox_adopt"] = LuaScript("inbox_adopt", "_handout", "inbox_adopt")
-    scripts["inbox_step"] = LuaScript("inbox_step", "_inbox_step", "release", sharded=sharded)
-    scripts["inbox_take"] = LuaScript("inbox_take", "_inbox_take", "release", sharded=sharded)
+    # (and _hold.lua: what keeps a key that waits for a retry, or is parked, from a hand-out)
+    scripts["inbox_accept"] = LuaScript(
+        "inbox_accept", "_listed", "_handout", "_hold", "inbox_accept"
+    )
+    scripts["inbox_requeue"] = LuaScript(
+        "inbox_requeue", "_listed", "_handout", "_hold", "inbox_requeue"
+    )
+    scripts["inbox_adopt"] = LuaScript("inbox_adopt", "_handout", "_hold", "inbox_adopt")
+    scripts["inbox_step"] = LuaScript(
+        "inbox_step", "_hold", "_inbox_step", "release", sharded=sharded
+    )
+    scripts["inbox_take"] = LuaScript(
+        "inbox_take", "_hold", "_inbox_take", "release", sharded=sharded
+    )
+    scripts["inbox_ready"] = LuaScript("inbox_ready", "_hold", "inbox_ready")
     scripts["inbox_unlist"] = LuaScript("inbox_unlist")
     scripts["inbox_forget_slot"] = LuaScript("inbox_forget_slot")
     scripts["fair_acquire"] = LuaScript(
