@@ -121,11 +121,6 @@ ROUTINES = {
         "inbox_accept_v2",
         "inbox_requeue_v2",
         "inbox_claim_v1",
-        # the semaphore waiters' ears (push wake-ups through KILL QUERY)
-        "ear_kill_v1",
-        "semaphore_mark_v1",
-        "semaphore_ring_v1",
-        "semaphore_heard_v1",
         # retries that wait and parked keys (SPEC 9, #30): the columns' guarded upgrade, then
         # new versions of what changed
         "inbox_upgrade_v1",
@@ -139,6 +134,11 @@ ROUTINES = {
         "inbox_requeue_v3",
         "inbox_discard_v1",
         "inbox_claim_v2",
+        # the semaphore waiters' ears (push wake-ups through KILL QUERY)
+        "ear_kill_v1",
+        "semaphore_mark_v1",
+        "semaphore_ring_v1",
+        "semaphore_heard_v1",
         "semaphore_eligible_v1",
         "semaphore_fresh_v1",
         # v2: a place names its state's ear, a release rings the ears of those it made eligible
