@@ -322,6 +322,9 @@ async def test_a_wake_up_for_one_key_costs_one_take_not_one_per_worker(
             for workers in (1, 6):
                 while len(counted.workers) < workers:
                     await counted.start_counted()
+                # every worker has loaded its app (and joins the hand-out right after): else
+                # the first one, draining up to max_keys keys at once, takes every warm-up event
+                await counted.ready()
                 await warm_up(counted, producer, checker, threads)
                 costs[workers] = await measure(counted, producer, checker, threads)
     finally:
