@@ -22,8 +22,11 @@ services:
 ## in TEST_WORKERS processes (pytest-xdist): most of its time is spent waiting on servers,
 ## subprocesses and timeouts, not on the CPU, and every test has its own key namespace.
 TEST_WORKERS ?= 4
+## --tb=native: CPython 3.11.7's ast.parse can raise "AST constructor recursion depth mismatch"
+## while pytest formats a failure's source (getstatementrange_ast), which crashes an xdist worker
+## and ends the whole run in INTERNALERROR; the native traceback parses no source.
 test: install services
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --tb=native
 	$(MAKE) redis-range
 
 ## The main venv has the redis-py that arq pulls (5.3.x: arq needs redis < 6). The lowest one
