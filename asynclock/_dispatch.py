@@ -34,6 +34,9 @@ from asynclock._lean import LeanHold
 from asynclock._lock import AsyncLock
 from asynclock._owner import new_owner
 from asynclock._slots import RetrySlots
+from asynclock._supersede import SupersedeLine
+from asynclock._supersede import Waiting as Superseding
+from asynclock._supersede import drain as drain_superseding
 from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock._waiters import line_for
 from asynclock.state._protocol import (
@@ -58,8 +61,13 @@ logger = logging.getLogger("asynclock")
 
 PolicyName = Literal["drop", "force", "queue", "latest", "debounce", "concurrent"]
 POLICIES: tuple[PolicyName, ...] = ("drop", "force", "queue", "latest", "debounce", "concurrent")
+#: a dispatcher-wide policy only (not one a policy function may pick per conflict: the holder
+#: must have subscribed to the key's supersede signals before it took the lock)
+SUPERSEDE: Literal["supersede"] = "supersede"
 #: a policy name, or a (sync or async) function of (thread_key, event) returning one, per conflict
-ConflictPolicy = PolicyName | Callable[[str, Event], "PolicyName | Awaitable[PolicyName]"]
+ConflictPolicy = (
+    PolicyName | Literal["supersede"] | Callable[[str, Event], "PolicyName | Awaitable[PolicyName]"]
+)
 LockScope = Literal["thread", "channel"] | Callable[[Event], str]
 OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
 H = TypeVar("H")
@@ -76,6 +84,7 @@ _LEVELS = {
     Outcome.DROPPED: logging.WARNING,
     Outcome.FAILED: logging.ERROR,
     Outcome.ACCEPTED: logging.INFO,
+    Outcome.SUPERSEDED: logging.INFO,
 }
 
 
@@ -173,6 +182,8 @@ class EventDispatcher:
         "_state",
         "_stats",
         "_stopping",
+        "_supersede_grace",
+        "_supersede_lines",
         "_tasks",
     )
 
@@ -190,11 +201,16 @@ class EventDispatcher:
         queue_timeout: float | None = None,
         max_attempts: int = 5,
         max_pending: int = 1000,
+        supersede_grace: float | None = 0.0,
     ) -> None:
-        if not callable(on_lock_conflict) and on_lock_conflict not in POLICIES:
+        if (
+            not callable(on_lock_conflict)
+            and on_lock_conflict not in POLICIES
+            and on_lock_conflict != SUPERSEDE
+        ):
             raise ValueError(
-                f"on_lock_conflict must be one of {', '.join(POLICIES)} or a function "
-                f"(thread_key, event) -> name, got {on_lock_conflict!r}"
+                f"on_lock_conflict must be one of {', '.join((*POLICIES, SUPERSEDE))} or a "
+                f"function (thread_key, event) -> name, got {on_lock_conflict!r}"
             )
         if not callable(lock_scope) and lock_scope not in ("thread", "channel"):
             raise ValueError(
@@ -234,6 +250,11 @@ class EventDispatcher:
         self._queue_timeout = check_seconds(queue_timeout, "queue_timeout", allow_none=True)
         self._max_attempts = _check_count(max_attempts, "max_attempts")
         self._max_pending = _check_count(max_pending, "max_pending")
+        self._supersede_grace = check_seconds(
+            supersede_grace, "supersede_grace", allow_zero=True, allow_none=True
+        )
+        #: supersede: the events and running call of each key, in this process
+        self._supersede_lines: dict[str, SupersedeLine] = {}
         self._stopping: set[asyncio.Event] = set()
         self._raise_errors = bool(raise_errors)
         self._on_outcome = on_outcome
@@ -503,6 +524,8 @@ class EventDispatcher:
         submitted: bool,
     ) -> Awaitable[Outcome]:
         """The lean path (``_lean.py``) when it may serve ``event``, else :meth:`_route`."""
+        if self._policy == SUPERSEDE:
+            return self._supersede(event, lock_key, claim, loop)
         lean = self._lean
         if (
             lean is not None
@@ -815,6 +838,7 @@ class EventDispatcher:
     async def _conflict_policy(self, lock_key: str, event: Event, *, submitted: bool) -> PolicyName:
         policy = self._policy
         if isinstance(policy, str):
+            assert policy != SUPERSEDE  # never asked: supersede routes apart (_supersede)
             return policy
         chosen = policy(lock_key, event)
         if inspect.isawaitable(chosen):
@@ -867,6 +891,45 @@ class EventDispatcher:
                 return
             logger.info("asynclock: marked event claim %r done after a retry", key)
             return
+
+    # -- supersede ----------------------------------------------------------------------------
+
+    async def _supersede(
+        self,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Outcome:
+        """Join ``lock_key``'s supersede line (``_supersede.py``), interrupting its running
+        call; the outcome comes once the call covering the event returned."""
+        if claim is not None and not await self._claim_alone(claim):
+            return _DUPLICATE
+        line = self._supersede_lines.get(lock_key)
+        if line is None:
+            line = self._supersede_lines[lock_key] = SupersedeLine()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        line.arrive(Superseding(event, future))
+        if line.drainer is None:
+            line.drainer = self._spawn(self._drain_superseding(lock_key, line), "supersede")
+        return await future
+
+    async def _drain_superseding(self, lock_key: str, line: SupersedeLine) -> None:
+        try:
+            await drain_superseding(
+                self._state,
+                lock_key,
+                line,
+                self._handlers,
+                ttl=self._lock_ttl,
+                grace=self._supersede_grace,
+            )
+        finally:
+            line.drainer = None
+            # nothing awaited between the drainer's last check and this: a later arrival
+            # starts a new drainer
+            if not line.entries and self._supersede_lines.get(lock_key) is line:
+                del self._supersede_lines[lock_key]
 
     # -- latest / debounce --------------------------------------------------------------------
 
