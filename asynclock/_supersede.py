@@ -254,7 +254,7 @@ async def drain(
                 line.carried = batch
                 if not line.pending():
                     # the newer event is in another process: this one's calls are covered there
-                    _resolve(batch[:-1], handled, None)
+                    _resolve(batch, None, None)
                     line.carried = []
             else:
                 _resolve(batch[:-1], handled, error)
