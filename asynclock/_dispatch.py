@@ -903,13 +903,21 @@ class EventDispatcher:
     ) -> Outcome:
         """Join ``lock_key``'s supersede line (``_supersede.py``), interrupting its running
         call; the outcome comes once the call covering the event returned."""
-        if claim is not None and not await self._claim_alone(claim):
-            return _DUPLICATE
         line = self._supersede_lines.get(lock_key)
         if line is None:
             line = self._supersede_lines[lock_key] = SupersedeLine()
         future: asyncio.Future[Outcome] = loop.create_future()
-        line.arrive(Superseding(event, future))
+        waiting = Superseding(event, future)
+        line.arrive(waiting)  # its place in the line (skipped order), taken on arrival
+        try:
+            duplicate = claim is not None and not await self._claim_alone(claim)
+        except BaseException:
+            line.leave(waiting)
+            raise
+        if duplicate:
+            line.leave(waiting)
+            return _DUPLICATE
+        line.ready(waiting)
         if line.drainer is None:
             line.drainer = self._spawn(self._drain_superseding(lock_key, line), "supersede")
         return await future

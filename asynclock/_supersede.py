@@ -57,11 +57,13 @@ logger = logging.getLogger("asynclock")
 class Waiting:
     """An event of a supersede line and the future its dispatch waits on."""
 
-    __slots__ = ("event", "future", "queued", "superseded")
+    __slots__ = ("event", "future", "queued", "ready", "superseded")
 
     def __init__(self, event: Event, future: asyncio.Future[Outcome]) -> None:
         self.event = event
         self.future = future
+        #: its dedupe claim is recorded (till then it holds its place in the line only)
+        self.ready = False
         #: it waited for the key (another call ran or held it): QUEUED, not HANDLED, if handled
         self.queued = False
         #: its own call was interrupted: SUPERSEDED (not SKIPPED) once covered
@@ -114,15 +116,24 @@ class SupersedeLine:
         self.running: Running | None = None
 
     def arrive(self, waiting: Waiting) -> None:
-        """A newer event: queue it and interrupt the call running here, if any."""
-        waiting.queued = self.drainer is not None
+        """An event takes its place in the line, on arrival (before its claim is recorded)."""
         self.entries.append(waiting)
+
+    def leave(self, waiting: Waiting) -> None:
+        """An event gives its place up (a duplicate, or its claim failed)."""
+        if waiting in self.entries:
+            self.entries.remove(waiting)
+
+    def ready(self, waiting: Waiting) -> None:
+        """The event's claim is recorded: it interrupts the call running here, if any."""
+        waiting.ready = True
+        waiting.queued = self.drainer is not None
         if self.running is not None:
             self.running.interrupt()
 
     def pending(self) -> bool:
-        """Whether an event still waits for a call (a cancelled dispatch no longer does)."""
-        return any(not waiting.future.done() for waiting in self.entries)
+        """Whether a claimed event still waits for a call (a cancelled dispatch no longer)."""
+        return any(w.ready and not w.future.done() for w in self.entries)
 
 
 async def take_lock(
@@ -232,9 +243,10 @@ async def drain(
                     assert token is not None
                     if watch is not None:
                         watch.aim(token)
-                    fresh = [waiting for waiting in line.entries if not waiting.future.done()]
+                    fresh = [w for w in line.entries if w.ready and not w.future.done()]
                     batch = [*line.carried, *fresh]
-                    line.entries.clear()
+                    # events whose claim is on its way keep their place for the next round
+                    line.entries = [w for w in line.entries if not w.ready]
                     line.carried = []
                     if not fresh:  # every newer dispatch was cancelled: nothing to run
                         _resolve(batch, None, None)
