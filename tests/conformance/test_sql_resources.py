@@ -43,8 +43,20 @@ QUERIES = {
 #: purges a semaphore's permits and places in statements of their own: no multi-table DELETE, and
 #: its inbox workers wait in a statement of their own: the ear, killed by the hand-out)
 OWN_QUERIES = {
-    "asynclock.state.postgres": {"forget_claimed"},
-    "asynclock.state.mysql": {"purge_semaphore_holders", "purge_semaphore_waiters", "inbox_ear"},
+    "asynclock.state.postgres": {"forget_claimed", "supersede"},
+    # supersede signals: the holder's ear, the rows naming it (KILL QUERY, as the inbox's ear)
+    "asynclock.state.mysql": {
+        "purge_semaphore_holders",
+        "purge_semaphore_waiters",
+        "inbox_ear",
+        "supersede",
+        "supersede_listen",
+        "supersede_unlisten",
+        "supersede_heard",
+        "supersede_read",
+        "supersede_ear",
+        "purge_supersede_ears",
+    },
 }
 #: the tables schema.sql creates, and its versioned routines (functions or procedures), in order
 TABLES = (
@@ -57,6 +69,9 @@ TABLES = (
     "semaphore_holders",
     "semaphore_waiters",
 )
+#: tables of one dialect only, after the shared ones (MySQL: the supersede ears, where PostgreSQL
+#: has NOTIFY)
+OWN_TABLES = {"asynclock.state.postgres": (), "asynclock.state.mysql": ("supersede_ears",)}
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
@@ -99,6 +114,7 @@ ROUTINES = {
         "semaphore_acquire_v1",
         "semaphore_release_v1",
         "semaphore_abandon_v1",
+        "supersede_v1",
     ),
 }
 
@@ -129,7 +145,8 @@ def test_schema_is_idempotent_create_statements(package: str) -> None:
         for s in statements
     ]
     tables = [c for c in code if c.startswith("CREATE TABLE IF NOT EXISTS app_")]
-    assert [t.split()[5] for t in tables] == [f"app_{name}" for name in TABLES]
+    names = (*TABLES, *OWN_TABLES[package])
+    assert [t.split()[5] for t in tables] == [f"app_{name}" for name in names]
     # a guarded upgrade of an older table (PostgreSQL): changes a table only when it lacks a column
     upgrades = [c for c in code if c.startswith("DO $$")]
     for upgrade in upgrades:

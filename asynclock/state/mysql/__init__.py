@@ -47,6 +47,7 @@ from asynclock.state.sql._options import (
     check_max_connections,
 )
 from asynclock.state.sql._semaphore import SQLSemaphoreState
+from asynclock.state.sql._state import PURGE_BATCH
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -410,6 +411,9 @@ class MySQLState(
                     await ear.start()
                 self._supersede_ear = ear
             return self._supersede_ear
+
+    def _purge_jobs(self) -> tuple[tuple[str, dict[str, object]], ...]:
+        return (*super()._purge_jobs(), ("purge_supersede_ears", {"batch": PURGE_BATCH}))
 
     def _superseded(self, hex_id: str, token: int) -> None:
         for watch in tuple(self._supersede_watches.get(hex_id, ())):

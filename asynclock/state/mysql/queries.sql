@@ -371,3 +371,7 @@ WHERE id = UNHEX(%(id)s) AND conn = %(conn)s AND token = %(token)s
 SELECT 'asynclock-supersede-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}supersede_ears WHERE conn = CONNECTION_ID() AND fresh = 1
 ), 0, SLEEP(%(wait)s))
+
+-- purge_supersede_ears --
+-- Delete up to "batch" supersede_ears rows whose lease passed (left by a state that crashed).
+DELETE FROM {prefix}supersede_ears WHERE expires_at <= UTC_TIMESTAMP(3) LIMIT %(batch)s

@@ -816,8 +816,8 @@ $$;
 -- Supersede signals (on_lock_conflict="supersede"): one row per key and state that listens for
 -- them (a holder, or a waiter about to hold), naming the connection of the state's supersede ear,
 -- a session that waits in SLEEP(). "token" is the fencing token last signalled for the key,
--- "fresh" set until the ear has read it. A row outlives a crashed state until its lease passes
--- (each subscription renews it; purge_expired deletes it after).
+-- "fresh" set until the ear has read it. A row outlives a crashed state until its lease (a day)
+-- passes; purge_expired deletes it after.
 CREATE TABLE IF NOT EXISTS {prefix}supersede_ears (
     id          BINARY(32) NOT NULL,                 -- SHA-256 of the prefixed lock key
     conn        BIGINT NOT NULL,                     -- CONNECTION_ID() of the state's ear
