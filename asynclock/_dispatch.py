@@ -30,6 +30,7 @@ from asynclock._grant import _granted, granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
 from asynclock._inbox import MAX_KEYS, Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
+from asynclock._inbox_supersede import SupersedingDrain, signal_holder
 from asynclock._lean import LeanHold
 from asynclock._lock import AsyncLock
 from asynclock._owner import new_owner
@@ -1065,7 +1066,7 @@ class EventDispatcher:
             claim_ttl=self._dedupe_ttl,
             max_pending=self._max_pending,
             lock_ttl=self._lock_ttl,
-            with_entry=self._policy not in ("latest", "debounce"),
+            with_entry=self._policy not in ("latest", "debounce", SUPERSEDE),
         )
         if result.status == "full":
             retry_after = self._retry_after(lock_key)
@@ -1079,6 +1080,9 @@ class EventDispatcher:
             )
             raise InboxFullError(lock_key, retry_after)
         outcome = _DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
+        if outcome is not _DUPLICATE and self._policy == SUPERSEDE:
+            # stored: interrupt the call that drains the key now, in whichever worker
+            await signal_holder(self._state, lock_key)
         return await self._record(event, outcome, lock_key, started=started)
 
     async def serve(self, *, max_keys: int = MAX_KEYS) -> None:
@@ -1110,8 +1114,18 @@ class EventDispatcher:
         if self._closed:
             stopping.set()
         self._stopping.add(stopping)
-        folding = None
-        if self._policy in ("latest", "debounce"):
+        folding: FoldingDrain | SupersedingDrain | None = None
+        if self._policy == SUPERSEDE:
+            folding = SupersedingDrain(
+                self._state,
+                inbox,
+                self._handlers,
+                grace=self._supersede_grace,
+                max_attempts=self._max_attempts,
+                record=self._record,
+                observe=self._freeing.observe,
+            )
+        elif self._policy in ("latest", "debounce"):
             folding = FoldingDrain(
                 inbox,
                 self._handlers,

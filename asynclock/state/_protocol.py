@@ -544,6 +544,9 @@ class SupersedeWatch(Protocol):
         """Listen for signals aimed at fencing ``token`` (the lock just taken), counting those
         heard since the subscription began."""
 
+    def reset(self) -> None:
+        """Forget the signals heard so far (a later one for the aimed token wakes again)."""
+
     async def wait(self, timeout: float) -> bool:
         """``True`` once a signal for the aimed token was heard, ``False`` after ``timeout``."""
         ...
