@@ -98,3 +98,48 @@ async def _run(
     finally:
         await state.aclose()
     return report
+
+
+def serve_until_killed(
+    url: str,
+    options: dict[str, object],
+    lock_ttl: float,
+    phase: str,
+    flags: tuple[EventFlag, EventFlag, EventFlag],
+) -> None:
+    """Serve the inbox under ``supersede`` (grace None) until the parent SIGKILLs the process.
+
+    ``flags``: set when m1's call started, when it was flagged, when m2's call started.
+    ``phase="interrupted"``: m1's handler streams on forever once flagged (the kill comes while
+    it is interrupted, its entries unacknowledged). ``phase="covering"``: m1's handler returns
+    once flagged; the call covering it (m2's) hangs (the kill comes mid-covering-call).
+    """
+    asyncio.run(_serve(url, options, lock_ttl, phase, flags))
+
+
+async def _serve(
+    url: str,
+    options: dict[str, object],
+    lock_ttl: float,
+    phase: str,
+    flags: tuple[EventFlag, EventFlag, EventFlag],
+) -> None:
+    started, flagged, covering = flags
+    state = state_from_url(url, **options)
+    bot = EventDispatcher(
+        state, on_lock_conflict="supersede", supersede_grace=None, lock_ttl=lock_ttl
+    )
+
+    @bot.on("message")
+    async def stream(event: Event, ctx: HandlerContext) -> None:
+        if event.message_id == "m1":
+            started.set()
+            await ctx.superseded.wait()
+            flagged.set()
+            if phase == "covering":
+                return
+        else:
+            covering.set()
+        await asyncio.Event().wait()  # never returns: the parent kills the process
+
+    await bot.serve()
