@@ -913,15 +913,27 @@ class EventDispatcher:
         try:
             duplicate = claim is not None and not await self._claim_alone(claim)
         except BaseException:
-            line.leave(waiting)
+            self._leave_superseding(lock_key, line, waiting)
             raise
         if duplicate:
-            line.leave(waiting)
+            self._leave_superseding(lock_key, line, waiting)
             return _DUPLICATE
         line.ready(waiting)
         if line.drainer is None:
             line.drainer = self._spawn(self._drain_superseding(lock_key, line), "supersede")
         return await future
+
+    def _leave_superseding(self, lock_key: str, line: SupersedeLine, waiting: Superseding) -> None:
+        """``waiting`` is not handled (a duplicate, its claim failed): its place goes, and the
+        line too when nothing else is in it."""
+        line.leave(waiting)
+        if (
+            line.drainer is None
+            and not line.entries
+            and not line.carried
+            and self._supersede_lines.get(lock_key) is line
+        ):
+            del self._supersede_lines[lock_key]
 
     async def _drain_superseding(self, lock_key: str, line: SupersedeLine) -> None:
         try:

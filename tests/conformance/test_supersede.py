@@ -257,6 +257,9 @@ async def test_redeliveries_are_duplicates(state: State) -> None:
         Outcome.QUEUED,
     ]
     assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE  # superseded counts as covered
+    # nothing left behind per key once idle (a duplicate's place in the line went with it)
+    await asyncio.wait_for(bot.aclose(), SOON)
+    assert bot._supersede_lines == {}
 
 
 async def test_deliver_tells_the_platform_a_superseded_event_arrived(state: State) -> None:
