@@ -14,6 +14,8 @@ import itertools
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from asynclock import Event, EventDispatcher, HandlerContext, MemoryState, Outcome
 from asynclock.state import SupersedeSignals
@@ -345,3 +347,66 @@ class TestConstruction:
         await started.wait()
         assert await bot.dispatch(ev("m2")) is Outcome.FAILED
         assert await first is Outcome.HANDLED
+
+
+@given(bursts=st.lists(st.integers(min_value=1, max_value=3), max_size=4))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_model_of_bursts_that_supersede(bursts: list[int]) -> None:
+    """Bursts of events, each arriving while a call runs (a model of ``supersede``).
+
+    The first event starts a call; each burst interrupts the running call (grace ``None``: the
+    handler returns once flagged) and the next call handles the burst's last event with every
+    earlier event in ``ctx.skipped``. Whatever the bursts, every event is accounted for once:
+    each interrupted call's event ``SUPERSEDED``, the last call's ``QUEUED`` (``HANDLED``
+    alone), all others ``SKIPPED``; ``ctx.skipped`` in arrival order; tokens increasing.
+    """
+    asyncio.run(_bursts(bursts))
+
+
+async def _bursts(bursts: list[int]) -> None:
+    bot = EventDispatcher(MemoryState(), on_lock_conflict="supersede", supersede_grace=None)
+    calls: list[tuple[str, list[str], int | None]] = []
+    started: list[asyncio.Event] = [asyncio.Event() for _ in range(len(bursts) + 1)]
+    last_call = asyncio.Event()
+
+    @bot.on("message")
+    async def handle(event: Event, ctx: HandlerContext) -> None:
+        index = len(calls)
+        skipped = [str(e.raw["n"]) for e in ctx.skipped]
+        calls.append((str(event.raw["n"]), skipped, ctx.token))
+        started[index].set()
+        if index < len(bursts):
+            await ctx.superseded.wait()
+        else:
+            await last_call.wait()
+
+    def event(n: int) -> Event:  # no message id: no dedupe claim, so arrival is immediate
+        return Event("message", "slack", "C1", "T1", None, {"n": f"e{n}"})
+
+    tasks = [asyncio.ensure_future(bot.dispatch(event(0)))]
+    names = ["e0"]
+    for round_, size in enumerate(bursts):
+        await asyncio.wait_for(started[round_].wait(), SOON)
+        for _ in range(size):
+            names.append(f"e{len(names)}")
+            tasks.append(asyncio.ensure_future(bot.dispatch(event(len(names) - 1))))
+    await asyncio.wait_for(started[len(bursts)].wait(), SOON)
+    last_call.set()
+    outcomes = dict(zip(names, await asyncio.wait_for(asyncio.gather(*tasks), SOON), strict=True))
+    await bot.aclose()
+
+    handled = ["e0"]
+    count = 1
+    for size in bursts:
+        count += size
+        handled.append(f"e{count - 1}")
+    assert [name for name, _, _ in calls] == handled
+    for name, skipped, _ in calls:  # every earlier event, in arrival order
+        assert skipped == names[: names.index(name)]
+    tokens = [token for _, _, token in calls]
+    assert all(a < b for a, b in itertools.pairwise(tokens))  # type: ignore[operator]
+    expected = dict.fromkeys(names, Outcome.SKIPPED)
+    for name in handled[:-1]:
+        expected[name] = Outcome.SUPERSEDED
+    expected[handled[-1]] = Outcome.QUEUED if bursts else Outcome.HANDLED
+    assert outcomes == expected
