@@ -6,6 +6,7 @@ so ``import asynclock`` needs none of them.
 
 from __future__ import annotations
 
+import importlib as _importlib
 from typing import TYPE_CHECKING
 
 from asynclock._dedupe import Deduper as Deduper
@@ -30,6 +31,7 @@ from asynclock._retry import RetryStatistics as RetryStatistics
 from asynclock._retry import retry_on_lock_conflict as retry_on_lock_conflict
 from asynclock._semaphore import Semaphore as Semaphore
 from asynclock.state import state_from_url as state_from_url
+from asynclock.state._backends import lazy as _lazy
 from asynclock.state._protocol import LockInfo as LockInfo
 from asynclock.state._protocol import State as State
 from asynclock.state.memory import MemoryState as MemoryState
@@ -75,7 +77,7 @@ __all__ = (
 # Public objects report the package as their home (error messages, docs, pickling); type
 # aliases and the lazily imported states are left as they are.
 for _name in __all__:
-    if _name not in ("RedisState", "PostgresState", "MySQLState") and _name not in (
+    if _lazy(_name) is None and _name not in (
         "ConflictPolicy",
         "LockScope",
         "PolicyName",
@@ -83,21 +85,16 @@ for _name in __all__:
         globals()[_name].__module__ = __name__
 del _name
 
-_LAZY = {
-    "RedisState": ("asynclock.state.redis", "redis"),
-    "PostgresState": ("asynclock.state.postgres", "postgres"),
-    "MySQLState": ("asynclock.state.mysql", "mysql"),
-}
-
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        module_name, extra = _LAZY[name]
+    backend = _lazy(name)  # a server state: its module (and driver) loads on first use
+    if backend is not None:
         try:
-            module = __import__(module_name, fromlist=[name])
+            module = _importlib.import_module(backend.module)
         except ImportError as exc:
             raise ImportError(
-                f"asynclock.{name} needs its driver: pip install 'asynclock[{extra}]' ({exc})"
+                f"asynclock.{name} needs its driver: pip install 'asynclock[{backend.extra}]' "
+                f"({exc})"
             ) from exc
         obj: type = getattr(module, name)
         obj.__module__ = __name__

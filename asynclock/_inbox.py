@@ -166,35 +166,51 @@ class Drainer:
     async def run(self, stopping: asyncio.Event) -> None:
         """Drain until ``stopping`` is set, then let each key finish the entry in hand."""
         interval = min(RESCAN, self._lock_ttl / 2)
-        handout = self._inbox.inbox_worker(
-            lock_ttl=self._lock_ttl, with_entry=self._folding is None
-        )
-        rescans: asyncio.Task[None] | None = None
         try:
-            async with handout as worker:
-                rescans = asyncio.ensure_future(self._rescan_every(worker, interval, stopping))
-                while not stopping.is_set():
-                    if len(self._keys) >= self._max_keys:
-                        self._room.clear()
-                        await _unless(self._room.wait(), stopping)
-                        continue
-                    try:
-                        grant = await _unless(worker.next(interval), stopping)
-                    except StateUnavailableError as exc:
-                        logger.warning("asynclock: waiting for inbox work failed: %s", exc)
-                        await _unless(asyncio.sleep(min(interval, 1.0)), stopping)
-                        continue
-                    if grant is not None:
-                        self._start(grant.key, self._drain_granted(grant, stopping))
+            while not stopping.is_set():
+                # a worker rides out a state that is down: joining the hand-out (registering,
+                # listening) is tried again until it works or the worker stops, never the end
+                # of serve() (what it joined is left again when it fails, by its own exit)
+                handout = self._inbox.inbox_worker(
+                    lock_ttl=self._lock_ttl, with_entry=self._folding is None
+                )
+                try:
+                    async with handout as worker:
+                        await self._take_grants(worker, interval, stopping)
+                except StateUnavailableError as exc:
+                    if stopping.is_set():
+                        return
+                    logger.warning("asynclock: joining the inbox's hand-out failed: %s", exc)
+                    await _unless(asyncio.sleep(min(interval, 1.0)), stopping)
         finally:
-            if rescans is not None:
-                rescans.cancel()
-                await asyncio.gather(rescans, return_exceptions=True)
             drainers = tuple(self._keys.values())
             if not stopping.is_set():  # cancelled: the drainers go too (their entries stay)
                 for task in drainers:
                     task.cancel()
             await asyncio.gather(*drainers, return_exceptions=True)
+
+    async def _take_grants(
+        self, worker: InboxWorker, interval: float, stopping: asyncio.Event
+    ) -> None:
+        """Start a drainer for each key handed to ``worker`` (and rescanned), until stopping."""
+        rescans = asyncio.ensure_future(self._rescan_every(worker, interval, stopping))
+        try:
+            while not stopping.is_set():
+                if len(self._keys) >= self._max_keys:
+                    self._room.clear()
+                    await _unless(self._room.wait(), stopping)
+                    continue
+                try:
+                    grant = await _unless(worker.next(interval), stopping)
+                except StateUnavailableError as exc:
+                    logger.warning("asynclock: waiting for inbox work failed: %s", exc)
+                    await _unless(asyncio.sleep(min(interval, 1.0)), stopping)
+                    continue
+                if grant is not None:
+                    self._start(grant.key, self._drain_granted(grant, stopping))
+        finally:
+            rescans.cancel()
+            await asyncio.gather(rescans, return_exceptions=True)
 
     def _start(self, key: str, drain: Coroutine[object, object, None]) -> None:
         """Drain ``key`` in a task of its own, after the task still draining it here, if any."""

@@ -15,6 +15,7 @@ import math
 import sys
 import threading
 import weakref
+from functools import partial
 from typing import TYPE_CHECKING, final
 
 from asynclock import metrics as _metrics
@@ -23,9 +24,9 @@ from asynclock._errors import (
     LockAcquisitionError,
     LockLostError,
     LockNotOwnedError,
-    StateUnavailableError,
 )
 from asynclock._grant import granted_reason
+from asynclock._leave import release_on_exit
 from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._turn import current_turn
@@ -957,30 +958,15 @@ class AsyncLock:
         swallowed = body.leave(exc_type) if body is not None else False
         ticket, line = self._ticket, self._line
         if self._token is not None and ticket is not None and line is not None:
-            try:
-                await self._release(line, ticket)
-            except LockNotOwnedError as not_owned:
-                if exc is None and not lost_while_held:
-                    # the body ran past the lock's life: the lock was lost while held, which
-                    # is what `async with` reports (an explicit release() says "not owned")
-                    raise LockLostError(self._key, self._owner) from not_owned
-                logger.warning(
-                    "asynclock: lock %r had expired before its body finished",
-                    self._key,
-                    extra={"lock_key": self._key, "owner": self._owner},
-                )
-            except StateUnavailableError:
-                if not lost_while_held:
-                    raise
-                # The renewer gave the lock up because the state stayed unreachable until the
-                # TTL ran out; the release cannot get through either (it goes on in the
-                # background). What the caller must learn is the loss, not the outage.
-                self._forget_acquisition()
-                logger.warning(
-                    "asynclock: lock %r was lost during an outage; its release did not get through",
-                    self._key,
-                    extra={"lock_key": self._key, "owner": self._owner},
-                )
+            await release_on_exit(
+                partial(self._release, line, ticket),
+                self._forget_acquisition,
+                what="lock",
+                key=self._key,
+                owner=self._owner,
+                body_failed=exc is not None,
+                lost_while_held=lost_while_held,
+            )
         if lost_while_held and (swallowed or exc is None):
             raise LockLostError(self._key, self._owner) from exc
 

@@ -11,6 +11,7 @@ tenacity#93), and ``CancelledError`` is never retried (tenacity#529).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -372,7 +373,12 @@ class Retrying:
     def turn(self, turn_id: str, executions: int) -> contextlib.AbstractAsyncContextManager[Turn]:
         """The context of execution ``executions`` of the call (or job) ``turn_id``: in turn
         when ``fair`` (see ``asynclock._turn``), a plain one otherwise."""
-        return take_turns(turn_id, self, executions, fair=self.fair, window=self.fair_window)
+        return take_turns(
+            turn_id,
+            functools.partial(self.wait_bound, executions),
+            fair=self.fair,
+            window=self.fair_window,
+        )
 
     async def exhaust(
         self,

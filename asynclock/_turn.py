@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, final
 from asynclock.state._protocol import FairState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
-    from asynclock._retrying import Retrying
     from asynclock.state._protocol import Grant, State
 
 logger = logging.getLogger("asynclock")
@@ -90,11 +89,12 @@ def current_turn() -> Turn | None:
 
 @contextlib.asynccontextmanager
 async def take_turns(
-    turn_id: str, retrying: Retrying, executions: int, *, fair: bool, window: float
+    turn_id: str, wait_bound: Callable[[], float | None], *, fair: bool, window: float
 ) -> AsyncIterator[Turn]:
-    """Run one execution (number ``executions``) in turn ``turn_id``, when ``fair``.
+    """Run one execution in turn ``turn_id``, when ``fair``.
 
-    A refusal keeps the turn's place for the wait before its next execution plus ``window``
+    ``wait_bound()`` is the longest wait before the call's next execution (``None``: unknown),
+    asked only when ``fair``. A refusal keeps the turn's place for that wait plus ``window``
     seconds (its queue latency allowance), counted from the holder's expiry (``wait="lock_ttl"``
     waits exactly that long, so it adds only the window). Unless :meth:`Turn.keep` was called (the call will
     execute again), the turn leaves every line it joined on the way out.
@@ -102,7 +102,7 @@ async def take_turns(
     if not fair:
         yield Turn(turn_id, window)  # never consulted: no context variable is set
         return
-    turn = Turn(turn_id, (retrying.wait_bound(executions) or 0.0) + window)
+    turn = Turn(turn_id, (wait_bound() or 0.0) + window)
     token = _current.set(turn)
     try:
         yield turn

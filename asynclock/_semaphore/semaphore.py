@@ -11,9 +11,9 @@ from asynclock._errors import (
     LockAcquisitionError,
     LockLostError,
     LockNotOwnedError,
-    StateUnavailableError,
 )
 from asynclock._grant import granted_reason
+from asynclock._leave import release_on_exit
 from asynclock._owner import new_owner
 from asynclock._renew import Renewer
 from asynclock._semaphore.capability import semaphore_state
@@ -448,21 +448,14 @@ class Semaphore:
         body, self._body = self._body, None
         swallowed = body.leave(exc_type) if body is not None else False
         if self._token is not None:
-            try:
-                await self._release()
-            except LockNotOwnedError as not_owned:
-                if exc is None and not lost_while_held:
-                    # the body ran past the permit's life: lost while held
-                    raise LockLostError(self._key, self._owner) from not_owned
-                logger.warning(
-                    "asynclock: permit of semaphore %r had expired before its body finished",
-                    self._key,
-                    extra={"lock_key": self._key, "owner": self._owner},
-                )
-            except StateUnavailableError:
-                if not lost_while_held:
-                    raise
-                # the renewer gave the permit up during an outage: report the loss
-                self._forget()
+            await release_on_exit(
+                self._release,
+                self._forget,
+                what="permit of semaphore",
+                key=self._key,
+                owner=self._owner,
+                body_failed=exc is not None,
+                lost_while_held=lost_while_held,
+            )
         if lost_while_held and (swallowed or exc is None):
             raise LockLostError(self._key, self._owner) from exc

@@ -6,14 +6,18 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
+from asynclock.state._backends import lazy
 from asynclock.state._protocol import (
     ClaimingState,
     DedupeReading,
     DurabilityCheck,
     FairState,
     Grant,
+    InboxState,
+    InboxWorker,
     LockAdmin,
     LockInfo,
     Release,
@@ -39,6 +43,8 @@ __all__ = (
     "DurabilityCheck",
     "FairState",
     "Grant",
+    "InboxState",
+    "InboxWorker",
     "LockAdmin",
     "LockInfo",
     "MemoryState",
@@ -61,7 +67,7 @@ __all__ = (
 def state_from_url(url: str, **options: object) -> State:
     """Build the state that serves ``url``, chosen by its scheme.
 
-    The schemes (the table :data:`asynclock.state._url.SCHEMES`): ``memory://`` gives a
+    The schemes (the backend table, :data:`asynclock.state._backends.BACKENDS`): ``memory://`` gives a
     :class:`MemoryState`; ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://`` and
     ``redis+sentinel://`` a :class:`RedisState`; ``postgresql://`` and ``postgres://`` a
     :class:`PostgresState`; ``mysql://`` a :class:`MySQLState`. ``options`` go to the class's
@@ -83,16 +89,8 @@ def state_from_url(url: str, **options: object) -> State:
 
 
 def __getattr__(name: str) -> object:
-    if name == "RedisState":
-        from asynclock.state.redis import RedisState
-
-        return RedisState
-    if name == "PostgresState":
-        from asynclock.state.postgres import PostgresState
-
-        return PostgresState
-    if name == "MySQLState":
-        from asynclock.state.mysql import MySQLState
-
-        return MySQLState
+    backend = lazy(name)  # a server state: its module (and driver) loads on first use
+    if backend is not None:
+        cls: type[State] = getattr(importlib.import_module(backend.module), backend.name)
+        return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
-"""State URLs: the static scheme table and password-free rendering.
+"""State URLs: the scheme table and password-free rendering.
 
-``state_from_url`` looks the scheme up in :data:`SCHEMES` (a plain table, greppable and typed,
-instead of registration on import) and imports the backend lazily, so ``import asynclock``
-never needs redis-py, asyncpg or aiomysql.
+``state_from_url`` looks the scheme up in :data:`SCHEMES` (built from the backend table of
+``_backends.py``, instead of registration on import) and imports the backend lazily, so
+``import asynclock`` never needs redis-py, asyncpg or aiomysql.
 """
 
 from __future__ import annotations
@@ -13,20 +13,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from asynclock.state._backends import BACKENDS
+
 if TYPE_CHECKING:
     from asynclock.state._protocol import State
 
-#: scheme -> ("module:Class", extra that installs its driver)
+#: scheme -> ("module:Class", extra that installs its driver): the backend table's schemes
+#: (:data:`asynclock.state._backends.BACKENDS`), then those of :func:`register_scheme`
 SCHEMES: dict[str, tuple[str, str | None]] = {
-    "memory": ("asynclock.state.memory:MemoryState", None),
-    "redis": ("asynclock.state.redis:RedisState", "redis"),
-    "rediss": ("asynclock.state.redis:RedisState", "redis"),
-    "unix": ("asynclock.state.redis:RedisState", "redis"),
-    "redis+cluster": ("asynclock.state.redis:RedisState", "redis"),
-    "redis+sentinel": ("asynclock.state.redis:RedisState", "redis"),
-    "postgresql": ("asynclock.state.postgres:PostgresState", "postgres"),
-    "postgres": ("asynclock.state.postgres:PostgresState", "postgres"),
-    "mysql": ("asynclock.state.mysql:MySQLState", "mysql"),
+    scheme: (backend.target, backend.extra) for backend in BACKENDS for scheme in backend.schemes
 }
 
 

@@ -302,7 +302,7 @@ class TestFairness:
         released = time.monotonic()
         await holder.release()
         await asyncio.wait_for(task, 20.0)
-        assert entered - released < 1.0  # pushed (MySQL: a bounded back-off), not the 30 s TTL
+        assert entered - released < 1.0  # pushed (MySQL: its ear), not the 30 s TTL
 
     async def test_a_timed_out_waiter_leaves_its_place(self, state: State, key: str) -> None:
         holder = Semaphore(state, key, limit=1, ttl=30.0)

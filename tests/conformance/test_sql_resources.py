@@ -44,11 +44,15 @@ QUERIES = {
 #: its inbox workers wait in a statement of their own: the ear, killed by the hand-out)
 OWN_QUERIES = {
     "asynclock.state.postgres": {"forget_claimed", "supersede"},
-    # supersede signals: the holder's ear, the rows naming it (KILL QUERY, as the inbox's ear)
     "asynclock.state.mysql": {
         "purge_semaphore_holders",
         "purge_semaphore_waiters",
         "inbox_ear",
+        # the semaphore waiters' ear (push wake-ups through KILL QUERY) and its rows
+        "semaphore_ear",
+        "semaphore_heard",
+        "purge_semaphore_ears",
+        # supersede signals: the holder state's ear and the rows naming it (KILL QUERY too)
         "supersede",
         "supersede_listen",
         "supersede_unlisten",
@@ -69,9 +73,12 @@ TABLES = (
     "semaphore_holders",
     "semaphore_waiters",
 )
-#: tables of one dialect only, after the shared ones (MySQL: the supersede ears, where PostgreSQL
-#: has NOTIFY)
-OWN_TABLES = {"asynclock.state.postgres": (), "asynclock.state.mysql": ("supersede_ears",)}
+#: tables of one backend only (MySQL: the ears its semaphore releases and supersede signals
+#: interrupt, where PostgreSQL has NOTIFY)
+OWN_TABLES = {
+    "asynclock.state.postgres": (),
+    "asynclock.state.mysql": ("semaphore_ears", "supersede_ears"),
+}
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
@@ -109,11 +116,17 @@ ROUTINES = {
         "inbox_accept_v2",
         "inbox_requeue_v2",
         "inbox_claim_v1",
+        # the semaphore waiters' ears (push wake-ups through KILL QUERY)
+        "ear_kill_v1",
+        "semaphore_mark_v1",
+        "semaphore_ring_v1",
+        "semaphore_heard_v1",
         "semaphore_eligible_v1",
         "semaphore_fresh_v1",
-        "semaphore_acquire_v1",
-        "semaphore_release_v1",
-        "semaphore_abandon_v1",
+        # v2: a place names its state's ear, a release rings the ears of those it made eligible
+        "semaphore_acquire_v2",
+        "semaphore_release_v2",
+        "semaphore_abandon_v2",
         "supersede_v1",
     ),
 }

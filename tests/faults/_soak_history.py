@@ -184,6 +184,9 @@ class Verdict:
     applied_twice_after_kill: int = 0
     applied_twice_after_restart: int = 0
     applied_twice_after_unkept_claim: int = 0
+    #: the first delivery applied, then lost its lock before its handler returned (a stall
+    #: past the TTL): it reported failed (``LockLostError``) and the platform sent it again
+    applied_twice_after_lock_lost: int = 0
     applied_twice_unexplained: int = 0
     #: durable mode: applied again by a redelivery (``ctx.attempt > 1``)
     applied_twice_redelivered: int = 0
@@ -354,6 +357,8 @@ def _check_events(history: History, verdict: Verdict) -> None:
                 verdict.applied_twice_after_restart += 1
             elif _unkept_claim(one, other):
                 verdict.applied_twice_after_unkept_claim += 1
+            elif _lost_its_lock(one):
+                verdict.applied_twice_after_lock_lost += 1
             else:
                 verdict.applied_twice_unexplained += 1
                 verdict.violations.append(
@@ -459,7 +464,7 @@ def _unkept_claim(one: Delivery | None, other: Delivery | None) -> bool:
       worker before the first one: its claim lapsed, the first claimed the event and handled it,
       then the second got the lock.
 
-    A failed dispatch that had written is never excused (the platform redelivers what failed).
+    A failed dispatch that had written is not excused here (see :func:`_lost_its_lock`).
     """
     if one is None or other is None or one.outcome not in HANDLED:
         return False
@@ -471,6 +476,18 @@ def _unkept_claim(one: Delivery | None, other: Delivery | None) -> bool:
         and one.received is not None
         and other.received < one.received
     )
+
+
+def _lost_its_lock(one: Delivery | None) -> bool:
+    """Whether the first delivery applied and was then told its lock was gone.
+
+    Its handler applied while it held the lock (the store's fencing accepted the write: no
+    newer token had been seen), then a renewal found the lock expired (a stall past the TTL,
+    which the soak injects) and the body was cancelled before it returned. The dispatch reports
+    ``failed`` (``LockLostError``), honestly: it cannot tell the handler finished; the platform
+    sends the event again and it is applied again: at-least-once, reported, not a silent double.
+    """
+    return one is not None and one.outcome == "failed" and "LockLostError" in (one.error or "")
 
 
 def _send_of(history: History, stamp: Stamp) -> tuple[str, ...]:

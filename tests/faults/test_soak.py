@@ -811,6 +811,7 @@ class Platform:
             applied_twice_after_kill=verdict.applied_twice_after_kill,
             applied_twice_after_restart=verdict.applied_twice_after_restart,
             applied_twice_after_unkept_claim=verdict.applied_twice_after_unkept_claim,
+            applied_twice_after_lock_lost=verdict.applied_twice_after_lock_lost,
             applied_twice_unexplained=verdict.applied_twice_unexplained,
             **(
                 {

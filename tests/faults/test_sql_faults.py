@@ -15,6 +15,8 @@ injection is ``pg_terminate_backend`` / ``KILL`` of every session with that tag 
 * ``TestWakeKill`` (MariaDB): the waiter's ear (blocked in ``GET_LOCK``) or the holder's bell
   (holding the key's wake name) alone: the waiter polls and is served promptly, and the push
   path comes back by itself.
+* ``TestSemaphoreEarKill`` (MariaDB): a state's semaphore ear (in its marked ``SLEEP``): its
+  waiter is woken to ask again, polls while the ear is down, and is pushed again once it is back.
 
 Expected, on both servers:
 
@@ -49,8 +51,11 @@ from asynclock import (
     Deduper,
     LockLostError,
     LockNotOwnedError,
+    Semaphore,
     StateUnavailableError,
 )
+from asynclock.state import SemaphoreState
+from asynclock.state.mysql import _wake as wake_module
 from asynclock.state.mysql._wake import wake_name
 from asynclock.state.sql._queries import key_id
 from tests._matrix import MYSQL, POSTGRES, require
@@ -478,6 +483,41 @@ class TestInboxKill:
             await bot.aclose()
             await bounded(serving, "serve() to stop", CALL_BOUND + 3.0)
 
+    async def test_a_worker_started_while_its_server_is_unreachable_serves_once_it_is_back(
+        self, sql: SQLTarget, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # Joining the hand-out (registering the worker, listening) fails while the server is
+        # out of reach: serve() rides it out and joins once it can, never ends early.
+        from asynclock import Event, EventDispatcher
+
+        handled: list[str] = []
+        async with FaultProxy(sql.port) as proxy:
+            proxy.blackhole = True
+            worker, webhook = open_state(sql, proxy.port), open_state(sql)
+            bot = EventDispatcher(worker, on_lock_conflict="queue", lock_ttl=self.LOCK_TTL)
+
+            @bot.on("*")
+            async def handle(event: Event) -> None:
+                handled.append(event.message_id or "")
+
+            serving = asyncio.create_task(bot.serve())
+            try:
+                caplog.set_level("WARNING", logger="asynclock")
+
+                def failed_to_join() -> bool:
+                    return "joining the inbox's hand-out failed" in caplog.text
+
+                await until(_true(failed_to_join), "a failed join logged", within=5.0)
+                assert not serving.done(), "serve() ended while its server was out of reach"
+                proxy.blackhole = False
+                await EventDispatcher(webhook, on_lock_conflict="queue").accept(
+                    Event("message", "slack", "C1", "T1", "back")
+                )
+                await until(_true(lambda: handled == ["back"]), "the event handled", within=10.0)
+            finally:
+                await bot.aclose()
+                await bounded(serving, "serve() to stop", CALL_BOUND + 3.0)
+
 
 @pytest.fixture
 async def mysql_sql() -> AsyncIterator[SQLTarget]:
@@ -592,3 +632,82 @@ def _true(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
         return check()
 
     return predicate
+
+
+async def semaphore_handoff(holder: AnySQLState, waiter: AnySQLState, key: str) -> float:
+    """Seconds from the holder's release to the other state's waiter taking the permit."""
+    permit = Semaphore(holder, key, limit=1, ttl=10.0)
+    assert await permit.acquire(blocking=False)
+    entered: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(take_permit(waiter, key, entered))
+    await until(partial(queued, holder, key), "the waiter's place", within=5.0, interval=0.005)
+    released = time.monotonic()
+    await permit.release()
+    await bounded(waiting, "the waiter", 5.0)
+    return entered.result() - released
+
+
+async def take_permit(state: AnySQLState, key: str, entered: asyncio.Future[float]) -> None:
+    """Take a permit of ``key`` (limit 1), telling when."""
+    async with Semaphore(state, key, limit=1, ttl=10.0, timeout=10.0):
+        entered.set_result(time.monotonic())
+
+
+async def queued(state: AnySQLState, key: str) -> bool:
+    """Whether a waiter has its place in the queue of semaphore ``key``."""
+    assert isinstance(state, SemaphoreState)
+    return (await state.semaphore_inspect(key)).waiting > 0
+
+
+class TestSemaphoreEarKill:
+    """MariaDB: the semaphore waiters' ear of a state dies (``KILL CONNECTION``).
+
+    The states run as a user of their own with no server privilege, as an application would:
+    the release's ``KILL QUERY`` reaches the ear because it is a session of the same user.
+    Killing the ear's whole session drops its state's push path: the waiter is woken at once to
+    ask again (it may have missed a release), polls while the ear is down, and is pushed again
+    once the ear is back (reopened at most once a second).
+    """
+
+    #: served within this of the release while the ear is down (polling: 100 ms at most
+    #: between looks, plus a loaded machine's margin); a waiter left waiting would take 1.7 s
+    PROMPT = 0.6
+    #: a pushed handoff
+    PUSHED = 0.05
+
+    async def test_a_killed_ear_falls_back_to_polling_and_pushes_again(
+        self, mysql_sql: SQLTarget, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        sql = mysql_sql
+        a, b = open_state(sql), open_state(sql)
+        assert await semaphore_handoff(a, b, "k") < 1.0  # b's ear is open
+        permit = Semaphore(a, "k", limit=1, ttl=10.0)
+        assert await permit.acquire(blocking=False)
+        entered: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.create_task(take_permit(b, "k", entered))
+        ears: set[int] = set()
+
+        async def ear_waits() -> bool:
+            ears.update(await sql.running("asynclock-semaphore-ear"))
+            return len(ears) == 1 and await queued(a, "k")
+
+        await until(ear_waits, "b's ear to wait and its waiter to queue", within=5.0)
+        (ear,) = ears
+        await sql.kill(ear)
+        await asyncio.sleep(0.05)  # the waiter, woken by the lost ear, asks again and polls
+        released = time.monotonic()
+        await permit.release()
+        delay = await bounded(entered, "the waiter", 5.0) - released
+        await bounded(waiting, "the waiter's release", CALL_BOUND)
+        assert delay <= self.PROMPT, f"served {delay:.2f} s after the release"
+
+        async def ear_back() -> bool:
+            return bool(await sql.running("asynclock-semaphore-ear"))
+
+        back = await until(ear_back, "b's ear to be reopened", within=5.0)
+        # polling slowed down to seconds: only the push meets the bound now
+        monkeypatch.setattr(wake_module, "FIRST_POLL", 30.0)
+        monkeypatch.setattr(wake_module, "MAX_POLL", 30.0)
+        pushed = await semaphore_handoff(a, b, "k")
+        assert pushed < self.PUSHED, f"served {pushed:.3f} s after the release"
+        report("semaphore-ear-kill", served_after=delay, ear_back_after=back, pushed=pushed)

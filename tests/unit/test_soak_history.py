@@ -357,3 +357,27 @@ def test_first_handlings_against_accept_order_are_flagged() -> None:
     assert check(history(stamps, unknown, durable=True)).out_of_order == 0
     # the dispatch mode does not check order (the platform delivers out of order)
     assert check(history(stamps, answers)).out_of_order == 0
+
+
+def test_a_double_application_after_a_lost_lock_is_counted_apart() -> None:
+    # d1 applied, then a stall past the TTL took its lock: its body was cancelled before it
+    # returned and it reported failed with LockLostError; the platform's resend applied again
+    stamps = section(10, "e1", "d1", 100, 110, None) + section(11, "e1", "d2", 200, 210, 220)
+    lost = "LockLostError: lock 'soak:C1:t00' held by 'w' was lost while its body ran"
+    answers = {
+        "e1/0": [
+            Delivery("d1", "e1", "failed", lost, received=90),
+            Delivery("d2", "e1", "handled", received=190),
+        ]
+    }
+    verdict = check(history(stamps, answers))
+    assert verdict.ok, verdict.violations
+    assert verdict.applied_twice_after_lock_lost == 1
+    # any other failure of a dispatch that wrote stays a violation
+    other = {
+        "e1/0": [
+            Delivery("d1", "e1", "failed", "StateUnavailableError", received=90),
+            Delivery("d2", "e1", "handled", received=190),
+        ]
+    }
+    assert check(history(stamps, other)).applied_twice_unexplained == 1

@@ -249,9 +249,16 @@ async def test_many_keys_are_paged_sorted_by_age_and_filtered(
     assert len(re.findall(r'<tr data-key="slack:C1:K', last.split('<section id="dead">')[0])) == 20
     past = await _page(app, "kp=99")  # clamped to the last page, never an empty one
     assert "page 3 of 3" in past
-    filtered = await _page(app, "q=k11")
+    # the keys' table only: a backend that hands each accepted key out at once (Redis) holds
+    # its lock for the hand-out, so the locks' table lists the same keys
+    filtered = _keys_section(await _page(app, "q=k11"))
     assert sorted(re.findall(r'<tr data-key="slack:C1:(K\d+)">', filtered)) == [
         f"K11{n}" for n in range(10)
     ]
-    by_key = await _page(app, "sort=key&kp=3")
+    by_key = _keys_section(await _page(app, "sort=key&kp=3"))
     assert re.findall(r'<tr data-key="slack:C1:(K\d+)">', by_key)[-1] == "K119"
+
+
+def _keys_section(page: str) -> str:
+    """The page's table of keys with work (not the dead letters' or the locks' tables)."""
+    return page.split('<section id="keys">', 1)[1].split("</section>", 1)[0]

@@ -15,8 +15,11 @@ dedicated connection (its ear), then re-checks the key. A release wakes the wait
 state at once. Where the push path does not reach (the ear waits for another key, a connection
 is down, the holder does not ring), a waiter re-checks after a bounded back-off (5 ms, doubling
 up to 100 ms, never past the holder's remaining TTL): see :class:`PollingWatch`. The durable
-inbox's hand-out reaches other processes another way: each serving worker's own ear waits in a
-``SLEEP`` that an accept for a free key interrupts with ``KILL QUERY`` (``_ear.py``).
+inbox's hand-out and the semaphore waiters reach other processes another way, an *ear* (a
+connection of its own waiting in a ``SLEEP`` that a procedure interrupts with ``KILL QUERY``,
+``_ear.py``): each serving worker has one, which an accept for a free key interrupts; each state
+whose semaphore waiters wait has one, which a release interrupts when it makes one of them
+eligible (``_semaphore_ear.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import TokenWatch
 from asynclock.state.mysql._ear import InboxEar
+from asynclock.state.mysql._semaphore_ear import EarWatch, SemaphoreEar
 from asynclock.state.mysql._supersede import SupersedeEar
 from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
 from asynclock.state.sql._inbox import SQLInboxState
@@ -117,8 +121,9 @@ class MySQLState(
     * A waiter in another process is woken by the holder's bell (a named lock freed after the
       release) once the key is contended (see :meth:`acquire`); where that does not reach, it
       polls with a bounded back-off (:class:`PollingWatch`). An inbox worker is woken by the
-      ``KILL QUERY`` of its own ear's ``SLEEP``. None of them ever blocks a pooled connection:
-      the bell, the ear and each inbox worker's ear are connections of their own.
+      ``KILL QUERY`` of its own ear's ``SLEEP``, and so are the semaphore waiters of a state
+      (one ear per state, interrupted by the release that makes one of them eligible). None of
+      them ever blocks a pooled connection: the bell, the ears are connections of their own.
     * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
       running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`).
 
@@ -136,7 +141,12 @@ class MySQLState(
     _BACKEND = "MySQL"
     _PACKAGE = __name__
     # no multi-statement DELETE: the permits and places, then the rows they left unused
-    _SEMAPHORE_PURGES = ("purge_semaphore_holders", "purge_semaphore_waiters", "purge_semaphores")
+    _SEMAPHORE_PURGES = (
+        "purge_semaphore_holders",
+        "purge_semaphore_waiters",
+        "purge_semaphores",
+        "purge_semaphore_ears",
+    )
     _UNAVAILABLE = (
         mysql_errors.OperationalError,  # 2003 cannot connect, 2006/2013 gone, 1205 lock wait, ...
         mysql_errors.InterfaceError,  # the connection is closed
@@ -168,6 +178,16 @@ class MySQLState(
         self._supersede_ear: SupersedeEar | None = None
         self._supersede_opening = asyncio.Lock()
         self._supersede_watches: dict[str, set[TokenWatch]] = {}
+        #: the semaphore waiters' ear, opened on their first wait
+        self._semaphore_ears = SemaphoreEar(
+            connect,
+            (self._statements["semaphore_ear"], self._statements["semaphore_heard"]),
+            wake=self._wake,
+            wake_all=self._wake_semaphore_waiters,
+            op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,
+        )
+        self._semaphore_ears_started = False
+        self._semaphore_ears_opening = asyncio.Lock()
 
     @classmethod
     def from_url(
@@ -184,8 +204,10 @@ class MySQLState(
         utf8mb4, autocommit, ``READ COMMITTED`` (fewer gap locks between concurrent upserts)
         and ``CLIENT_FOUND_ROWS`` (rowcount counts matched rows). At most ``max_connections``
         are open for operations; a burst waits for a free one within ``op_timeout``. Two more,
-        never pooled, carry the cross-process wake-ups once the state waits or holds a
-        contended key (see :mod:`asynclock.state.mysql._wake`).
+        never pooled, carry the lock's cross-process wake-ups once the state waits or holds a
+        contended key (see :mod:`asynclock.state.mysql._wake`); one more, the semaphore
+        waiters' ear, once a semaphore waiter of the state waits (``_semaphore_ear.py``), and
+        one per worker serving the durable inbox.
         """
         parsed = StateURL(url)
         if parsed.scheme != "mysql":
@@ -360,6 +382,7 @@ class MySQLState(
 
     async def _stop_listening(self) -> None:
         await self._wake_channel.aclose()
+        await self._semaphore_ears.aclose()
         ear, self._supersede_ear = self._supersede_ear, None
         if ear is not None:
             await ear.aclose()
@@ -418,6 +441,27 @@ class MySQLState(
     def _superseded(self, hex_id: str, token: int) -> None:
         for watch in tuple(self._supersede_watches.get(hex_id, ())):
             watch.heard(str(token))
+
+    # -- the semaphore waiters' ear (_semaphore_ear.py) --------------------------------------
+
+    def _semaphore_ear(self) -> int | None:
+        return self._semaphore_ears.channel
+
+    async def _semaphore_listen(self) -> None:
+        """The ear open (within ``op_timeout``) before the first watch is handed out; later,
+        while it is down, the watches poll and it reopens by itself."""
+        if self._semaphore_ears_started or self._closed:
+            await asyncio.sleep(0)
+            return
+        if not self._schema_ready:
+            await self._ensure_schema()
+        async with self._semaphore_ears_opening, self._guard():
+            if not self._semaphore_ears_started:
+                await self._semaphore_ears.start()
+                self._semaphore_ears_started = True
+
+    def _new_semaphore_watch(self, loop: asyncio.AbstractEventLoop) -> EarWatch:
+        return EarWatch(loop, self._semaphore_ears)
 
     # -- wake names around the lock statements ----------------------------------------------
 

@@ -209,8 +209,8 @@ DELETE FROM {prefix}inbox_workers WHERE id = %(worker)s
 -- inbox_ear --
 -- What a worker's ear waits in: at once 0 when a key of the prefix has work and a free lock (a
 -- wake-up missed between two of these costs nothing), else SLEEP(wait), which the accept that
--- wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 1 after the
--- whole wait. The marker lets inbox_wake_one_v1 kill only a waiting ear.
+-- wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 0 (SLEEP's
+-- answer) after the whole wait. The marker lets inbox_wake_one_v1 kill only a waiting ear.
 SELECT 'asynclock-inbox-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}inboxes AS i
     LEFT JOIN {prefix}locks AS l ON l.id = i.id
@@ -281,19 +281,20 @@ CALL {prefix}inbox_take_v2(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(limit
 -- Take a permit for owner if one is free in turn, else (hold_ms > 0) keep a place in the key's
 -- queue. Answers one row (token, retry_after). Atomic: one CALL of semaphore_acquire_v1, one
 -- transaction that first locks the key's semaphores row.
-CALL {prefix}semaphore_acquire_v1(UNHEX(%(id)s), %(name)s, %(owner)s, %(limit)s, %(ttl_ms)s,
-                                  %(hold_ms)s)
+CALL {prefix}semaphore_acquire_v2(UNHEX(%(id)s), %(name)s, %(owner)s, %(limit)s, %(ttl_ms)s,
+                                  %(hold_ms)s, %(ear)s)
 
 -- semaphore_release --
--- Give back owner's permit. Answers one row (owned, the waiters it made eligible, one per line;
--- MySQLState wakes its own, other processes poll). Atomic: one CALL of semaphore_release_v1,
--- under the key's semaphores row lock.
-CALL {prefix}semaphore_release_v1(UNHEX(%(id)s), %(owner)s)
+-- Give back owner's permit. Answers one row (owned, the waiters it made eligible, one per line:
+-- MySQLState wakes its own; the others' ears are interrupted, all but "ear", this state's).
+-- Atomic: one CALL of semaphore_release_v2, under the key's semaphores row lock.
+CALL {prefix}semaphore_release_v2(UNHEX(%(id)s), %(owner)s, %(ear)s)
 
 -- semaphore_abandon --
 -- Give back owner's permit, leave the queue, mark owner given up. Answers one row: the waiters
--- this made eligible, one per line. Atomic: one CALL of semaphore_abandon_v1.
-CALL {prefix}semaphore_abandon_v1(UNHEX(%(id)s), %(name)s, %(owner)s, %(mark_ms)s)
+-- this made eligible, one per line (their ears interrupted, as release does). Atomic: one CALL
+-- of semaphore_abandon_v2.
+CALL {prefix}semaphore_abandon_v2(UNHEX(%(id)s), %(name)s, %(owner)s, %(mark_ms)s, %(ear)s)
 
 -- semaphore_extend --
 -- Compare-then-reset the TTL of owner's live permit; a lost one is never re-created; rowcount 0
@@ -331,6 +332,26 @@ LIMIT %(batch)s
 DELETE FROM {prefix}semaphore_holders
 WHERE expires_at < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
 LIMIT %(batch)s
+
+-- purge_semaphore_ears --
+-- Delete up to "batch" ear rows of places gone for longer than retention_ms; answer how many.
+DELETE FROM {prefix}semaphore_ears
+WHERE until < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
+LIMIT %(batch)s
+
+-- semaphore_ear --
+-- What the semaphore waiters' ear of a state waits in: at once 1 when a release marked one of
+-- its waiters (a kill missed between two of these costs nothing), else SLEEP(wait), which such a
+-- release interrupts (KILL QUERY: the statement fails, "interrupted"); 0 after the whole wait.
+-- The marker lets ear_kill_v1 kill only a waiting ear.
+SELECT 'asynclock-semaphore-ear', IF(EXISTS (
+    SELECT 1 FROM {prefix}semaphore_ears WHERE conn = CONNECTION_ID() AND woken = 1
+), 1, SLEEP(%(wait)s))
+
+-- semaphore_heard --
+-- What the ear collects once interrupted: its marked waiters, "<key id hex>:<owner>" one per
+-- line, unmarked. Atomic: one CALL of semaphore_heard_v1 (reads and deletes in one transaction).
+CALL {prefix}semaphore_heard_v1()
 
 -- purge_semaphore_waiters --
 -- Delete up to "batch" places and marks expired for longer than retention_ms; answer how many.

@@ -565,7 +565,7 @@ $$;
 -- operation on a key first locks its row of {prefix}semaphores (created on first use), so the
 -- operations of one key run one after another in every process; the row keeps the last
 -- fencing token and the last queue number, and stays after the key goes idle (purge_expired()
--- deletes it token_retention after its last use). Procedure names are versioned (_v1).
+-- deletes it token_retention after its last use). Procedure names are versioned (_v1, _v2, ...).
 CREATE TABLE IF NOT EXISTS {prefix}semaphores (
     id          BINARY(32) NOT NULL PRIMARY KEY,     -- SHA-256 of the prefixed key
     name        LONGTEXT CHARACTER SET utf8mb4 NOT NULL,  -- the prefixed key itself
@@ -596,6 +596,127 @@ CREATE TABLE IF NOT EXISTS {prefix}semaphore_waiters (
     PRIMARY KEY (semaphore, owner),
     KEY by_order (semaphore, seq)
 ) ENGINE = InnoDB;
+
+-- Push wake-ups across processes (MySQL has no NOTIFY): a waiting state keeps an "ear", a
+-- connection of its own parked in a marked SLEEP (the semaphore_ear query). A place whose state
+-- has an ear has a row here naming the ear's CONNECTION_ID(), written by the acquire that queues
+-- it. A release or abandon that makes waiters eligible marks their rows (woken = 1) and, after
+-- its commit, interrupts each of their ears once (KILL QUERY); the ear's statement first looks
+-- for marked rows of its own (a kill between two statements is made up for), then collects and
+-- deletes them (semaphore_heard_v1) and wakes those waiters only. A row lives as its place does.
+CREATE TABLE IF NOT EXISTS {prefix}semaphore_ears (
+    semaphore   BINARY(32) NOT NULL,                 -- semaphores.id
+    owner       VARBINARY(512) NOT NULL,             -- the waiter
+    conn        BIGINT NOT NULL,                     -- CONNECTION_ID() of its state's ear
+    woken       TINYINT NOT NULL DEFAULT 0,          -- 1: made eligible, not collected yet
+    until       DATETIME(3) NOT NULL,                -- as its place's (purge)
+    PRIMARY KEY (semaphore, owner),
+    KEY by_conn (conn, woken)
+) ENGINE = InnoDB;
+
+-- ear_kill: interrupt the statement of connection p_conn if it is an ear waiting in a statement
+-- marked p_marker (a connection id could name another session after a restart, and an ear
+-- between two statements has nothing to interrupt: its next statement looks first). A kill
+-- refused (another user's session, without CONNECTION_ADMIN) wakes nobody: the waiter's own
+-- bounded wait makes up for it.
+CREATE PROCEDURE IF NOT EXISTS {prefix}ear_kill_v1(IN p_conn BIGINT, IN p_marker VARCHAR(64))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
+    IF EXISTS (SELECT 1 FROM information_schema.PROCESSLIST
+               WHERE ID = p_conn AND INFO LIKE CONCAT('%', p_marker, '%')) THEN
+        KILL QUERY p_conn;
+    END IF;
+END
+$$;
+
+-- semaphore_mark: inside a release's or abandon's transaction, after it made the owners in
+-- p_fresh (one per line) eligible: mark their ear rows, except those naming p_ear (the caller's
+-- own ear: its state wakes them in process), and answer the ears to interrupt, each once, one
+-- per line in o_ears.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_mark_v1(
+    IN p_id BINARY(32), IN p_fresh LONGBLOB, IN p_ear BIGINT, OUT o_ears LONGBLOB
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_rest LONGBLOB DEFAULT p_fresh;
+    DECLARE v_line LONGBLOB;
+    DECLARE v_conn BIGINT;
+    SET o_ears = '';
+    WHILE LENGTH(v_rest) > 0 DO
+        SET v_line = SUBSTRING_INDEX(v_rest, CHAR(10), 1);
+        SET v_rest = SUBSTRING(v_rest, LENGTH(v_line) + 2);
+        SELECT MAX(conn) INTO v_conn FROM {prefix}semaphore_ears
+        WHERE semaphore = p_id AND owner = v_line AND (p_ear IS NULL OR conn <> p_ear);
+        IF v_conn IS NOT NULL THEN
+            UPDATE {prefix}semaphore_ears SET woken = 1
+            WHERE semaphore = p_id AND owner = v_line;
+            IF LOCATE(CONCAT(CHAR(10), v_conn, CHAR(10)), CONCAT(CHAR(10), o_ears)) = 0 THEN
+                SET o_ears = CONCAT(o_ears, v_conn, CHAR(10));
+            END IF;
+        END IF;
+    END WHILE;
+END
+$$;
+
+-- semaphore_ring: after the commit of what semaphore_mark_v1 marked, interrupt each ear of
+-- p_ears (one connection id per line).
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_ring_v1(IN p_ears LONGBLOB)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_rest LONGBLOB DEFAULT p_ears;
+    DECLARE v_line LONGBLOB;
+    WHILE LENGTH(v_rest) > 0 DO
+        SET v_line = SUBSTRING_INDEX(v_rest, CHAR(10), 1);
+        SET v_rest = SUBSTRING(v_rest, LENGTH(v_line) + 2);
+        CALL {prefix}ear_kill_v1(CAST(v_line AS UNSIGNED), 'asynclock-semaphore-ear');
+    END WHILE;
+END
+$$;
+
+-- semaphore_heard: what an ear (this session) collects once interrupted: its marked rows,
+-- deleted in the same transaction (a row marked meanwhile is not read, so not deleted: the
+-- next look finds it). One row: "<key id hex>:<owner>" per line. A failure drops the ear's
+-- connection (its transaction rolls back), and its state wakes all its waiters.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_heard_v1()
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_done INT DEFAULT 0;
+    DECLARE v_id BINARY(32);
+    DECLARE v_owner VARBINARY(512);
+    DECLARE v_heard LONGBLOB DEFAULT '';
+    DECLARE v_at INT DEFAULT 0;
+    DECLARE v_marked CURSOR FOR
+        SELECT semaphore, owner FROM {prefix}semaphore_ears
+        WHERE conn = CONNECTION_ID() AND woken = 1 FOR UPDATE;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    OPEN v_marked;
+    walk: LOOP
+        FETCH v_marked INTO v_id, v_owner;
+        IF v_done = 1 THEN
+            LEAVE walk;
+        END IF;
+        SET v_heard = CONCAT(v_heard, LOWER(HEX(v_id)), ':', v_owner, CHAR(10));
+    END LOOP;
+    CLOSE v_marked;
+    -- the rows read are locked: delete exactly those (by their key), not rows marked since
+    WHILE v_at < LENGTH(v_heard) DO  -- each line: 64 hex digits, ':', the owner, a newline
+        SET v_id = UNHEX(SUBSTRING(v_heard, v_at + 1, 64));
+        SET v_owner = SUBSTRING_INDEX(SUBSTRING(v_heard, v_at + 66), CHAR(10), 1);
+        DELETE FROM {prefix}semaphore_ears
+        WHERE semaphore = v_id AND owner = v_owner AND conn = CONNECTION_ID();
+        SET v_at = v_at + 66 + LENGTH(v_owner);
+    END WHILE;
+    COMMIT;
+    SELECT v_heard;
+END
+$$;
 
 -- semaphore_eligible: the waiters at the head of the key's queue that may take a permit with
 -- p_held permits taken (each, and every one ahead of it, fits p_held + position < its limit),
@@ -653,12 +774,12 @@ END
 $$;
 
 -- semaphore_acquire: take a permit for p_owner if one is free in turn (see SemaphoreState);
--- with p_hold_ms > 0, on refusal join the queue (or keep the place) for p_hold_ms. Answers one
--- row after the commit: the token, or NULL and the seconds until a permit or a place ahead
--- expires.
-CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_acquire_v1(
+-- with p_hold_ms > 0, on refusal join the queue (or keep the place) for p_hold_ms, reached
+-- through ear p_ear (a connection id; NULL: none, its state polls). Answers one row after the
+-- commit: the token, or NULL and the seconds until a permit or a place ahead expires.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_acquire_v2(
     IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_owner VARBINARY(512),
-    IN p_limit INT, IN p_ttl_ms BIGINT, IN p_hold_ms BIGINT
+    IN p_limit INT, IN p_ttl_ms BIGINT, IN p_hold_ms BIGINT, IN p_ear BIGINT
 )
 SQL SECURITY INVOKER
 $$
@@ -688,6 +809,7 @@ BEGIN
     SELECT token, seq INTO v_token, v_seq FROM {prefix}semaphores WHERE id = p_id;
     DELETE FROM {prefix}semaphore_holders WHERE semaphore = p_id AND expires_at <= v_now;
     DELETE FROM {prefix}semaphore_waiters WHERE semaphore = p_id AND until <= v_now;
+    DELETE FROM {prefix}semaphore_ears WHERE semaphore = p_id AND until <= v_now;
     SELECT MAX(token) INTO v_mine FROM {prefix}semaphore_holders
     WHERE semaphore = p_id AND owner = p_owner;
     SELECT COALESCE(MAX(gone), 0), MAX(seq) INTO v_gone, v_my_seq FROM {prefix}semaphore_waiters
@@ -712,6 +834,7 @@ BEGIN
         END IF;
         IF v_fits THEN
             DELETE FROM {prefix}semaphore_waiters WHERE semaphore = p_id AND owner = p_owner;
+            DELETE FROM {prefix}semaphore_ears WHERE semaphore = p_id AND owner = p_owner;
             SET v_token = GREATEST(v_token + 1,
                 TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
             UPDATE {prefix}semaphores SET token = v_token WHERE id = p_id;
@@ -730,6 +853,16 @@ BEGIN
                     UPDATE {prefix}semaphore_waiters
                     SET until = v_now + INTERVAL p_hold_ms * 1000 MICROSECOND, permits = p_limit
                     WHERE semaphore = p_id AND owner = p_owner;
+                END IF;
+                -- the place's ear, unmarked: this refusal is the latest news for the waiter
+                IF p_ear IS NULL THEN
+                    DELETE FROM {prefix}semaphore_ears WHERE semaphore = p_id AND owner = p_owner;
+                ELSE
+                    INSERT INTO {prefix}semaphore_ears (semaphore, owner, conn, woken, until)
+                    VALUES (p_id, p_owner, p_ear, 0,
+                            v_now + INTERVAL p_hold_ms * 1000 MICROSECOND)
+                    ON DUPLICATE KEY UPDATE conn = VALUES(conn), woken = 0,
+                                            until = VALUES(until);
                 END IF;
             END IF;
             SELECT MIN(expires_at) INTO v_first FROM {prefix}semaphore_holders
@@ -750,10 +883,11 @@ BEGIN
 END
 $$;
 
--- semaphore_release: give back p_owner's permit. Answers one row after the commit: (owned, the
--- waiters that made eligible, one per line; a permit that expired meanwhile counts too).
-CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_release_v1(
-    IN p_id BINARY(32), IN p_owner VARBINARY(512)
+-- semaphore_release: give back p_owner's permit, and ring the ears of the waiters that made
+-- eligible (but p_ear, the caller's). Answers one row after the commit: (owned, those waiters,
+-- one per line; a permit that expired meanwhile counts too).
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_release_v2(
+    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_ear BIGINT
 )
 SQL SECURITY INVOKER
 $$
@@ -764,6 +898,7 @@ BEGIN
     DECLARE v_count INT;
     DECLARE v_owned INT DEFAULT 0;
     DECLARE v_fresh LONGBLOB DEFAULT '';
+    DECLARE v_ears LONGBLOB DEFAULT '';
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
     SELECT COUNT(*) INTO v_rows FROM {prefix}semaphores WHERE id = p_id FOR UPDATE;
@@ -775,18 +910,21 @@ BEGIN
         DELETE FROM {prefix}semaphore_holders
         WHERE semaphore = p_id AND (owner = p_owner OR expires_at <= UTC_TIMESTAMP(3));
         CALL {prefix}semaphore_fresh_v1(p_id, v_before, v_fresh);
+        CALL {prefix}semaphore_mark_v1(p_id, v_fresh, p_ear, v_ears);
     END IF;
     COMMIT;
+    CALL {prefix}semaphore_ring_v1(v_ears);
     SELECT v_owned, v_fresh;
 END
 $$;
 
 -- semaphore_abandon: undo an acquire of unknown outcome, or stop waiting: give back p_owner's
 -- permit, take it out of the queue and leave its mark for p_mark_ms (a late acquire then fails).
--- Answers one row after the commit: the waiters this made eligible, one per line.
-CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_abandon_v1(
+-- Rings the ears of the waiters this made eligible (but p_ear, the caller's). Answers one row
+-- after the commit: those waiters, one per line.
+CREATE PROCEDURE IF NOT EXISTS {prefix}semaphore_abandon_v2(
     IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_owner VARBINARY(512),
-    IN p_mark_ms BIGINT
+    IN p_mark_ms BIGINT, IN p_ear BIGINT
 )
 SQL SECURITY INVOKER
 $$
@@ -795,6 +933,7 @@ BEGIN
     DECLARE v_before LONGBLOB;
     DECLARE v_count INT;
     DECLARE v_fresh LONGBLOB DEFAULT '';
+    DECLARE v_ears LONGBLOB DEFAULT '';
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
     INSERT INTO {prefix}semaphores (id, name, token, seq, touched_at)
@@ -802,13 +941,16 @@ BEGIN
     ON DUPLICATE KEY UPDATE touched_at = UTC_TIMESTAMP(3);
     SELECT COUNT(*) INTO v_held FROM {prefix}semaphore_holders WHERE semaphore = p_id;
     CALL {prefix}semaphore_eligible_v1(p_id, v_held, v_before, v_count);
+    DELETE FROM {prefix}semaphore_ears WHERE semaphore = p_id AND owner = p_owner;
     DELETE FROM {prefix}semaphore_holders
     WHERE semaphore = p_id AND (owner = p_owner OR expires_at <= UTC_TIMESTAMP(3));
     INSERT INTO {prefix}semaphore_waiters (semaphore, owner, seq, permits, until, gone)
     VALUES (p_id, p_owner, 0, 0, UTC_TIMESTAMP(3) + INTERVAL p_mark_ms * 1000 MICROSECOND, 1)
     ON DUPLICATE KEY UPDATE gone = 1, until = VALUES(until);
     CALL {prefix}semaphore_fresh_v1(p_id, v_before, v_fresh);
+    CALL {prefix}semaphore_mark_v1(p_id, v_fresh, p_ear, v_ears);
     COMMIT;
+    CALL {prefix}semaphore_ring_v1(v_ears);
     SELECT v_fresh;
 END
 $$;

@@ -67,9 +67,8 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis, RedisCluster
     from redis.asyncio.connection import AbstractConnection
 
-    from asynclock.state.redis._pool import LeanPool
+    from asynclock.state.redis._pool import ServerPool
     from asynclock.state.redis._ready import ReadyIndex
-    from asynclock.state.redis._sentinel import SentinelMaster
     from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
     from asynclock.state.redis._transport import Transport
 
@@ -274,7 +273,7 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
         return self._keys.lock_key(key)
 
     @property
-    def _pool(self) -> LeanPool | SentinelMaster:
+    def _pool(self) -> ServerPool:
         """The connection pool of one server (Sentinel: the master's); a cluster has one per
         master, in its router, and no such attribute."""
         pool = self._transport.pool

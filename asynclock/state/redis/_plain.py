@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state._guard import OperationGuard
+    from asynclock.state.redis._pool import ServerPool
     from asynclock.state.redis._ready import Command, ReadyIndex
-    from asynclock.state.redis._sentinel import SentinelMaster
     from asynclock.state.redis._transport import Args, Script
 
 __all__ = ["PlainTransport"]
@@ -40,7 +40,7 @@ class PlainTransport:
         self._client = client
         self.where = where
         #: where the commands go (a :class:`SentinelMaster` under Sentinel)
-        self.pool: LeanPool | SentinelMaster = LeanPool(lambda: connection_for(client), size)
+        self.pool: ServerPool = LeanPool(lambda: connection_for(client), size)
 
     @property
     def master(self) -> tuple[str, int] | None:

@@ -17,7 +17,7 @@ says how a command is sent and read, and which errors mean "error reply" or "con
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from redis import exceptions as redis_errors
 
@@ -27,6 +27,38 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Sequence
 
     from redis.asyncio.connection import AbstractConnection
+
+
+class ServerPool(Protocol):
+    """The connections to one Redis server that a transport sends its commands on: a
+    :class:`LeanPool`, or a Sentinel-named master's (``_sentinel.SentinelMaster``, which finds
+    the master again when it moves). The transports type against this, not against either."""
+
+    @property
+    def size(self) -> int:
+        """Connections it keeps at most."""
+        ...
+
+    @property
+    def opened(self) -> int:
+        """Connections open now."""
+        ...
+
+    def call(
+        self, *args: str | int | bytes, retry_stale: bool = False
+    ) -> Coroutine[object, object, object]:
+        """One command, its reply (see :meth:`LeanPool.call`)."""
+        ...
+
+    async def call_pair(
+        self, first: tuple[str | int | bytes, ...], second: tuple[str | int | bytes, ...]
+    ) -> tuple[object, object]:
+        """Two commands in one write on one connection (see :meth:`LeanPool.call_pair`)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every connection."""
+        ...
 
 
 class LeanPool(ConnectionPool["AbstractConnection"]):

@@ -27,9 +27,8 @@ if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
     from asynclock.state._guard import OperationGuard
-    from asynclock.state.redis._pool import LeanPool
+    from asynclock.state.redis._pool import ServerPool
     from asynclock.state.redis._ready import Command, ReadyIndex
-    from asynclock.state.redis._sentinel import SentinelMaster
     from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
 
 __all__ = ["UNAVAILABLE", "LockKeys", "Script", "Transport", "glob_escape"]
@@ -76,7 +75,7 @@ class Transport(Protocol):
         ...
 
     @property
-    def pool(self) -> LeanPool | SentinelMaster | None:
+    def pool(self) -> ServerPool | None:
         """The connection pool of one server (Sentinel: the master's); ``None`` on a cluster."""
         ...
 

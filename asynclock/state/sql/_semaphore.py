@@ -10,8 +10,10 @@ operations of one key run one after another in every process.
 Wake-ups: a release (or abandon) answers the waiters it made eligible, and this state wakes its
 own at once. Other processes: PostgreSQL's functions ``NOTIFY`` each of them on the state's
 release channel (payload ``"<key id hex>:<owner>"``), which the listener turns into a wake-up
-of that waiter only; MySQL has no push that reaches one of several holders' waiters, so its
-watches poll with a bounded back-off (``mysql/_wake.py``'s :class:`PollingWatch`).
+of that waiter only; MySQL's procedures interrupt the ear of each of their states, which then
+wakes those waiters only (``mysql/_semaphore_ear.py``). The backend's hooks:
+:meth:`~SQLSemaphoreState._semaphore_listen`, :meth:`~SQLSemaphoreState._new_semaphore_watch`
+and :meth:`~SQLSemaphoreState._semaphore_ear`.
 
 An implementation detail shared by two backends, not part of the contract.
 """
@@ -71,7 +73,30 @@ class SQLSemaphoreState(SQLState[C, S, R]):
             "owner": owner,
             "channel": self._channel,
             "payload": hex_id,
+            "ear": self._semaphore_ear(),
         }
+
+    # -- the backend's wake-up hooks (PostgreSQL: its LISTEN connection; MySQL: an ear) ------
+
+    def _semaphore_ear(self) -> object:
+        """What a waiter's place names so that releases of other states reach it (MySQL: the
+        connection id of this state's ear, ``None`` while it is down); ``None`` by default."""
+        return None
+
+    async def _semaphore_listen(self) -> None:
+        """Make sure releases of other states reach this state's semaphore waiters by now."""
+        await self._listen()
+
+    def _new_semaphore_watch(self, loop: asyncio.AbstractEventLoop) -> WakeableWatch:
+        """A semaphore waiter's watch (:meth:`_new_watch`'s by default)."""
+        return self._new_watch(loop)
+
+    def _wake_semaphore_waiters(self) -> None:
+        """Wake every semaphore waiter of this state (their wake-ups may have been lost)."""
+        for where, watches in tuple(self._watches.items()):
+            if ":" in where:  # "<key id hex>:<owner>": a semaphore waiter's (a lock's: the id)
+                for watch in tuple(watches):
+                    watch.fire()
 
     def _wake_waiters(self, hex_id: str, woken: object) -> None:
         """Wake this state's own watches of the owners a release answered (a list, or text
@@ -138,12 +163,12 @@ class SQLSemaphoreState(SQLState[C, S, R]):
     @contextlib.asynccontextmanager
     async def semaphore_watch(self, key: str, owner: str) -> AsyncIterator[WakeableWatch]:
         """See :meth:`asynclock.state.SemaphoreState.semaphore_watch`: woken by a release of
-        this state at once, by another state's NOTIFY (PostgreSQL) or after a bounded back-off
+        this state at once, by another state's NOTIFY (PostgreSQL) or through this state's ear
         (MySQL)."""
         hex_id, _ = self._semaphore_params(key, owner)
         where = f"{hex_id}:{owner}"
-        watch = self._new_watch(asyncio.get_running_loop())
-        await self._listen()
+        watch = self._new_semaphore_watch(asyncio.get_running_loop())
+        await self._semaphore_listen()
         self._watches.setdefault(where, set()).add(watch)
         try:
             yield watch
