@@ -18,7 +18,8 @@ Invariants:
 * Outcomes are recorded when the covering call returned: the newest ``HANDLED``, entries whose
   own call was interrupted ``SUPERSEDED`` (as far as this drainer saw), the others ``SKIPPED``.
 * An interruption is a delivery: the entries' attempt counts (``ctx.attempt``) go up by one, as
-  for a call that failed.
+  for a call that failed; but it is no failure: ``max_attempts`` counts the deliveries that
+  failed, less the interruptions this drainer saw.
 * The covering call runs under a higher fencing token than the interrupted one: the drainer
   releases the key and takes it again in between (see :meth:`SupersedingDrain.drain`).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from asynclock._errors import LockAcquisitionError
@@ -69,6 +71,19 @@ async def signal_holder(state: State, key: str) -> None:
         await state.supersede(key, holder.token)
 
 
+class Interrupted:
+    """What one drain saw interrupted: entries handled by an interrupted call (``SUPERSEDED``
+    once covered), and per entry the interrupted calls it was in (deliveries that were no
+    failures, so they do not count toward ``max_attempts``; a worker that takes over after a
+    crash does not know them, and counts them as deliveries)."""
+
+    __slots__ = ("calls", "handled")
+
+    def __init__(self) -> None:
+        self.handled: set[int] = set()
+        self.calls: Counter[int] = Counter()
+
+
 class SupersedingDrain:
     """How one ``serve()`` drains a key it holds under ``supersede``."""
 
@@ -102,7 +117,7 @@ class SupersedingDrain:
         fences by token refuses the interrupted handler's late writes). If another worker took
         the key meanwhile, it covers the entries instead.
         """
-        superseded: set[int] = set()  # entries whose own call was interrupted here
+        superseded = Interrupted()
         if await self._hold(key, lock, stopping, superseded) != "interrupted":
             return
         await lock.release()
@@ -122,7 +137,7 @@ class SupersedingDrain:
                 return
 
     async def _hold(
-        self, key: str, lock: AsyncLock, stopping: asyncio.Event, superseded: set[int]
+        self, key: str, lock: AsyncLock, stopping: asyncio.Event, superseded: Interrupted
     ) -> str:
         """Drain under ``lock`` until the inbox is empty (``"released"``), ``stopping``
         (``"stopped"``) or a call is interrupted (``"interrupted"``)."""
@@ -167,7 +182,7 @@ class SupersedingDrain:
         lock: AsyncLock,
         batch: InboxBatch,
         watch: SupersedeWatch | None,
-        superseded: set[int],
+        superseded: Interrupted,
     ) -> str:
         """One call over ``batch``: ``"released"``, ``"failed"``, ``"interrupted"`` or ``"done"``."""
         entries = batch.entries
@@ -196,7 +211,8 @@ class SupersedingDrain:
                 await asyncio.wait((listener,))
         ids = tuple(entry.id for entry in entries)
         if running.interrupted:
-            superseded.add(entries[-1].id)
+            superseded.handled.add(entries[-1].id)
+            superseded.calls.update(ids)
             return "interrupted"  # nothing acknowledged: the next take has them with the newer
         error = None if task.cancelled() else task.exception()
         if task.cancelled():
@@ -204,7 +220,9 @@ class SupersedingDrain:
         if isinstance(error, Exception):
             for failed in events:
                 await self._record(failed, Outcome.FAILED, key, error)
-            if attempt < self._max_attempts:
+            # interruptions seen here are no failures: they do not bring the dead letter nearer
+            failures = max(entry.attempt - superseded.calls[entry.id] for entry in entries)
+            if failures < self._max_attempts:
                 return "failed"  # pending still: the next take has them again
             text = f"{type(error).__name__}: {error}"
             logger.error(
@@ -231,12 +249,12 @@ class SupersedingDrain:
         key: str,
         entries: tuple[InboxEntry, ...],
         events: list[Event],
-        superseded: set[int],
+        superseded: Interrupted,
     ) -> None:
         """Record the outcomes of a call that returned (and was acknowledged)."""
         for entry, covered in zip(entries[:-1], events[:-1], strict=True):
-            if entry.id in superseded:
-                superseded.discard(entry.id)
+            if entry.id in superseded.handled:
+                superseded.handled.discard(entry.id)
                 await self._record(covered, Outcome.SUPERSEDED, key, None)
             else:
                 await self._record(covered, Outcome.SKIPPED, key, None)

@@ -66,6 +66,7 @@ class Stream:
         self.flagged_at: dict[str, float] = {}
         self.ended: dict[str, str] = {}
         self.hold: dict[str, float] = {}
+        self.fail_once: set[str] = set()
 
     def started_event(self, message_id: str) -> asyncio.Event:
         return self.started.setdefault(message_id, asyncio.Event())
@@ -82,6 +83,9 @@ class Stream:
 
         watcher = asyncio.ensure_future(note())
         try:
+            if message_id in self.fail_once:
+                self.fail_once.discard(message_id)
+                raise RuntimeError(f"{message_id} fails once")
             await asyncio.sleep(self.hold.get(message_id, 0.0))
             self.ended[message_id] = "returned"
         except asyncio.CancelledError:
@@ -94,7 +98,7 @@ class Stream:
 
 @contextlib.asynccontextmanager
 async def serving(
-    space: Space, grace: float | None = 0.0
+    space: Space, grace: float | None = 0.0, max_attempts: int = 5
 ) -> AsyncIterator[tuple[EventDispatcher, EventDispatcher, Stream, list[tuple[str, Outcome]]]]:
     """A worker serving on its own client, a web dispatcher accepting on another."""
     stream = Stream()
@@ -105,7 +109,13 @@ async def serving(
         outcomes.append((event.message_id or "", outcome))
 
     options: dict[str, object] = {"on_lock_conflict": "supersede", "supersede_grace": grace}
-    worker = EventDispatcher(worker_state, on_outcome=record, lock_ttl=5.0, **options)  # type: ignore[arg-type]
+    worker = EventDispatcher(
+        worker_state,
+        on_outcome=record,
+        lock_ttl=5.0,
+        max_attempts=max_attempts,
+        **options,  # type: ignore[arg-type]
+    )
     web = EventDispatcher(web_state, lock_ttl=5.0, **options)  # type: ignore[arg-type]
     worker.add_handler("message", stream)
     serve = asyncio.ensure_future(worker.serve())
@@ -174,3 +184,28 @@ async def test_an_entry_already_in_the_batch_interrupts_nothing(space: Space) ->
     assert stream.ended == {"m1": "returned", "m2": "returned"}
     assert "m2" not in stream.flagged_at
     assert outcomes == [("m1", Outcome.HANDLED), ("m2", Outcome.HANDLED)]
+
+
+async def test_interruptions_do_not_bring_the_dead_letter_nearer(space: Space) -> None:
+    # max_attempts=2: m1 is delivered three times (interrupted twice) before its covering call
+    # fails once; that failure is its first, so it is retried, not dead-lettered
+    async with serving(space, grace=0.0, max_attempts=2) as (_, web, stream, outcomes):
+        stream.hold.update({"m1": 60.0, "m2": 60.0})
+        stream.fail_once.add("m3")
+        await web.accept(ev(1))
+        await asyncio.wait_for(stream.started_event("m1").wait(), SOON)
+        await web.accept(ev(2))
+        await asyncio.wait_for(stream.started_event("m2").wait(), SOON)
+        await web.accept(ev(3))
+        await until(lambda: ("m3", Outcome.HANDLED) in outcomes, "m3 handled")
+    assert [(m, s, a) for m, s, _, a in stream.calls] == [
+        ("m1", [], 1),
+        ("m2", ["m1"], 2),
+        ("m3", ["m1", "m2"], 3),  # raised
+        ("m3", ["m1", "m2"], 4),
+    ]
+    assert outcomes[-3:] == [
+        ("m1", Outcome.SUPERSEDED),
+        ("m2", Outcome.SUPERSEDED),
+        ("m3", Outcome.HANDLED),
+    ]
