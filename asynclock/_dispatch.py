@@ -31,10 +31,14 @@ from asynclock._handlers import Handler, HandlerTable, Registered, call_all, res
 from asynclock._inbox import MAX_KEYS, Drainer, encode
 from asynclock._inbox_fold import FoldingDrain
 from asynclock._inbox_retry import retry_plan
+from asynclock._inbox_supersede import SupersedingDrain, signal_holder
 from asynclock._lean import LeanHold
 from asynclock._lock import AsyncLock
 from asynclock._owner import new_owner
 from asynclock._slots import RetrySlots
+from asynclock._supersede import SupersedeLine
+from asynclock._supersede import Waiting as Superseding
+from asynclock._supersede import drain as drain_superseding
 from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock._waiters import line_for
 from asynclock.state._protocol import (
@@ -60,8 +64,13 @@ logger = logging.getLogger("asynclock")
 
 PolicyName = Literal["drop", "force", "queue", "latest", "debounce", "concurrent"]
 POLICIES: tuple[PolicyName, ...] = ("drop", "force", "queue", "latest", "debounce", "concurrent")
+#: a dispatcher-wide policy only (not one a policy function may pick per conflict: the holder
+#: must have subscribed to the key's supersede signals before it took the lock)
+SUPERSEDE: Literal["supersede"] = "supersede"
 #: a policy name, or a (sync or async) function of (thread_key, event) returning one, per conflict
-ConflictPolicy = PolicyName | Callable[[str, Event], "PolicyName | Awaitable[PolicyName]"]
+ConflictPolicy = (
+    PolicyName | Literal["supersede"] | Callable[[str, Event], "PolicyName | Awaitable[PolicyName]"]
+)
 LockScope = Literal["thread", "channel"] | Callable[[Event], str]
 OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
 H = TypeVar("H")
@@ -78,6 +87,7 @@ _LEVELS = {
     Outcome.DROPPED: logging.WARNING,
     Outcome.FAILED: logging.ERROR,
     Outcome.ACCEPTED: logging.INFO,
+    Outcome.SUPERSEDED: logging.INFO,
 }
 
 
@@ -185,6 +195,8 @@ class EventDispatcher:
         "_state",
         "_stats",
         "_stopping",
+        "_supersede_grace",
+        "_supersede_lines",
         "_tasks",
     )
 
@@ -204,11 +216,16 @@ class EventDispatcher:
         max_pending: int = 1000,
         retry_wait: float | Callable[[int], float] | None = None,
         on_poison: PoisonPolicy = "dead_letter",
+        supersede_grace: float | None = 0.0,
     ) -> None:
-        if not callable(on_lock_conflict) and on_lock_conflict not in POLICIES:
+        if (
+            not callable(on_lock_conflict)
+            and on_lock_conflict not in POLICIES
+            and on_lock_conflict != SUPERSEDE
+        ):
             raise ValueError(
-                f"on_lock_conflict must be one of {', '.join(POLICIES)} or a function "
-                f"(thread_key, event) -> name, got {on_lock_conflict!r}"
+                f"on_lock_conflict must be one of {', '.join((*POLICIES, SUPERSEDE))} or a "
+                f"function (thread_key, event) -> name, got {on_lock_conflict!r}"
             )
         if not callable(lock_scope) and lock_scope not in ("thread", "channel"):
             raise ValueError(
@@ -249,6 +266,18 @@ class EventDispatcher:
         self._max_attempts = _check_count(max_attempts, "max_attempts")
         self._max_pending = _check_count(max_pending, "max_pending")
         self._retry = retry_plan(retry_wait, on_poison)
+        if on_lock_conflict == SUPERSEDE and (retry_wait is not None or on_poison != "dead_letter"):
+            # a superseding drain retries and dead-letters by its own rules (an interruption is
+            # not a failure): refused rather than silently ignored
+            raise ValueError(
+                f"retry_wait and on_poison='park' do not apply with on_lock_conflict='supersede' "
+                f"(got retry_wait={retry_wait!r}, on_poison={on_poison!r})"
+            )
+        self._supersede_grace = check_seconds(
+            supersede_grace, "supersede_grace", allow_zero=True, allow_none=True
+        )
+        #: supersede: the events and running call of each key, in this process
+        self._supersede_lines: dict[str, SupersedeLine] = {}
         self._stopping: set[asyncio.Event] = set()
         self._raise_errors = bool(raise_errors)
         self._on_outcome = on_outcome
@@ -518,6 +547,8 @@ class EventDispatcher:
         submitted: bool,
     ) -> Awaitable[Outcome]:
         """The lean path (``_lean.py``) when it may serve ``event``, else :meth:`_route`."""
+        if self._policy == SUPERSEDE:
+            return self._supersede(event, lock_key, claim, loop)
         lean = self._lean
         if (
             lean is not None
@@ -830,6 +861,7 @@ class EventDispatcher:
     async def _conflict_policy(self, lock_key: str, event: Event, *, submitted: bool) -> PolicyName:
         policy = self._policy
         if isinstance(policy, str):
+            assert policy != SUPERSEDE  # never asked: supersede routes apart (_supersede)
             return policy
         chosen = policy(lock_key, event)
         if inspect.isawaitable(chosen):
@@ -882,6 +914,65 @@ class EventDispatcher:
                 return
             logger.info("asynclock: marked event claim %r done after a retry", key)
             return
+
+    # -- supersede ----------------------------------------------------------------------------
+
+    async def _supersede(
+        self,
+        event: Event,
+        lock_key: str,
+        claim: EventClaim | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Outcome:
+        """Join ``lock_key``'s supersede line (``_supersede.py``), interrupting its running
+        call; the outcome comes once the call covering the event returned."""
+        line = self._supersede_lines.get(lock_key)
+        if line is None:
+            line = self._supersede_lines[lock_key] = SupersedeLine()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        waiting = Superseding(event, future)
+        line.arrive(waiting)  # its place in the line (skipped order), taken on arrival
+        try:
+            duplicate = claim is not None and not await self._claim_alone(claim)
+        except BaseException:
+            self._leave_superseding(lock_key, line, waiting)
+            raise
+        if duplicate:
+            self._leave_superseding(lock_key, line, waiting)
+            return _DUPLICATE
+        line.ready(waiting)
+        if line.drainer is None:
+            line.drainer = self._spawn(self._drain_superseding(lock_key, line), "supersede")
+        return await future
+
+    def _leave_superseding(self, lock_key: str, line: SupersedeLine, waiting: Superseding) -> None:
+        """``waiting`` is not handled (a duplicate, its claim failed): its place goes, and the
+        line too when nothing else is in it."""
+        line.leave(waiting)
+        if (
+            line.drainer is None
+            and not line.entries
+            and not line.carried
+            and self._supersede_lines.get(lock_key) is line
+        ):
+            del self._supersede_lines[lock_key]
+
+    async def _drain_superseding(self, lock_key: str, line: SupersedeLine) -> None:
+        try:
+            await drain_superseding(
+                self._state,
+                lock_key,
+                line,
+                self._handlers,
+                ttl=self._lock_ttl,
+                grace=self._supersede_grace,
+            )
+        finally:
+            line.drainer = None
+            # nothing awaited between the drainer's last check and this: a later arrival
+            # starts a new drainer
+            if not line.entries and self._supersede_lines.get(lock_key) is line:
+                del self._supersede_lines[lock_key]
 
     # -- latest / debounce --------------------------------------------------------------------
 
@@ -1009,7 +1100,7 @@ class EventDispatcher:
             claim_ttl=self._dedupe_ttl,
             max_pending=self._max_pending,
             lock_ttl=self._lock_ttl,
-            with_entry=self._policy not in ("latest", "debounce"),
+            with_entry=self._policy not in ("latest", "debounce", SUPERSEDE),
         )
         if result.status == "full":
             retry_after = self._retry_after(lock_key)
@@ -1023,6 +1114,9 @@ class EventDispatcher:
             )
             raise InboxFullError(lock_key, retry_after)
         outcome = _DUPLICATE if result.status == "duplicate" else Outcome.ACCEPTED
+        if outcome is not _DUPLICATE and self._policy == SUPERSEDE:
+            # stored: interrupt the call that drains the key now, in whichever worker
+            await signal_holder(self._state, lock_key)
         return await self._record(event, outcome, lock_key, started=started)
 
     async def serve(self, *, max_keys: int = MAX_KEYS) -> None:
@@ -1056,8 +1150,18 @@ class EventDispatcher:
         if self._closed:
             stopping.set()
         self._stopping.add(stopping)
-        folding = None
-        if self._policy in ("latest", "debounce"):
+        folding: FoldingDrain | SupersedingDrain | None = None
+        if self._policy == SUPERSEDE:
+            folding = SupersedingDrain(
+                self._state,
+                inbox,
+                self._handlers,
+                grace=self._supersede_grace,
+                max_attempts=self._max_attempts,
+                record=self._record,
+                observe=self._freeing.observe,
+            )
+        elif self._policy in ("latest", "debounce"):
             folding = FoldingDrain(
                 inbox,
                 self._handlers,

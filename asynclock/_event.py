@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -95,6 +96,9 @@ class Outcome(str, enum.Enum):
     FAILED = "failed"
     #: stored in the durable inbox by ``accept``; a worker's ``serve`` handles it
     ACCEPTED = "accepted"
+    #: its handler was interrupted by a newer event (policy supersede); the call that handled
+    #: the newer one covered it (in its ``ctx.skipped``) and returned
+    SUPERSEDED = "superseded"
 
     def __str__(self) -> str:
         return self.value
@@ -113,6 +117,9 @@ class HandlerContext:
         forced: the handler runs without the lock because of ``force``.
         attempt: deliveries of this event to a handler so far, this one included: ``1`` the
             first time; more when an inbox entry is redelivered after a failure or a crash.
+        superseded: an :class:`asyncio.Event` set when a newer event of the key arrived
+            (policy ``supersede``, from any process): stop soon; the task is cancelled
+            ``supersede_grace`` seconds later. Never set under other policies.
 
     Example:
         >>> import asyncio
@@ -130,3 +137,14 @@ class HandlerContext:
     skipped: tuple[Event, ...] = ()
     forced: bool = False
     attempt: int = 1
+    #: made on first use (most handlers never look): see the ``superseded`` property
+    _superseded: asyncio.Event | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def superseded(self) -> asyncio.Event:
+        """Set once a newer event supersedes this call (see the class's attributes)."""
+        flag = self._superseded
+        if flag is None:
+            flag = asyncio.Event()
+            object.__setattr__(self, "_superseded", flag)  # frozen: set once, lazily
+        return flag

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from asynclock._handlers import HandlerTable
     from asynclock._inbox_fold import FoldingDrain
+    from asynclock._inbox_supersede import SupersedingDrain
     from asynclock.state._protocol import (
         InboxEntry,
         InboxGrant,
@@ -155,7 +156,7 @@ class Drainer:
         max_attempts: int,
         record: Recorder,
         observe: Callable[[str, float], None],
-        folding: FoldingDrain | None = None,
+        folding: FoldingDrain | SupersedingDrain | None = None,
         max_keys: int = MAX_KEYS,
         retry: RetryPlan | None = None,
     ) -> None:

@@ -30,6 +30,7 @@ from benchmarks import (
     _sql,
     _sql_dispatcher,
     _sql_inbox,
+    _supersede,
     _targets,
     _uncontended,
 )
@@ -69,6 +70,7 @@ SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = 
     "held": _held.run,
     "inbox-scale": _inbox_scale.run,
     "semaphore": _semaphore.run,
+    "supersede": _supersede.run,
     "dashboard": _dashboard.run,
     "aiogram": _aiogram.run,
 }
@@ -86,6 +88,7 @@ NEEDS_REDIS = {
     "held",
     "inbox-scale",
     "semaphore",
+    "supersede",
     "aiogram",
 }
 
@@ -128,6 +131,8 @@ python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox 
                                           # worker processes on every backend, beside
                                           # procrastinate and a Redis Streams group
 python -m benchmarks semaphore --write  # ~1 min: Semaphore vs py-redis-semaphore, redis-limiters
+python -m benchmarks supersede --write  # ~40 s: newer event -> ctx.superseded in another process,
+                                        # every backend, beside polling a flag every 250 ms
 python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
                                         # each server (its own redis-server, database, user)
 python -m benchmarks aiogram --write    # ~2 min: EventIsolation vs aiogram's RedisEventIsolation,
@@ -300,6 +305,7 @@ async def _amain(args: argparse.Namespace) -> int:
             "held",
             "inbox-scale",
             "semaphore",
+            "supersede",
             "dashboard",
             "aiogram",
             "inbox-growth",

@@ -174,6 +174,7 @@ _ORDER = (
     "held",
     "inbox-scale",
     "semaphore",
+    "supersede",
     "dashboard",
     "aiogram",
 )

@@ -24,6 +24,8 @@ from asynclock.state._protocol import (
     SemaphoreInfo,
     SemaphoreState,
     State,
+    SupersedeSignals,
+    SupersedeWatch,
     Watch,
 )
 from asynclock.state._url import SCHEMES, StateURL, backend_class, register_scheme
@@ -54,6 +56,8 @@ __all__ = (
     "SemaphoreState",
     "State",
     "StateURL",
+    "SupersedeSignals",
+    "SupersedeWatch",
     "Watch",
     "register_scheme",
     "state_from_url",

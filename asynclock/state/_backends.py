@@ -30,6 +30,7 @@ CAPABILITIES = (
     "SemaphoreState",
     "LockAdmin",
     "DurabilityCheck",
+    "SupersedeSignals",
 )
 
 
@@ -67,6 +68,7 @@ BACKENDS: tuple[Backend, ...] = (
             "FairState",
             "SemaphoreState",
             "LockAdmin",
+            "SupersedeSignals",
         ),
     ),
     Backend(
@@ -81,14 +83,21 @@ BACKENDS: tuple[Backend, ...] = (
         "asynclock.state.postgres",
         ("postgresql", "postgres"),
         "postgres",
-        ("ClaimingState", "DedupeReading", "InboxState", "SemaphoreState", "LockAdmin"),
+        (
+            "ClaimingState",
+            "DedupeReading",
+            "InboxState",
+            "SemaphoreState",
+            "LockAdmin",
+            "SupersedeSignals",
+        ),
     ),
     Backend(
         "MySQLState",
         "asynclock.state.mysql",
         ("mysql",),
         "mysql",
-        ("DedupeReading", "InboxState", "SemaphoreState", "LockAdmin"),
+        ("DedupeReading", "InboxState", "SemaphoreState", "LockAdmin", "SupersedeSignals"),
     ),
 )
 

@@ -600,6 +600,45 @@ class DurabilityCheck(Protocol):
 
 
 @runtime_checkable
+class SupersedeWatch(Protocol):
+    """Supersede signals for one key, subscribed before its lock is taken (see
+    :class:`SupersedeSignals`)."""
+
+    def aim(self, token: int) -> None:
+        """Listen for signals aimed at fencing ``token`` (the lock just taken), counting those
+        heard since the subscription began."""
+
+    def reset(self) -> None:
+        """Forget the signals heard so far (a later one for the aimed token wakes again)."""
+
+    async def wait(self, timeout: float) -> bool:
+        """``True`` once a signal for the aimed token was heard, ``False`` after ``timeout``."""
+        ...
+
+
+@runtime_checkable
+class SupersedeSignals(Protocol):
+    """Optional capability: tell a key's lock holder, in any process, that a newer event came.
+
+    Used by ``EventDispatcher(on_lock_conflict="supersede")``. A signal names the holder by its
+    fencing token, so one aimed at a holder that has gone never reaches its successor. It is a
+    push (Redis pub/sub, PostgreSQL ``NOTIFY``, MySQL's ear woken by ``KILL QUERY``, a direct
+    call on ``MemoryState``); a signal may be lost (a dropped connection), so the sender sends
+    it again each time it checks the key while waiting. Never durable: it concerns a running
+    call only.
+    """
+
+    async def supersede(self, key: str, token: int) -> None:
+        """Signal the holder of ``key`` whose fencing token is ``token`` (no-op if none)."""
+        ...
+
+    def supersede_watch(self, key: str) -> AbstractAsyncContextManager[SupersedeWatch]:
+        """Subscribe to ``key``'s supersede signals for the block; active once entered, so the
+        holder subscribes before taking the lock and misses no signal for its token."""
+        ...
+
+
+@runtime_checkable
 class LockAdmin(Protocol):
     """Optional capability for operators: list the locks held now, and force one free.
 

@@ -72,3 +72,47 @@ class OwnerWatch(EventWatch):
         text = payload.decode() if isinstance(payload, bytes) else str(payload)
         if self._owner in text.split(" "):
             self._event.set()
+
+
+class TokenWatch(EventWatch):
+    """Supersede signals for one key (:class:`~asynclock.state.SupersedeWatch`): it wakes once a
+    signal names the fencing token it aims at.
+
+    Subscribed before the lock is taken, so a signal that arrives before :meth:`aim` (the
+    token is not known yet) is remembered and counts once aimed. A payload is tokens separated
+    by spaces. :meth:`fire` (a reconnect, which wakes release watchers so they re-check) does
+    nothing here: a supersede signal is never guessed; its sender sends it again while waiting.
+    """
+
+    __slots__ = ("_heard", "_token")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._heard: set[int] = set()
+        self._token: int | None = None
+
+    def fire(self) -> None:
+        """A reconnect of the channel: nothing to wake (see the class)."""
+
+    def heard(self, payload: object) -> None:
+        """A signal naming the tokens in ``payload`` (bytes or str). From the watch's loop."""
+        text = payload.decode() if isinstance(payload, bytes) else str(payload)
+        for part in text.split():
+            if part.isdigit():
+                self._heard.add(int(part))
+        if self._token is not None and self._token in self._heard:
+            self._event.set()
+
+    def deliver(self, payload: str, current: asyncio.AbstractEventLoop | None) -> None:
+        """:meth:`heard` from any thread (``current``: the caller's running loop, or ``None``)."""
+        if current is self._loop:
+            self.heard(payload)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.heard, payload)
+
+    def aim(self, token: int) -> None:
+        """Wake for signals naming ``token``, including those heard already."""
+        self._token = token
+        self._heard = {heard for heard in self._heard if heard >= token}
+        if token in self._heard:
+            self._event.set()

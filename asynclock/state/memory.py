@@ -48,7 +48,7 @@ from asynclock.state._protocol import (
     Release,
     SemaphoreInfo,
 )
-from asynclock.state._watch import EventWatch
+from asynclock.state._watch import EventWatch, TokenWatch
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Collection
@@ -148,6 +148,7 @@ class MemoryState(ClosesOnExit):
         "_locks",
         "_mutex",
         "_semaphores",
+        "_supersede_watchers",
         "_tokens",
         "_watchers",
     )
@@ -161,6 +162,8 @@ class MemoryState(ClosesOnExit):
         self._claim_owners: dict[str, str] = {}
         self._heap: list[tuple[float, bool, str]] = []  # (deadline, is_lock, key)
         self._watchers: dict[str, set[EventWatch]] = {}
+        #: SupersedeSignals: the holders' subscriptions, per key
+        self._supersede_watchers: dict[str, set[TokenWatch]] = {}
         #: the durable inbox (durable for this process's life only: it is memory)
         self._inboxes: dict[str, _Inbox] = {}
         #: the inbox's hand-out: keys with work and no holder, and the workers waiting for one
@@ -602,6 +605,31 @@ class MemoryState(ClosesOnExit):
                     watchers.discard(watch)
                     if not watchers:
                         del self._watchers[key]
+
+    async def supersede(self, key: str, token: int) -> None:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede`: a direct call."""
+        await asyncio.sleep(0)
+        with self._mutex:
+            watchers = tuple(self._supersede_watchers.get(key, ()))
+        current = asyncio.get_running_loop()
+        for watch in watchers:
+            watch.deliver(str(token), current)
+
+    @asynccontextmanager
+    async def supersede_watch(self, key: str) -> AsyncIterator[TokenWatch]:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_watch`."""
+        watch = TokenWatch(asyncio.get_running_loop())
+        with self._mutex:
+            self._supersede_watchers.setdefault(key, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            with self._mutex:
+                watchers = self._supersede_watchers.get(key)
+                if watchers is not None:
+                    watchers.discard(watch)
+                    if not watchers:
+                        del self._supersede_watchers[key]
 
     async def held_locks(self, match: str = "*") -> AsyncIterator[LockInfo]:
         """See :meth:`asynclock.state.LockAdmin.held_locks`."""

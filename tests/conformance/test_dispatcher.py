@@ -299,6 +299,7 @@ class TestOutcomeType:
             "skipped",
             "failed",
             "accepted",  # the durable inbox (SPEC section 6)
+            "superseded",  # on_lock_conflict="supersede" (SPEC section 10)
         }
 
 

@@ -44,7 +44,7 @@ QUERIES = {
 #: purges a semaphore's permits and places in statements of their own: no multi-table DELETE, and
 #: its inbox workers wait in a statement of their own: the ear, killed by the hand-out)
 OWN_QUERIES = {
-    "asynclock.state.postgres": {"forget_claimed"},
+    "asynclock.state.postgres": {"forget_claimed", "supersede"},
     "asynclock.state.mysql": {
         "purge_semaphore_holders",
         "purge_semaphore_waiters",
@@ -53,6 +53,14 @@ OWN_QUERIES = {
         "semaphore_ear",
         "semaphore_heard",
         "purge_semaphore_ears",
+        # supersede signals: the holder state's ear and the rows naming it (KILL QUERY too)
+        "supersede",
+        "supersede_listen",
+        "supersede_unlisten",
+        "supersede_heard",
+        "supersede_read",
+        "supersede_ear",
+        "purge_supersede_ears",
     },
 }
 #: the tables schema.sql creates, and its versioned routines (functions or procedures), in order
@@ -66,8 +74,12 @@ TABLES = (
     "semaphore_holders",
     "semaphore_waiters",
 )
-#: tables of one backend only (MySQL: the ears its semaphore releases interrupt)
-OWN_TABLES = {"asynclock.state.postgres": (), "asynclock.state.mysql": ("semaphore_ears",)}
+#: tables of one backend only (MySQL: the ears its semaphore releases and supersede signals
+#: interrupt, where PostgreSQL has NOTIFY)
+OWN_TABLES = {
+    "asynclock.state.postgres": (),
+    "asynclock.state.mysql": ("semaphore_ears", "supersede_ears"),
+}
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
@@ -145,6 +157,7 @@ ROUTINES = {
         "semaphore_acquire_v2",
         "semaphore_release_v2",
         "semaphore_abandon_v2",
+        "supersede_v1",
     ),
 }
 

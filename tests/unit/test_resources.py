@@ -43,6 +43,7 @@ SCRIPTS = {
     "semaphore_abandon.lua",
     "semaphore_extend.lua",
     "semaphore_inspect.lua",
+    "supersede.lua",
 }
 
 

@@ -34,12 +34,15 @@ from pymysql import err as mysql_errors  # type: ignore[import-untyped]
 from pymysql.constants import CLIENT  # type: ignore[import-untyped]
 
 from asynclock._compat import deadline_after
+from asynclock._errors import StateUnavailableError
 from asynclock._validate import check_seconds
 from asynclock.state._pool import ConnectionPool
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
+from asynclock.state._watch import TokenWatch
 from asynclock.state.mysql._ear import InboxEar
 from asynclock.state.mysql._semaphore_ear import EarWatch, SemaphoreEar
+from asynclock.state.mysql._supersede import SupersedeEar
 from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
 from asynclock.state.sql._inbox import SQLInboxState
 from asynclock.state.sql._options import (
@@ -48,6 +51,7 @@ from asynclock.state.sql._options import (
     check_max_connections,
 )
 from asynclock.state.sql._semaphore import SQLSemaphoreState
+from asynclock.state.sql._state import PURGE_BATCH
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -72,6 +76,8 @@ _TOKEN_FLOOR = 10**15
 _WAITER_FLAGGED = 1
 #: ``abandon``'s answer (``LAST_INSERT_ID``) has this bit set when it freed the key
 _FREED = 4
+#: milliseconds a supersede_ears row outlives a state that crashed while listening
+_EAR_LEASE_MS = 86_400_000
 
 
 class _Cursor(Protocol):
@@ -167,6 +173,11 @@ class MySQLState(
         self._wake_channel = WakeChannel(
             connect, table_prefix=self._table_prefix, op_timeout=self._op_timeout
         )
+        #: SupersedeSignals: the state's supersede ear (opened on first use), and the holders'
+        #: watches by the key's id in hex
+        self._supersede_ear: SupersedeEar | None = None
+        self._supersede_opening = asyncio.Lock()
+        self._supersede_watches: dict[str, set[TokenWatch]] = {}
         #: the semaphore waiters' ear, opened on their first wait
         self._semaphore_ears = SemaphoreEar(
             connect,
@@ -372,6 +383,64 @@ class MySQLState(
     async def _stop_listening(self) -> None:
         await self._wake_channel.aclose()
         await self._semaphore_ears.aclose()
+        ear, self._supersede_ear = self._supersede_ear, None
+        if ear is not None:
+            await ear.aclose()
+
+    # -- supersede signals: supersede_v1 kills the query of the holder's ear ----------------
+
+    async def supersede(self, key: str, token: int) -> None:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede` (one ``CALL`` of
+        ``supersede_v1``: ``KILL QUERY`` of the listening ears, if ``token`` holds the key)."""
+        ident, _ = self._ids(key)
+        await self._run("supersede", {"id": ident.hex(), "token": int(token)}, idempotent=True)
+
+    @contextlib.asynccontextmanager
+    async def supersede_watch(self, key: str) -> AsyncIterator[TokenWatch]:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_watch`: a row naming this
+        state's supersede ear (``_supersede.py``) for the key while any watch of it is open."""
+        ident, _ = self._ids(key)
+        hex_id = ident.hex()
+        ear = await self._open_supersede_ear()
+        watch = TokenWatch(asyncio.get_running_loop())
+        self._supersede_watches.setdefault(hex_id, set()).add(watch)
+        params = {"id": hex_id, "conn": ear.conn}
+        try:
+            await self._run(
+                "supersede_listen", {**params, "lease_ms": _EAR_LEASE_MS}, idempotent=True
+            )
+            yield watch
+        finally:
+            watches = self._supersede_watches.get(hex_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._supersede_watches[hex_id]
+                    with contextlib.suppress(StateUnavailableError):  # the lease ends it
+                        await self._run("supersede_unlisten", params, idempotent=True)
+
+    async def _open_supersede_ear(self) -> SupersedeEar:
+        async with self._supersede_opening:
+            if self._supersede_ear is None:
+                if not self._schema_ready:
+                    await self._ensure_schema()
+                ear = SupersedeEar(
+                    self._connect_dedicated,
+                    self._statements,
+                    self._superseded,
+                    op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,
+                )
+                async with self._guard():
+                    await ear.start()
+                self._supersede_ear = ear
+            return self._supersede_ear
+
+    def _purge_jobs(self) -> tuple[tuple[str, dict[str, object]], ...]:
+        return (*super()._purge_jobs(), ("purge_supersede_ears", {"batch": PURGE_BATCH}))
+
+    def _superseded(self, hex_id: str, token: int) -> None:
+        for watch in tuple(self._supersede_watches.get(hex_id, ())):
+            watch.heard(str(token))
 
     # -- the semaphore waiters' ear (_semaphore_ear.py) --------------------------------------
 

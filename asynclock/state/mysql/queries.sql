@@ -378,3 +378,41 @@ CALL {prefix}semaphore_heard_v1()
 DELETE FROM {prefix}semaphore_waiters
 WHERE until < UTC_TIMESTAMP(3) - INTERVAL %(retention_ms)s * 1000 MICROSECOND
 LIMIT %(batch)s
+
+-- supersede --
+-- Signal the holder of the key under token (on_lock_conflict="supersede"). One CALL of
+-- supersede_v1 (schema.sql): nothing when the key is free or held under another token.
+CALL {prefix}supersede_v1(UNHEX(%(id)s), %(token)s)
+
+-- supersede_listen --
+-- This state's ear (connection "conn") listens for the key's supersede signals until lease_ms
+-- from now; a signal sent before this row existed is not re-read (fresh 0, token kept).
+INSERT INTO {prefix}supersede_ears (id, conn, token, fresh, expires_at)
+VALUES (UNHEX(%(id)s), %(conn)s, 0, 0, UTC_TIMESTAMP(3) + INTERVAL %(lease_ms)s * 1000 MICROSECOND)
+ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)
+
+-- supersede_unlisten --
+-- The state stops listening for the key's supersede signals.
+DELETE FROM {prefix}supersede_ears WHERE id = UNHEX(%(id)s) AND conn = %(conn)s
+
+-- supersede_heard --
+-- The ear's read: the keys (id in hex) and tokens signalled to it since its last read, marked
+-- read in the same statement's transaction is not possible in MySQL: see supersede_read.
+SELECT HEX(id), token FROM {prefix}supersede_ears WHERE conn = %(conn)s AND fresh = 1
+
+-- supersede_read --
+-- Mark one signal read (only that token: a newer one stays fresh).
+UPDATE {prefix}supersede_ears SET fresh = 0
+WHERE id = UNHEX(%(id)s) AND conn = %(conn)s AND token = %(token)s
+
+-- supersede_ear --
+-- What the ear waits in: at once 0 when a signal for it is unread, else SLEEP(wait), which a
+-- signal's KILL QUERY interrupts (the statement fails, "interrupted"); 1 after the whole wait.
+-- The marker lets supersede_v1 kill only a waiting ear.
+SELECT 'asynclock-supersede-ear', IF(EXISTS (
+    SELECT 1 FROM {prefix}supersede_ears WHERE conn = CONNECTION_ID() AND fresh = 1
+), 0, SLEEP(%(wait)s))
+
+-- purge_supersede_ears --
+-- Delete up to "batch" supersede_ears rows whose lease passed (left by a state that crashed).
+DELETE FROM {prefix}supersede_ears WHERE expires_at <= UTC_TIMESTAMP(3) LIMIT %(batch)s

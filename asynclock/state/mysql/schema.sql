@@ -1415,3 +1415,55 @@ BEGIN
     SELECT v_fresh;
 END
 $$;
+
+-- Supersede signals (on_lock_conflict="supersede"): one row per key and state that listens for
+-- them (a holder, or a waiter about to hold), naming the connection of the state's supersede ear,
+-- a session that waits in SLEEP(). "token" is the fencing token last signalled for the key,
+-- "fresh" set until the ear has read it. A row outlives a crashed state until its lease (a day)
+-- passes; purge_expired deletes it after.
+CREATE TABLE IF NOT EXISTS {prefix}supersede_ears (
+    id          BINARY(32) NOT NULL,                 -- SHA-256 of the prefixed lock key
+    conn        BIGINT NOT NULL,                     -- CONNECTION_ID() of the state's ear
+    token       BIGINT NOT NULL,                     -- the last token signalled (0: none)
+    fresh       TINYINT NOT NULL,                    -- 1 until the ear read "token"
+    expires_at  DATETIME(3) NOT NULL,                -- end of the row's lease
+    PRIMARY KEY (id, conn),
+    KEY by_conn (conn, fresh)
+) ENGINE = InnoDB;
+
+-- supersede_v1: signal the holder of key p_id under p_token: if the key is held under that token,
+-- mark the token fresh in every row of the key (each listening state's ear) and, committed, wake
+-- each of those ears that waits by killing its query (as inbox_wake_one_v1; a refused kill, or an
+-- ear between two queries, is made up for by the ear's next query, which looks first).
+CREATE PROCEDURE IF NOT EXISTS {prefix}supersede_v1(IN p_id BINARY(32), IN p_token BIGINT)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_conn BIGINT;
+    DECLARE v_done INT DEFAULT 0;
+    DECLARE c_ears CURSOR FOR
+        SELECT conn FROM {prefix}supersede_ears WHERE id = p_id AND expires_at > UTC_TIMESTAMP(3);
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+    IF EXISTS (SELECT 1 FROM {prefix}locks
+               WHERE id = p_id AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)
+                 AND token = p_token) THEN
+        UPDATE {prefix}supersede_ears SET token = p_token, fresh = 1
+        WHERE id = p_id AND token < p_token;
+        OPEN c_ears;
+        ears: LOOP
+            FETCH c_ears INTO v_conn;
+            IF v_done = 1 THEN
+                LEAVE ears;
+            END IF;
+            BEGIN
+                DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
+                IF EXISTS (SELECT 1 FROM information_schema.PROCESSLIST
+                           WHERE ID = v_conn AND INFO LIKE '%asynclock-supersede-ear%') THEN
+                    KILL QUERY v_conn;
+                END IF;
+            END;
+        END LOOP;
+        CLOSE c_ears;
+    END IF;
+END
+$$;

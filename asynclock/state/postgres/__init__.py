@@ -38,7 +38,7 @@ from asynclock._validate import check_key, check_ttl, ttl_ms
 from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
-from asynclock.state._watch import EventWatch
+from asynclock.state._watch import EventWatch, TokenWatch
 from asynclock.state.postgres._pooler import pooler_options
 from asynclock.state.sql._handout import HintWatch
 from asynclock.state.sql._inbox import SQLInboxState
@@ -168,6 +168,9 @@ class PostgresState(
         )
         self._release_listener: Callable[[_Connection], Awaitable[None]] = self._give_back(pool)
         self._listener: _Listener | None = None
+        #: SupersedeSignals: NOTIFY channel, and the holders' watches by the key's id in hex
+        self._supersede_channel = f"{self._table_prefix}supersede"
+        self._supersede_watches: dict[str, set[TokenWatch]] = {}
 
     @classmethod
     def from_url(
@@ -435,6 +438,43 @@ class PostgresState(
             if listener is not None:
                 await listener.unlisten(channel)
 
+    # -- supersede signals: a NOTIFY naming the key and the holder's token -----------------------
+
+    async def supersede(self, key: str, token: int) -> None:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede` (one statement: a ``NOTIFY``
+        if ``token`` still holds the key)."""
+        ident, _ = self._ids(key)
+        params = {
+            "id": self._id_param(ident),
+            "token": int(token),
+            "channel": self._supersede_channel,
+            "payload": f"{ident.hex()} {int(token)}",
+        }
+        await self._run("supersede", params, idempotent=True)
+
+    @contextlib.asynccontextmanager
+    async def supersede_watch(self, key: str) -> AsyncIterator[TokenWatch]:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_watch` (the state's LISTEN
+        connection, as for :meth:`watch`)."""
+        ident, _ = self._ids(key)
+        hex_id = ident.hex()
+        watch = TokenWatch(asyncio.get_running_loop())
+        self._supersede_watches.setdefault(hex_id, set()).add(watch)
+        try:
+            await self._listen()
+            yield watch
+        finally:
+            watches = self._supersede_watches.get(hex_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._supersede_watches[hex_id]
+
+    def _superseded(self, payload: str) -> None:
+        hex_id, _, token = payload.partition(" ")
+        for watch in tuple(self._supersede_watches.get(hex_id, ())):
+            watch.heard(token)
+
     @staticmethod
     def _listener_from_pool(pool: object) -> Callable[[], Awaitable[_Connection]]:
         async def acquire() -> _Connection:
@@ -523,6 +563,7 @@ class _Listener:
             try:
                 conn.add_termination_listener(self._on_terminated)
                 await conn.add_listener(self._state._channel, self._on_notify)
+                await conn.add_listener(self._state._supersede_channel, self._on_supersede)
                 for channel in tuple(self._state._worker_watches):
                     await conn.add_listener(channel, self._on_wake)
                     self._heard.add(channel)
@@ -540,6 +581,9 @@ class _Listener:
 
     def _on_notify(self, conn: object, pid: object, channel: object, payload: object) -> None:
         self._state._wake(str(payload))
+
+    def _on_supersede(self, conn: object, pid: object, channel: object, payload: object) -> None:
+        self._state._superseded(str(payload))
 
     def _on_wake(self, conn: object, pid: object, channel: object, payload: object) -> None:
         watch = self._state._worker_watches.get(str(channel))
@@ -592,7 +636,7 @@ class _Listener:
             state = self._state
             while (
                 not self._closed
-                and (state._watches or state._worker_watches)
+                and (state._watches or state._worker_watches or state._supersede_watches)
                 and self._conn is None
             ):
                 try:

@@ -453,3 +453,12 @@ WITH h AS (
     RETURNING 1
 )
 SELECT ((SELECT count(*) FROM h) + (SELECT count(*) FROM w) + (SELECT count(*) FROM s))::int
+
+-- supersede --
+-- Signal the holder of the key if it still holds it under token (on_lock_conflict="supersede"):
+-- NOTIFY on the state's supersede channel, payload "<the key's id in hex> <token>", heard by the
+-- LISTEN connection of every state once this commits. One read of the lock row; nothing is sent
+-- when the key is free or held under another token (a holder that has gone).
+SELECT pg_notify(%(channel)s, %(payload)s)
+FROM {prefix}locks
+WHERE id = %(id)s AND owner IS NOT NULL AND expires_at > now() AND token = %(token)s

@@ -15,6 +15,8 @@ atomic against every client of the server and uses the server's clock. Dedupe is
 * ``P{key}``: the lock (see ``_value.lua`` for its value); the braces make the user's key the
   Redis Cluster hash tag, so everything about one lock lives in one slot.
 * ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
+* ``P{key}:supersede``: the holder's supersede channel (PUBLISH from ``supersede.lua``, the
+  payload the holder's fencing token; see :class:`~asynclock.state.SupersedeSignals`).
 * ``P<namespace>:<id>``: a dedupe record.
 * ``P{key}:inbox`` (and ``:attempts``, ``:tries``, ``:dead``, ``:seq``, ``:hold``): the key's
   durable inbox (``:tries``: the attempt counts of the entries ``inbox_take`` handed out;
@@ -50,7 +52,7 @@ from asynclock.state._base import ClosesOnExit
 from asynclock.state._guard import OperationGuard
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL
-from asynclock.state._watch import EventWatch
+from asynclock.state._watch import EventWatch, TokenWatch
 from asynclock.state.redis._clients import client_from_url, transport_for
 from asynclock.state.redis._durability import PersistenceCheck
 from asynclock.state.redis._inbox import RedisInbox
@@ -575,6 +577,28 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
         """See :meth:`asynclock.state.State.watch` (one shared pub/sub connection)."""
         async with self._watch_channel(f"{self.lock_key(key)}:released".encode()) as watch:
             yield watch
+
+    async def supersede(self, key: str, token: int) -> None:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede` (``supersede.lua``: a
+        ``PUBLISH``, sharded on a cluster, if ``token`` still holds the key)."""
+        lock_key = self.lock_key(key)
+        await self._eval("supersede", (lock_key, f"{lock_key}:supersede"), int(token))
+
+    @contextlib.asynccontextmanager
+    async def supersede_watch(self, key: str) -> AsyncIterator[TokenWatch]:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_watch` (the state's pub/sub
+        connection, as for :meth:`watch`)."""
+        if self._subscriber is None:
+            self._subscriber = self._transport.subscriber(self._op_timeout or 5.0)
+        subscriber = self._subscriber
+        channel = f"{self.lock_key(key)}:supersede".encode()
+        watch = TokenWatch(asyncio.get_running_loop())
+        async with self._guard():
+            await subscriber.add(channel, watch)
+        try:
+            yield watch
+        finally:
+            subscriber.discard(channel, watch)
 
     @contextlib.asynccontextmanager
     async def _watch_channel(

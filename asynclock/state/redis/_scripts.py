@@ -47,6 +47,7 @@ def load_scripts(*, sharded: bool = False) -> dict[str, LuaScript]:
         "force_release",
         "dedupe_keep",
         "forget_claim",
+        "supersede",
     )
     scripts = {name: LuaScript(name, sharded=sharded) for name in names}
     scripts["claim_acquire"] = LuaScript("claim_acquire", "_claim", "acquire", sharded=sharded)
