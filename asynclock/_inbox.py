@@ -27,7 +27,7 @@ import asyncio
 import functools
 import json
 import logging
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from asynclock import metrics as _metrics
 from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailableError
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from asynclock._handlers import HandlerTable
-    from asynclock._inbox_fold import FoldingDrain
-    from asynclock._inbox_supersede import SupersedingDrain
     from asynclock.state._protocol import (
         InboxEntry,
         InboxGrant,
@@ -104,6 +102,18 @@ def _unserializable(raw: dict[str, object]) -> str:
     return "Event.raw"
 
 
+class KeyDrain(Protocol):
+    """How a held key is drained instead of one entry at a time: the batches of ``latest`` /
+    ``debounce`` (``_inbox_fold.FoldingDrain``) or the interruptions of ``supersede``
+    (``_inbox_supersede.SupersedingDrain``). The drainer holds the key's lock when it calls."""
+
+    async def drain(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> float | None:
+        """Drain ``key`` until its inbox is empty (the lock released by the step that found it
+        so) or ``stopping`` is set (the caller releases the lock); the seconds the key waits for
+        a retry in the state (its lock released), else ``None``."""
+        ...
+
+
 def decode(payload: str) -> Event:
     """The event an inbox entry stores."""
     data = json.loads(payload)
@@ -156,7 +166,7 @@ class Drainer:
         max_attempts: int,
         record: Recorder,
         observe: Callable[[str, float], None],
-        folding: FoldingDrain | SupersedingDrain | None = None,
+        folding: KeyDrain | None = None,
         max_keys: int = MAX_KEYS,
         retry: RetryPlan | None = None,
     ) -> None:

@@ -46,6 +46,9 @@ KEY = "slack:C1:T1"
 QUIET = 0.3
 #: how far the state's clock (a server's) and this process's may disagree about a duration
 SKEW = 0.05
+#: a wait that outlasts the checks made during it (several round trips and a ``QUIET`` wait,
+#: slow on a loaded machine): a shorter one could come due before they end
+CHECKED_WAIT = 2.0
 
 
 class Inbox(InboxState, State, Protocol):
@@ -208,7 +211,7 @@ class TestRetryThatWaits:
             async with first.inbox_worker(lock_ttl=5.0, with_entry=True) as worker:
                 grant = await handed(worker)
                 assert grant.entry is not None
-                await first.inbox_step(KEY, grant.owner, done=grant.entry.id, retry_in=0.5)
+                await first.inbox_step(KEY, grant.owner, done=grant.entry.id, retry_in=CHECKED_WAIT)
             info = await key_info(other)
             assert info is not None
             assert info.retry_in is not None
@@ -397,17 +400,21 @@ class TestBatches:
             assert batch is not None
             assert [e.attempt for e in batch.entries] == [1, 1]
             ids = [e.id for e in batch.entries]
-            left = await state.inbox_take(KEY, grant.owner, done=ids, retry_in=0.6, limit=5)
+            before = time.monotonic()
+            left = await state.inbox_take(
+                KEY, grant.owner, done=ids, retry_in=CHECKED_WAIT, limit=5
+            )
             assert left is None
             info = await key_info(state)
             assert info is not None
             assert (info.pending, info.dead, info.parked) == (2, 0, False)
             assert info.retry_in is not None
-            assert 0.0 < info.retry_in <= 0.6
+            assert 0.0 < info.retry_in <= CHECKED_WAIT
             assert await accept(state, ev(3), with_entry=False) == ["accepted"]
             await nothing_handed(state, worker)
-            waited = await due(state)
-            assert waited >= 0.6 - QUIET * 2 - SKEW  # (nothing_handed waited some of it)
+            await due(state)
+            waited = time.monotonic() - before
+            assert waited >= CHECKED_WAIT - SKEW, f"listed after {waited:.3f} s, before it was due"
             again = await worker.take(KEY)
             assert again is not None
             assert again.key == KEY
