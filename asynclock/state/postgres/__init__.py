@@ -39,6 +39,7 @@ from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch
+from asynclock.state.postgres._ear import PostgresEar
 from asynclock.state.postgres._pooler import pooler_options
 from asynclock.state.sql._handout import HintWatch
 from asynclock.state.sql._inbox import SQLInboxState
@@ -74,6 +75,7 @@ class _Connection(Protocol):
     async def close(self, *, timeout: float | None = None) -> None: ...
     def terminate(self) -> None: ...
     def is_closed(self) -> bool: ...
+    def get_server_pid(self) -> int: ...
     async def add_listener(
         self, channel: str, callback: Callable[[object, object, object, object], None]
     ) -> None: ...
@@ -168,6 +170,8 @@ class PostgresState(
         )
         self._release_listener: Callable[[_Connection], Awaitable[None]] = self._give_back(pool)
         self._listener: _Listener | None = None
+        #: the ear of each serving worker of this state, by worker id
+        self._ears: dict[str, PostgresEar] = {}
 
     @classmethod
     def from_url(
@@ -422,18 +426,51 @@ class PostgresState(
 
     @contextlib.asynccontextmanager
     async def _wake_ups(self, worker: str, channel: str) -> AsyncIterator[HintWatch]:
-        """See :meth:`SQLInboxState._wake_ups`: a NOTIFY on ``channel`` (its payload: the key's
-        id in hex), heard on this state's LISTEN connection."""
+        """See :meth:`SQLInboxState._wake_ups`: the worker's ear (``_ear.py``: a cancelled sleep,
+        the key in the worker's row), and as its fallback a NOTIFY on ``channel`` (its payload:
+        the key's id in hex), heard on this state's LISTEN connection: what a waker sends when
+        it finds no ear at the row's pid, or may not cancel it (``pg_cancel_backend`` needs the
+        ear's role or ``pg_signal_backend``, and seeing its query the same role or
+        ``pg_read_all_stats``)."""
         watch = HintWatch(channel)
         self._worker_watches[channel] = watch
+        sql, names = self._statements["inbox_ear"]
+        assert names == ("worker", "wait")
+        ear = PostgresEar(
+            self._connect_listener,
+            self._release_listener,
+            sql,
+            worker=worker,
+            watch=watch,
+            op_timeout=self._op_timeout,
+        )
         try:
             await self._listen()  # LISTENs on every worker channel of the state
+            async with self._guard():
+                await ear.start()
+            self._ears[worker] = ear
             yield watch
         finally:
+            self._ears.pop(worker, None)
+            await ear.aclose()
             self._worker_watches.pop(channel, None)
             listener = self._listener
             if listener is not None:
                 await listener.unlisten(channel)
+
+    async def _inbox_worker_seen(self, worker: str, channel: str, lease: float) -> object:
+        ear = self._ears.get(worker)
+        return await self._run(
+            "inbox_worker_seen",
+            {
+                "worker": worker,
+                "space": self._id_param(self._space),
+                "channel": channel,
+                "lease_ms": ttl_ms(lease),
+                "ear": ear.pid if ear is not None else None,
+            },
+            idempotent=True,
+        )
 
     @staticmethod
     def _listener_from_pool(pool: object) -> Callable[[], Awaitable[_Connection]]:
