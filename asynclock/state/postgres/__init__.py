@@ -11,9 +11,10 @@ Wake-ups: a release of a key that a waiting state flagged runs ``pg_notify`` in 
 transaction (an unflagged release wakes only this state's own watchers, in process: a NOTIFY
 serialises the commits that send it); one dedicated connection per state LISTENs on the table's
 channel (``{table_prefix}released``, payload: the key's id in hex) and wakes the watchers of
-that key. An inbox accept (or requeue) notifies
-``{table_prefix}inbox`` (payload: the id of the state's key prefix in hex) in its transaction,
-heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections
+that key. An inbox accept for a free key wakes one serving worker through its ear (a
+connection of its own on the listener's address, its ``pg_sleep`` cancelled: ``_ear.py``), or,
+if that cannot be done, by a NOTIFY on the worker's channel, heard by the same LISTEN
+connection. Pooled connections
 never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
 mode (the listener needs a direct or session-mode connection).
 
@@ -190,7 +191,8 @@ class PostgresState(
 
         The URL is handed to asyncpg as a DSN (user, password, host, port, database and query
         options such as ``sslmode``). The state opens at most ``max_connections`` connections for
-        statements, plus one listener connection once a key is watched, each within
+        statements, plus one listener connection once a key is watched and one ear connection
+        per serving inbox worker (both on ``listen_url``), each within
         ``connect_timeout`` seconds. A burst of operations larger than the pool waits for a free
         connection (within ``op_timeout``) instead of failing.
 

@@ -18,6 +18,10 @@ Invariants:
 * Every answer of the ear wakes the worker (a cancel, a hint found, the whole wait passed: the
   worker then claims once, which also makes up for a wake-up that reached no ear), and the ear
   waits again only once the worker's claims are done.
+* A wake-up lost for good (the row's ear is dead or not ours, and the NOTIFY fallback reached no
+  live worker either) leaves the key free with work: any worker's next claim takes it, at the
+  latest the one at the end of its ear's wait (:data:`EAR_WAIT`) or the rescan, every
+  ``min(5 s, lock_ttl / 2)``.
 * A cancelled statement keeps the connection; a connection that fails is closed and reopened
   after a pause, the worker woken (a wake-up may have gone to the old one), and its new pid is
   what the worker's row names from its next renewal (meanwhile wakers find no ear at the old pid

@@ -334,13 +334,13 @@ FROM {prefix}inbox_step_v4(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s, %(re
 
 -- inbox_requeue --
 -- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
--- counts, and unpark the key; if it has work and nobody holds it, NOTIFY one live worker (the
+-- counts, and unpark the key; if it has work and nobody holds it, wake one live worker (the
 -- hand-out). Answers how many. Atomic: one call of inbox_requeue_v4 (schema.sql), under the key's
 -- inboxes row lock.
 SELECT {prefix}inbox_requeue_v4(%(id)s, %(space)s)
 
 -- inbox_discard --
--- Delete the key's dead letters and unpark it; if it has work and nobody holds it, NOTIFY one
+-- Delete the key's dead letters and unpark it; if it has work and nobody holds it, wake one
 -- live worker (the hand-out). Answers how many were deleted. Atomic: one call of inbox_discard_v2
 -- (schema.sql), under the key's inboxes row lock.
 SELECT {prefix}inbox_discard_v2(%(id)s, %(space)s)
