@@ -418,3 +418,45 @@ async def test_a_pid_that_is_no_ear_is_never_cancelled_and_the_worker_gets_a_not
     finally:
         await other.close()
         await admin.close()
+
+
+async def test_a_wake_up_that_cancels_the_ear_before_its_accept_commits_is_not_lost(
+    pg_clients: Clients,
+) -> None:
+    # Unlike a NOTIFY (delivered at commit), the ear's cancel acts at once, inside the accept's
+    # transaction: the woken worker claims before the entry is committed. Its claim (and the
+    # ear's next check) read the worker's row, which the waker holds locked until its commit:
+    # they wait for it, and the key is taken right after the commit, not at the ear's next wait.
+    # The accept's transaction is held open here for 0.5 s to make the race certain.
+    serving = pg_clients.states[0]
+    prefix = serving._table_prefix
+    key = "in-flight"
+    ident, full = serving._ids(key)
+    conn = await asyncpg.connect(POSTGRES.url)
+    try:
+        async with serving.inbox_worker(lock_ttl=30.0, with_entry=True) as worker:
+            assert await worker.next(0.0) is None
+            waiting = asyncio.ensure_future(worker.next(10.0))
+            await asyncio.sleep(0.1)
+            loop = asyncio.get_running_loop()
+            async with conn.transaction():
+                status = await conn.fetchval(
+                    f"SELECT status FROM {prefix}inbox_accept_v6($1, $2, $3, 'x', NULL, NULL,"
+                    " 0, 5, 0)",
+                    ident,
+                    full,
+                    serving._space,
+                )
+                assert status == "accepted"
+                await asyncio.sleep(0.5)
+                assert not waiting.done(), "a claim took an entry not committed yet"
+            committed = loop.time()
+            grant = await waiting
+            took = loop.time() - committed
+            assert grant is not None
+            assert grant.key == key
+            assert took < 1.0, f"taken {took:.2f} s after the commit: the wake-up was lost"
+            assert grant.entry is not None
+            assert await serving.inbox_step(key, grant.owner, done=grant.entry.id) is None
+    finally:
+        await conn.close()
