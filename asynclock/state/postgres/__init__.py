@@ -137,15 +137,18 @@ class PostgresState(
       wait for each other in a cycle (see ``queries.sql``); a deadlock victim of any other cycle
       (its whole transaction rolled back, nothing left behind) is run again.
     * The durable inbox's accept, step and requeue are each one call of a PL/pgSQL function
-      running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`); accepts
-      wake the inbox watchers of every state by ``NOTIFY``.
+      running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`); an
+      accept for a free key wakes one serving worker, through its ear (``_ear.py``), by
+      ``NOTIFY`` only if it may not cancel the ear's sleep.
 
     One PostgresState serves one event loop (asyncpg connections belong to a loop).
 
     Args:
         pool: an ``asyncpg.Pool`` to run statements on; the state never closes it. Each operation
             then pays the pool's reset query on release; :meth:`from_url` builds a leaner pool.
-            The listener for wake-ups holds one connection of the pool while any key is watched.
+            The listener for wake-ups holds one connection of the pool while any key is watched,
+            and each serving inbox worker's ear one more (through a transaction pooler its pid
+            is the pooler's: wake-ups then fall back to ``NOTIFY``).
         options: the options of every SQL state (``prefix``, ``op_timeout``, ...; see
             :class:`~asynclock.state.sql._state.SQLState`).
     """
