@@ -53,6 +53,8 @@ logger = logging.getLogger("asynclock")
 EAR_WAIT = 5.0
 #: seconds before a failed ear connection is opened again
 RECONNECT_DELAY = 1.0
+#: what ``inbox_ear_v1`` fails with when the worker's row holds a hint (a wake-up is waiting)
+_HINTED = "ALE02"
 
 
 class PostgresEar:
@@ -109,6 +111,12 @@ class PostgresEar:
         self.pid = conn.get_server_pid()
         return conn
 
+    async def _until_idle(self) -> None:
+        """Until the worker's claims are done (bounded: a worker that never claims again, as
+        one stopping, must not freeze the ear)."""
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._watch.idle.wait(), EAR_WAIT)
+
     async def _listen(self, conn: _Connection | None) -> None:
         try:
             while True:
@@ -123,18 +131,18 @@ class PostgresEar:
                 except pg_errors.QueryCanceledError:
                     pass  # a wake-up (or statement_timeout): the worker claims
                 except Exception as exc:  # noqa: BLE001 - an ear that fails is reopened
-                    logger.debug("asynclock: PostgreSQL inbox ear failed: %r", exc)
-                    self.pid = None
-                    if conn is not None:
-                        conn.terminate()
-                    conn = None
-                    self._watch.wake()
-                    await asyncio.sleep(RECONNECT_DELAY)
-                    continue
+                    # ALE02: a wake-up came while no statement ran (its hint found): no failure
+                    if getattr(exc, "sqlstate", None) != _HINTED:
+                        logger.debug("asynclock: PostgreSQL inbox ear failed: %r", exc)
+                        self.pid = None
+                        if conn is not None:
+                            conn.terminate()
+                        conn = None
+                        self._watch.wake()
+                        await asyncio.sleep(RECONNECT_DELAY)
+                        continue
                 self._watch.wake()
-                # bounded: a worker that never claims again (stopping) must not freeze the ear
-                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._watch.idle.wait(), EAR_WAIT)
+                await self._until_idle()
         finally:
             self.pid = None
             if conn is not None:

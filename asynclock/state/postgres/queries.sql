@@ -309,8 +309,9 @@ ON CONFLICT (id) DO UPDATE SET (space, channel, expires_at, ear) =
     (EXCLUDED.space, EXCLUDED.channel, EXCLUDED.expires_at, EXCLUDED.ear)
 
 -- inbox_ear --
--- A worker's ear waits (its own session): at once true if a wake-up left a hint in the worker's
--- row, else a sleep of "wait" seconds (false) that a wake-up cancels (query_canceled). The column
+-- A worker's ear waits (its own session): fails at once (SQLSTATE ALE02) if a wake-up left a hint
+-- in the worker's row, else a sleep of "wait" seconds (false) that a wake-up cancels
+-- (query_canceled); either way the wake-up commits no transaction of the ear's. The column
 -- name marks the session as an ear for the waker (pg_stat_activity.query). One call of
 -- inbox_ear_v1 (schema.sql).
 SELECT {prefix}inbox_ear_v1(%(worker)s, %(wait)s) AS "asynclock-inbox-ear"

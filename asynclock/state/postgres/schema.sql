@@ -1293,10 +1293,12 @@ BEGIN
 END
 $$;
 
--- inbox_ear_v1: the ear's wait. Answers at once (true) if the worker's row holds a hint, read with
--- the row locked (a wake-up in flight is waited for, as in inbox_claim_v3) in a subtransaction
--- rolled back at once, so no waker waits for the sleep; else sleeps p_wait seconds (false), unless
--- a wake-up cancels the sleep first (the statement then fails with query_canceled).
+-- inbox_ear_v1: the ear's wait. Fails at once with SQLSTATE ALE02 if the worker's row holds a
+-- hint (an error, not an answer: the statement's transaction commits nothing, like a cancelled
+-- one), read with the row locked (a wake-up in flight is waited for, as in inbox_claim_v3) in a
+-- subtransaction rolled back at once, so no waker waits for the sleep; else sleeps p_wait seconds
+-- (false), unless a wake-up cancels the sleep first (the statement then fails with
+-- query_canceled).
 CREATE OR REPLACE FUNCTION {prefix}inbox_ear_v1(p_worker text, p_wait float8)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
@@ -1310,7 +1312,7 @@ BEGIN
         NULL;
     END;
     IF v_hint IS NOT NULL THEN
-        RETURN true;
+        RAISE SQLSTATE 'ALE02' USING MESSAGE = 'asynclock inbox ear: a wake-up is waiting';
     END IF;
     PERFORM pg_sleep(p_wait);
     RETURN false;
