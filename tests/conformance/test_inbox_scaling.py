@@ -309,6 +309,28 @@ async def measure(
     return WakeUpCost(len(fleet.workers), len(idle) / (idle_end - idle_start), windows)
 
 
+async def pg_registered(fleet: CountedFleet, workers: int) -> None:
+    """On PostgreSQL, wait until ``workers`` workers have registered (their rows, their ears):
+    under load a worker that starts late would miss the whole warm-up, its events all taken by
+    the others."""
+    if fleet.backend not in (POSTGRES, POSTGRES_PGBOUNCER):
+        return
+    conn = await asyncpg.connect(POSTGRES.url)
+    try:
+
+        async def all_there() -> bool:
+            rows = await conn.fetchval(
+                "SELECT count(*) FROM asynclock_inbox_workers"
+                " WHERE space = $1 AND expires_at > now() AND ear IS NOT NULL",
+                key_id(fleet.prefix),
+            )
+            return int(rows) == workers
+
+        await wait_until(f"{workers} workers registered\n{fleet.output()}", all_there, 60.0)
+    finally:
+        await conn.close()
+
+
 async def test_a_wake_up_for_one_key_costs_one_take_not_one_per_worker(
     fleet: CountedFleet,
 ) -> None:
@@ -324,6 +346,7 @@ async def test_a_wake_up_for_one_key_costs_one_take_not_one_per_worker(
             for workers in (1, 6):
                 while len(counted.workers) < workers:
                     await counted.start_counted()
+                await pg_registered(counted, workers)
                 await warm_up(counted, producer, checker, threads)
                 costs[workers] = await measure(counted, producer, checker, threads)
     finally:

@@ -450,9 +450,13 @@ class PostgresState(
             op_timeout=self._op_timeout,
         )
         try:
-            await self._listen()  # LISTENs on every worker channel of the state
-            async with self._guard():
-                await ear.start()
+            # both connections at once (a worker starts serving one connect sooner), each done
+            # before any failure is raised: an ear still opening would be left behind
+            for outcome in await asyncio.gather(
+                self._listen(), self._start_ear(ear), return_exceptions=True
+            ):
+                if isinstance(outcome, BaseException):
+                    raise outcome
             self._ears[worker] = ear
             yield watch
         finally:
@@ -462,6 +466,10 @@ class PostgresState(
             listener = self._listener
             if listener is not None:
                 await listener.unlisten(channel)
+
+    async def _start_ear(self, ear: PostgresEar) -> None:
+        async with self._guard():
+            await ear.start()
 
     async def _inbox_worker_seen(self, worker: str, channel: str, lease: float) -> object:
         ear = self._ears.get(worker)
