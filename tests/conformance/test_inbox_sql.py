@@ -347,3 +347,116 @@ async def test_a_drained_key_s_release_notifies_nobody_unless_a_waiter_flagged_i
         assert (await waiter.acquire(key, "w", 5.0, waiting=True)).token is not None
     finally:
         await listener.close()
+
+
+async def test_a_wake_up_reaches_one_worker_through_its_ear_without_a_notify(
+    pg_clients: Clients,
+) -> None:
+    # Each NOTIFY costs every LISTENing session of the database a transaction (#24): the
+    # hand-out's wake-up cancels the sleep of one worker's ear instead, and the worker claims the
+    # key the waker wrote in its row. Woken well before the ear's own wait ends (EAR_WAIT).
+    producer, serving = pg_clients.states[:2]
+    heard: list[str] = []
+    listener = await asyncpg.connect(POSTGRES.url)
+    try:
+        async with serving.inbox_worker(lock_ttl=30.0, with_entry=True) as worker:
+            await listener.add_listener(worker.channel, lambda *a: heard.append(str(a[3])))
+            assert await worker.next(0.0) is None  # its first claim: nothing yet
+            for n in range(3):
+                key = f"ear-{n}"
+                waiting = asyncio.ensure_future(worker.next(10.0))
+                await asyncio.sleep(0.05)  # the worker waits (its ear sleeps again)
+                started = asyncio.get_running_loop().time()
+                accepted = await producer.inbox_accept(
+                    key, "x", claim=None, claim_ttl=60.0, max_pending=5
+                )
+                assert accepted.status == "accepted"
+                grant = await waiting
+                took = asyncio.get_running_loop().time() - started
+                assert grant is not None
+                assert grant.key == key
+                assert took < 1.0, f"woken after {took:.2f} s: not by the ear"
+                assert grant.entry is not None
+                assert await serving.inbox_step(key, grant.owner, done=grant.entry.id) is None
+            await listener.execute("SELECT 1")  # a NOTIFY would have arrived by now
+            assert heard == [], "the hand-out's wake-up sent a NOTIFY"
+    finally:
+        await listener.close()
+
+
+async def test_a_pid_that_is_no_ear_is_never_cancelled_and_the_worker_gets_a_notify(
+    pg_clients: Clients,
+) -> None:
+    # A worker gone without saying so leaves a pid that may name another session by now; and a
+    # waker may lack the right to cancel the ear (another role without pg_signal_backend). The
+    # waker then cancels nothing and NOTIFYs the worker's channel: the wake-up still arrives.
+    producer, serving = pg_clients.states[:2]
+    prefix = serving._table_prefix
+    other = await asyncpg.connect(POSTGRES.url)
+    admin = await asyncpg.connect(POSTGRES.url)
+    try:
+        async with serving.inbox_worker(lock_ttl=30.0, with_entry=True) as worker:
+            assert await worker.next(0.0) is None
+            await admin.execute(
+                f"UPDATE {prefix}inbox_workers SET ear = $1 WHERE id = $2",
+                other.get_server_pid(),
+                worker.id,
+            )
+            sleeping = asyncio.ensure_future(other.fetchval("SELECT pg_sleep(1.5)::text"))
+            waiting = asyncio.ensure_future(worker.next(10.0))
+            await asyncio.sleep(0.1)
+            started = asyncio.get_running_loop().time()
+            await producer.inbox_accept("no-ear", "x", claim=None, claim_ttl=60.0, max_pending=5)
+            grant = await waiting
+            took = asyncio.get_running_loop().time() - started
+            assert grant is not None
+            assert grant.key == "no-ear"
+            assert took < 1.0, f"woken after {took:.2f} s: no NOTIFY came"
+            assert await sleeping == "", "the waker cancelled a session that is no ear"
+            assert grant.entry is not None
+            assert await serving.inbox_step("no-ear", grant.owner, done=grant.entry.id) is None
+    finally:
+        await other.close()
+        await admin.close()
+
+
+async def test_a_wake_up_that_cancels_the_ear_before_its_accept_commits_is_not_lost(
+    pg_clients: Clients,
+) -> None:
+    # Unlike a NOTIFY (delivered at commit), the ear's cancel acts at once, inside the accept's
+    # transaction: the woken worker claims before the entry is committed. Its claim (and the
+    # ear's next check) read the worker's row, which the waker holds locked until its commit:
+    # they wait for it, and the key is taken right after the commit, not at the ear's next wait.
+    # The accept's transaction is held open here for 0.5 s to make the race certain.
+    serving = pg_clients.states[0]
+    prefix = serving._table_prefix
+    key = "in-flight"
+    ident, full = serving._ids(key)
+    conn = await asyncpg.connect(POSTGRES.url)
+    try:
+        async with serving.inbox_worker(lock_ttl=30.0, with_entry=True) as worker:
+            assert await worker.next(0.0) is None
+            waiting = asyncio.ensure_future(worker.next(10.0))
+            await asyncio.sleep(0.1)
+            loop = asyncio.get_running_loop()
+            async with conn.transaction():
+                status = await conn.fetchval(
+                    f"SELECT status FROM {prefix}inbox_accept_v6($1, $2, $3, 'x', NULL, NULL,"
+                    " 0, 5, 0)",
+                    ident,
+                    full,
+                    serving._space,
+                )
+                assert status == "accepted"
+                await asyncio.sleep(0.5)
+                assert not waiting.done(), "a claim took an entry not committed yet"
+            committed = loop.time()
+            grant = await waiting
+            took = loop.time() - committed
+            assert grant is not None
+            assert grant.key == key
+            assert took < 1.0, f"taken {took:.2f} s after the commit: the wake-up was lost"
+            assert grant.entry is not None
+            assert await serving.inbox_step(key, grant.owner, done=grant.entry.id) is None
+    finally:
+        await conn.close()

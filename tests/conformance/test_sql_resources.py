@@ -44,7 +44,7 @@ QUERIES = {
 #: purges a semaphore's permits and places in statements of their own: no multi-table DELETE, and
 #: its inbox workers wait in a statement of their own: the ear, killed by the hand-out)
 OWN_QUERIES = {
-    "asynclock.state.postgres": {"forget_claimed", "supersede"},
+    "asynclock.state.postgres": {"forget_claimed", "supersede", "inbox_ear"},
     "asynclock.state.mysql": {
         "purge_semaphore_holders",
         "purge_semaphore_waiters",
@@ -115,6 +115,15 @@ ROUTINES = {
         "inbox_requeue_v3",
         "inbox_discard_v1",
         "inbox_claim_v2",
+        # the hand-out wakes a worker through its ear, not a NOTIFY (#24: a NOTIFY costs every
+        # LISTENing session of the database a transaction)
+        "inbox_wake_one_v2",
+        "inbox_accept_v6",
+        "inbox_hand_out_v2",
+        "inbox_requeue_v4",
+        "inbox_discard_v2",
+        "inbox_claim_v3",
+        "inbox_ear_v1",
         "semaphore_eligible_v1",
         "semaphore_wake_v1",
         "semaphore_acquire_v1",

@@ -11,9 +11,10 @@ Wake-ups: a release of a key that a waiting state flagged runs ``pg_notify`` in 
 transaction (an unflagged release wakes only this state's own watchers, in process: a NOTIFY
 serialises the commits that send it); one dedicated connection per state LISTENs on the table's
 channel (``{table_prefix}released``, payload: the key's id in hex) and wakes the watchers of
-that key. An inbox accept (or requeue) notifies
-``{table_prefix}inbox`` (payload: the id of the state's key prefix in hex) in its transaction,
-heard by the same connection, which wakes the inbox watchers of that prefix. Pooled connections
+that key. An inbox accept for a free key wakes one serving worker through its ear (a
+connection of its own on the listener's address, its ``pg_sleep`` cancelled: ``_ear.py``), or,
+if that cannot be done, by a NOTIFY on the worker's channel, heard by the same LISTEN
+connection. Pooled connections
 never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
 mode (the listener needs a direct or session-mode connection).
 
@@ -39,6 +40,7 @@ from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch, TokenWatch
+from asynclock.state.postgres._ear import PostgresEar
 from asynclock.state.postgres._pooler import pooler_options
 from asynclock.state.sql._handout import HintWatch
 from asynclock.state.sql._inbox import SQLInboxState
@@ -74,6 +76,7 @@ class _Connection(Protocol):
     async def close(self, *, timeout: float | None = None) -> None: ...
     def terminate(self) -> None: ...
     def is_closed(self) -> bool: ...
+    def get_server_pid(self) -> int: ...
     async def add_listener(
         self, channel: str, callback: Callable[[object, object, object, object], None]
     ) -> None: ...
@@ -134,15 +137,18 @@ class PostgresState(
       wait for each other in a cycle (see ``queries.sql``); a deadlock victim of any other cycle
       (its whole transaction rolled back, nothing left behind) is run again.
     * The durable inbox's accept, step and requeue are each one call of a PL/pgSQL function
-      running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`); accepts
-      wake the inbox watchers of every state by ``NOTIFY``.
+      running one transaction (see :class:`~asynclock.state.sql._inbox.SQLInboxState`); an
+      accept for a free key wakes one serving worker, through its ear (``_ear.py``), by
+      ``NOTIFY`` only if it may not cancel the ear's sleep.
 
     One PostgresState serves one event loop (asyncpg connections belong to a loop).
 
     Args:
         pool: an ``asyncpg.Pool`` to run statements on; the state never closes it. Each operation
             then pays the pool's reset query on release; :meth:`from_url` builds a leaner pool.
-            The listener for wake-ups holds one connection of the pool while any key is watched.
+            The listener for wake-ups holds one connection of the pool while any key is watched,
+            and each serving inbox worker's ear one more (through a transaction pooler its pid
+            is the pooler's: wake-ups then fall back to ``NOTIFY``).
         options: the options of every SQL state (``prefix``, ``op_timeout``, ...; see
             :class:`~asynclock.state.sql._state.SQLState`).
     """
@@ -171,6 +177,8 @@ class PostgresState(
         #: SupersedeSignals: NOTIFY channel, and the holders' watches by the key's id in hex
         self._supersede_channel = f"{self._table_prefix}supersede"
         self._supersede_watches: dict[str, set[TokenWatch]] = {}
+        #: the ear of each serving worker of this state, by worker id
+        self._ears: dict[str, PostgresEar] = {}
 
     @classmethod
     def from_url(
@@ -189,7 +197,8 @@ class PostgresState(
 
         The URL is handed to asyncpg as a DSN (user, password, host, port, database and query
         options such as ``sslmode``). The state opens at most ``max_connections`` connections for
-        statements, plus one listener connection once a key is watched, each within
+        statements, plus one listener connection once a key is watched and one ear connection
+        per serving inbox worker (both on ``listen_url``), each within
         ``connect_timeout`` seconds. A burst of operations larger than the pool waits for a free
         connection (within ``op_timeout``) instead of failing.
 
@@ -425,14 +434,37 @@ class PostgresState(
 
     @contextlib.asynccontextmanager
     async def _wake_ups(self, worker: str, channel: str) -> AsyncIterator[HintWatch]:
-        """See :meth:`SQLInboxState._wake_ups`: a NOTIFY on ``channel`` (its payload: the key's
-        id in hex), heard on this state's LISTEN connection."""
+        """See :meth:`SQLInboxState._wake_ups`: the worker's ear (``_ear.py``: a cancelled sleep,
+        the key in the worker's row), and as its fallback a NOTIFY on ``channel`` (its payload:
+        the key's id in hex), heard on this state's LISTEN connection: what a waker sends when
+        it finds no ear at the row's pid, or may not cancel it (``pg_cancel_backend`` needs the
+        ear's role or ``pg_signal_backend``, and seeing its query the same role or
+        ``pg_read_all_stats``)."""
         watch = HintWatch(channel)
         self._worker_watches[channel] = watch
+        sql, names = self._statements["inbox_ear"]
+        assert names == ("worker", "wait")
+        ear = PostgresEar(
+            self._connect_listener,
+            self._release_listener,
+            sql,
+            worker=worker,
+            watch=watch,
+            op_timeout=self._op_timeout,
+        )
         try:
-            await self._listen()  # LISTENs on every worker channel of the state
+            # both connections at once (a worker starts serving one connect sooner), each done
+            # before any failure is raised: an ear still opening would be left behind
+            for outcome in await asyncio.gather(
+                self._listen(), self._start_ear(ear), return_exceptions=True
+            ):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            self._ears[worker] = ear
             yield watch
         finally:
+            self._ears.pop(worker, None)
+            await ear.aclose()
             self._worker_watches.pop(channel, None)
             listener = self._listener
             if listener is not None:
@@ -474,6 +506,24 @@ class PostgresState(
         hex_id, _, token = payload.partition(" ")
         for watch in tuple(self._supersede_watches.get(hex_id, ())):
             watch.heard(token)
+
+    async def _start_ear(self, ear: PostgresEar) -> None:
+        async with self._guard():
+            await ear.start()
+
+    async def _inbox_worker_seen(self, worker: str, channel: str, lease: float) -> object:
+        ear = self._ears.get(worker)
+        return await self._run(
+            "inbox_worker_seen",
+            {
+                "worker": worker,
+                "space": self._id_param(self._space),
+                "channel": channel,
+                "lease_ms": ttl_ms(lease),
+                "ear": ear.pid if ear is not None else None,
+            },
+            idempotent=True,
+        )
 
     @staticmethod
     def _listener_from_pool(pool: object) -> Callable[[], Awaitable[_Connection]]:

@@ -279,29 +279,42 @@ RETURNING 1
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
 -- entries are pending ("full"); record the claim for claim_ttl_ms and mark the key as having work;
 -- unless the key's lock is held (its holder's next step takes the entry), or the key waits for a
--- retry or is parked, NOTIFY one live worker of the prefix (at most one per wake_gap_ms for the
--- key): the hand-out. Answers (status, pending). Atomic: one call of inbox_accept_v5
+-- retry or is parked, wake one live worker of the prefix (at most one per wake_gap_ms for the
+-- key; through its ear, else a NOTIFY: inbox_wake_one_v2): the hand-out. Answers (status,
+-- pending). Atomic: one call of inbox_accept_v6
 -- (schema.sql), one transaction that first locks the key's inboxes row, so concurrent accepts and
 -- drain steps of one key run one after the other.
 SELECT status, pending
-FROM {prefix}inbox_accept_v5(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
+FROM {prefix}inbox_accept_v6(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s,
                              %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s, %(wake_gap_ms)s)
 
 -- inbox_claim --
 -- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock,
 -- neither parked nor waiting for a retry not due yet (hint's first), for ttl_ms, with its head
--- handed out when "take". Answers (status, name, token, entry, attempts, payload, age, pending,
--- more). Atomic: one call of inbox_claim_v2 (schema.sql), which passes over every row another
--- transaction holds (SKIP LOCKED) and so never waits.
+-- handed out when "take"; the hint a wake-up wrote in the worker's row comes next (consumed).
+-- Answers (status, name, token, entry, attempts, payload, age, pending, more). Atomic: one call of
+-- inbox_claim_v3 (schema.sql), which waits only for the worker's own row (a wake-up in flight
+-- commits in microseconds) and passes over every other row another transaction holds (SKIP
+-- LOCKED).
 SELECT status, name, token, entry, attempts, payload, age, pending, more
-FROM {prefix}inbox_claim_v2(%(space)s, %(owner)s, %(ttl_ms)s, %(take)s, %(hint)s)
+FROM {prefix}inbox_claim_v3(%(space)s, %(owner)s, %(ttl_ms)s, %(take)s, %(hint)s, %(worker)s)
 
 -- inbox_worker_seen --
--- A serving worker of the prefix is alive until lease_ms from now, and LISTENs on "channel".
-INSERT INTO {prefix}inbox_workers AS w (id, space, channel, expires_at)
-VALUES (%(worker)s, %(space)s, %(channel)s, now() + %(lease_ms)s::bigint * interval '1 millisecond')
-ON CONFLICT (id) DO UPDATE SET (space, channel, expires_at) =
-    (EXCLUDED.space, EXCLUDED.channel, EXCLUDED.expires_at)
+-- A serving worker of the prefix is alive until lease_ms from now, LISTENs on "channel" and
+-- waits in inbox_ear on the session of pid "ear" (NULL: none now); its hint is kept.
+INSERT INTO {prefix}inbox_workers AS w (id, space, channel, expires_at, ear)
+VALUES (%(worker)s, %(space)s, %(channel)s, now() + %(lease_ms)s::bigint * interval '1 millisecond',
+        %(ear)s)
+ON CONFLICT (id) DO UPDATE SET (space, channel, expires_at, ear) =
+    (EXCLUDED.space, EXCLUDED.channel, EXCLUDED.expires_at, EXCLUDED.ear)
+
+-- inbox_ear --
+-- A worker's ear waits (its own session): fails at once (SQLSTATE ALE02) if a wake-up left a hint
+-- in the worker's row, else a sleep of "wait" seconds (false) that a wake-up cancels
+-- (query_canceled); either way the wake-up commits no transaction of the ear's. The column
+-- name marks the session as an ear for the waker (pg_stat_activity.query). One call of
+-- inbox_ear_v1 (schema.sql).
+SELECT {prefix}inbox_ear_v1(%(worker)s, %(wait)s) AS "asynclock-inbox-ear"
 
 -- inbox_worker_gone --
 -- A worker stops serving: no accept wakes it any more.
@@ -322,16 +335,16 @@ FROM {prefix}inbox_step_v4(%(id)s, %(owner)s, %(done)s, %(dead)s, %(take)s, %(re
 
 -- inbox_requeue --
 -- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
--- counts, and unpark the key; if it has work and nobody holds it, NOTIFY one live worker (the
--- hand-out). Answers how many. Atomic: one call of inbox_requeue_v3 (schema.sql), under the key's
+-- counts, and unpark the key; if it has work and nobody holds it, wake one live worker (the
+-- hand-out). Answers how many. Atomic: one call of inbox_requeue_v4 (schema.sql), under the key's
 -- inboxes row lock.
-SELECT {prefix}inbox_requeue_v3(%(id)s, %(space)s)
+SELECT {prefix}inbox_requeue_v4(%(id)s, %(space)s)
 
 -- inbox_discard --
--- Delete the key's dead letters and unpark it; if it has work and nobody holds it, NOTIFY one
--- live worker (the hand-out). Answers how many were deleted. Atomic: one call of inbox_discard_v1
+-- Delete the key's dead letters and unpark it; if it has work and nobody holds it, wake one
+-- live worker (the hand-out). Answers how many were deleted. Atomic: one call of inbox_discard_v2
 -- (schema.sql), under the key's inboxes row lock.
-SELECT {prefix}inbox_discard_v1(%(id)s, %(space)s)
+SELECT {prefix}inbox_discard_v2(%(id)s, %(space)s)
 
 -- inbox_ready --
 -- The prefix's keys with pending entries, longest waiting first, except those whose lock is held

@@ -1115,6 +1115,210 @@ BEGIN
 END
 $$;
 
+-- ==== The inbox hand-out's ear (#24): a wake-up that reaches one worker without a NOTIFY ========
+-- On PostgreSQL up to 18 at least, every commit that NOTIFYs signals every LISTENing session of
+-- the database, whatever its channel, and each reads the queue in a transaction of its own: a
+-- NOTIFY per event costs a transaction per worker process. So each serving worker also keeps an
+-- ear: a session of its own waiting in inbox_ear_v1 (pg_sleep), its pid in its inbox_workers row;
+-- the waker writes the key into the worker's row (hint) and cancels the ear's sleep
+-- (pg_cancel_backend), in the accept's transaction. A cancel acts at once, before that commit,
+-- and a cancel that lands between two of the ear's statements is dropped by the server; so:
+-- * the hint stays locked (the waker's row lock) until the accept commits, and whoever reads it
+--   (the ear's check, the worker's claim) locks the row first, WITHOUT skip locked: it waits for
+--   that commit (microseconds) and then sees the hint;
+-- * the ear checks its row for a hint before each sleep, so a cancel dropped between two
+--   statements is made up for by the next one.
+-- pg_cancel_backend needs the ear's role (or pg_signal_backend), and the waker must see the ear's
+-- query in pg_stat_activity (the same role, or pg_read_all_stats); otherwise, or if the worker has
+-- no ear (an older client), the waker NOTIFYs the worker's channel as inbox_wake_one_v1 does.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{prefix}inbox_workers'::regclass
+                   AND attname = 'ear' AND NOT attisdropped) THEN
+        ALTER TABLE {prefix}inbox_workers ADD COLUMN ear integer;  -- the ear's backend pid
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{prefix}inbox_workers'::regclass
+                   AND attname = 'hint' AND NOT attisdropped) THEN
+        ALTER TABLE {prefix}inbox_workers ADD COLUMN hint bytea;  -- a key woken for, unclaimed
+    END IF;
+END $$;
+
+-- inbox_wake_one_v2: inbox_wake_one_v1 through the worker's ear: pick one live worker of the space
+-- at random, preferring one whose row no other transaction holds (a concurrent wake-up or the
+-- worker's own claim), lock its row, write the key as its hint, and cancel its ear's sleep if the
+-- pid is an ear of this database that the caller may cancel; else NOTIFY the worker's channel.
+-- The ear is recognised by its statement (the column name "asynclock-inbox-ear"): a pid recorded
+-- by a worker gone without saying so may name another session by now, which is never cancelled.
+CREATE OR REPLACE FUNCTION {prefix}inbox_wake_one_v2(
+    p_id bytea, p_space bytea, p_wake_gap_ms bigint
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_worker {prefix}inbox_workers%ROWTYPE;
+    v_cancelled boolean := false;
+BEGIN
+    UPDATE {prefix}inboxes AS i SET woken_at = now()
+    WHERE i.id = p_id
+      AND (i.woken_at IS NULL OR i.woken_at <= now() - p_wake_gap_ms * interval '1 millisecond');
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v_worker FROM {prefix}inbox_workers AS w
+    WHERE w.space = p_space AND w.expires_at > now()
+    ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- every live worker's row is held: wait for one (its holder commits in microseconds); a
+        -- wake-up must not be dropped, the woken worker could claim before this key commits
+        SELECT * INTO v_worker FROM {prefix}inbox_workers AS w
+        WHERE w.space = p_space AND w.expires_at > now()
+        ORDER BY random() LIMIT 1 FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN;  -- no live worker: a rescan takes the key
+        END IF;
+    END IF;
+    IF v_worker.ear IS NOT NULL THEN
+        UPDATE {prefix}inbox_workers AS w SET hint = p_id WHERE w.id = v_worker.id;
+        IF EXISTS (SELECT 1 FROM pg_stat_get_activity(v_worker.ear) AS a
+                   WHERE a.datid = (SELECT d.oid FROM pg_database AS d
+                                    WHERE d.datname = current_database())
+                     AND a.query LIKE 'SELECT %AS "asynclock-inbox-ear"') THEN
+            BEGIN
+                v_cancelled := pg_cancel_backend(v_worker.ear);
+            EXCEPTION WHEN insufficient_privilege THEN
+                v_cancelled := false;
+            END;
+        END IF;
+    END IF;
+    IF NOT v_cancelled THEN
+        PERFORM pg_notify(v_worker.channel, encode(p_id, 'hex'));
+    END IF;
+END
+$$;
+
+-- inbox_accept_v6: inbox_accept_v5 waking through the ear (inbox_wake_one_v2).
+CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v6(
+    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
+    p_claim_ttl_ms bigint, p_max_pending integer, p_wake_gap_ms bigint
+) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+    v_pending integer;
+BEGIN
+    SELECT a.status, a.pending INTO v_status, v_pending
+    FROM {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending) AS a;
+    IF v_status = 'accepted' AND NOT EXISTS (
+        SELECT 1 FROM {prefix}locks l
+        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
+    ) AND {prefix}inbox_open_v1(p_id) THEN
+        PERFORM {prefix}inbox_wake_one_v2(p_id, p_space, p_wake_gap_ms);
+    END IF;
+    RETURN QUERY SELECT v_status, v_pending;
+END
+$$;
+
+-- inbox_hand_out_v2: inbox_hand_out_v1 waking through the ear (inbox_wake_one_v2).
+CREATE OR REPLACE FUNCTION {prefix}inbox_hand_out_v2(p_id bytea, p_space bytea)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {prefix}inboxes AS i WHERE i.id = p_id AND i.pending > 0)
+       AND {prefix}inbox_open_v1(p_id) AND NOT EXISTS (
+        SELECT 1 FROM {prefix}locks l
+        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
+    ) THEN
+        UPDATE {prefix}inboxes AS i SET woken_at = NULL WHERE i.id = p_id;
+        PERFORM {prefix}inbox_wake_one_v2(p_id, p_space, 0);
+    END IF;
+END
+$$;
+
+-- inbox_requeue_v4: inbox_requeue_v3 waking through the ear (inbox_hand_out_v2).
+CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v4(
+    p_id bytea, p_space bytea
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_moved integer;
+BEGIN
+    v_moved := {prefix}inbox_requeue_rows_v1(p_id);  -- locks the inboxes row first
+    UPDATE {prefix}inboxes AS i SET parked = false WHERE i.id = p_id AND i.parked;
+    PERFORM {prefix}inbox_hand_out_v2(p_id, p_space);
+    RETURN v_moved;
+END
+$$;
+
+-- inbox_discard_v2: inbox_discard_v1 waking through the ear (inbox_hand_out_v2).
+CREATE OR REPLACE FUNCTION {prefix}inbox_discard_v2(
+    p_id bytea, p_space bytea
+) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_pending integer;
+    v_gone integer;
+BEGIN
+    SELECT i.pending INTO v_pending FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM {prefix}inbox_entries AS e WHERE e.inbox = p_id AND e.error IS NOT NULL;
+    GET DIAGNOSTICS v_gone = ROW_COUNT;
+    IF v_pending = 0 THEN
+        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
+        RETURN v_gone;
+    END IF;
+    UPDATE {prefix}inboxes AS i SET dead = 0, parked = false WHERE i.id = p_id;
+    PERFORM {prefix}inbox_hand_out_v2(p_id, p_space);
+    RETURN v_gone;
+END
+$$;
+
+-- inbox_claim_v3: inbox_claim_v2 for worker p_worker, first reading the hint in its row: locked
+-- without skip locked, so a wake-up still in flight (its accept not committed: the ear's cancel
+-- came first) is waited for, and its key is claimed first (p_hint, if given, comes before it).
+-- The hint is consumed; another free key with work shows as "more".
+CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v3(
+    p_space bytea, p_owner text, p_ttl_ms bigint, p_take boolean, p_hint bytea, p_worker text
+) RETURNS TABLE (
+    status text, name text, token bigint, entry bigint, attempts integer, payload text,
+    age float8, pending integer, more boolean
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_hint bytea;
+BEGIN
+    -- the tables in the order every other transaction (and the schema script: CREATE INDEX IF
+    -- NOT EXISTS takes a SHARE lock) takes them, inbox_workers last: no deadlock
+    LOCK TABLE {prefix}locks, {prefix}inboxes, {prefix}inbox_entries IN ROW EXCLUSIVE MODE;
+    SELECT w.hint INTO v_hint FROM {prefix}inbox_workers AS w WHERE w.id = p_worker FOR UPDATE;
+    IF v_hint IS NOT NULL THEN
+        UPDATE {prefix}inbox_workers AS w SET hint = NULL WHERE w.id = p_worker;
+    END IF;
+    RETURN QUERY SELECT * FROM {prefix}inbox_claim_v2(p_space, p_owner, p_ttl_ms, p_take,
+                                                      coalesce(p_hint, v_hint));
+END
+$$;
+
+-- inbox_ear_v1: the ear's wait. Fails at once with SQLSTATE ALE02 if the worker's row holds a
+-- hint (an error, not an answer: the statement's transaction commits nothing, like a cancelled
+-- one), read with the row locked (a wake-up in flight is waited for, as in inbox_claim_v3) in a
+-- subtransaction rolled back at once, so no waker waits for the sleep; else sleeps p_wait seconds
+-- (false), unless a wake-up cancels the sleep first (the statement then fails with
+-- query_canceled).
+CREATE OR REPLACE FUNCTION {prefix}inbox_ear_v1(p_worker text, p_wait float8)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_hint bytea;
+BEGIN
+    BEGIN
+        SELECT w.hint INTO v_hint FROM {prefix}inbox_workers AS w
+        WHERE w.id = p_worker FOR UPDATE;
+        RAISE SQLSTATE 'ALE01';  -- roll the subtransaction back: its row lock goes with it
+    EXCEPTION WHEN SQLSTATE 'ALE01' THEN
+        NULL;
+    END;
+    IF v_hint IS NOT NULL THEN
+        RAISE SQLSTATE 'ALE02' USING MESSAGE = 'asynclock inbox ear: a wake-up is waiting';
+    END IF;
+    PERFORM pg_sleep(p_wait);
+    RETURN false;
+END
+$$;
+
 -- ==== Semaphores (asynclock.Semaphore, the SemaphoreState capability) ==========================
 -- Separate from the lock and inbox tables: a semaphore key is a namespace of its own. Every
 -- operation on a key first locks its row of {prefix}semaphores (created on first use), so the

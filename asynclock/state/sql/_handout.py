@@ -8,8 +8,10 @@ this worker in the same transaction, its head handed out. So an event costs its 
 and the drain's step, whatever the number of workers; and no worker rereads the keys with work
 on every accept.
 
-How a backend wakes a worker is its own (:class:`WakeUps`): PostgreSQL NOTIFYs the worker's own
-channel, heard on the state's LISTEN connection; MySQL kills the worker's ear's ``SLEEP``.
+How a backend wakes a worker is its own (:class:`WakeUps`): PostgreSQL cancels the worker's
+ear's ``pg_sleep`` (the key written in the worker's row; a NOTIFY on the worker's own channel,
+heard on the state's LISTEN connection, when it may not: ``postgres/_ear.py``); MySQL kills the
+worker's ear's ``SLEEP``.
 
 Invariants:
 

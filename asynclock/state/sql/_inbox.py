@@ -32,7 +32,7 @@ from asynclock.state.sql._queries import key_id
 from asynclock.state.sql._state import SQLState
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
+    from collections.abc import Awaitable, Collection, Sequence
     from contextlib import AbstractAsyncContextManager
 
     from asynclock.state.sql._handout import WakeWatch
@@ -250,8 +250,14 @@ class SQLInboxState(SQLState[C, S, R]):
         """See :meth:`asynclock.state.InboxState.inbox_worker` (a row of ``inbox_workers``, a
         wake-up of its own, one ``inbox_claim`` per wake-up: ``_handout.py``)."""
         check_ttl(lock_ttl, "lock_ttl")
+
+        def claim(
+            owner: str, ttl: float, take: bool, hint: bytes | None
+        ) -> Awaitable[Sequence[object]]:
+            return self._inbox_claim(owner, ttl, take, hint, worker=worker.id)
+
         worker = SQLWorker(
-            claim=self._inbox_claim,
+            claim=claim,
             seen=self._inbox_worker_seen,
             key_id=lambda key: self._ids(key)[0],
             lock_ttl=lock_ttl,
@@ -261,9 +267,9 @@ class SQLInboxState(SQLState[C, S, R]):
         return worker.registered(self._wake_ups(worker.id, worker.channel), self._inbox_worker_gone)
 
     async def _inbox_claim(
-        self, owner: str, ttl: float, take: bool, hint: bytes | None
+        self, owner: str, ttl: float, take: bool, hint: bytes | None, *, worker: str
     ) -> Sequence[object]:
-        """The ``inbox_claim`` row (see ``_handout.py``)."""
+        """The ``inbox_claim`` row of ``worker`` (see ``_handout.py``)."""
         answer = await self._run(
             "inbox_claim",
             {
@@ -272,6 +278,7 @@ class SQLInboxState(SQLState[C, S, R]):
                 "ttl_ms": ttl_ms(ttl),
                 "take": take,
                 "hint": self._id_param(hint) if hint is not None else None,
+                "worker": worker,  # PostgreSQL: the claim reads the hint in the worker's row
             },
             idempotent=False,
         )
