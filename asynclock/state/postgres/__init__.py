@@ -40,6 +40,8 @@ from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import EventWatch, TokenWatch
+from asynclock.state.postgres._connection import Connection as _Connection
+from asynclock.state.postgres._connection import Record as _Record
 from asynclock.state.postgres._ear import PostgresEar
 from asynclock.state.postgres._pooler import pooler_options
 from asynclock.state.sql._handout import HintWatch
@@ -48,7 +50,7 @@ from asynclock.state.sql._options import check_connect_options
 from asynclock.state.sql._semaphore import SQLSemaphoreState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from typing_extensions import Unpack
 
@@ -61,29 +63,6 @@ logger = logging.getLogger("asynclock")
 
 _FIRST_RECONNECT_DELAY = 0.01
 _MAX_RECONNECT_DELAY = 1.0
-
-
-class _Record(Protocol):
-    def __getitem__(self, index: int) -> object: ...
-    def __iter__(self) -> Iterator[object]: ...
-
-
-class _Connection(Protocol):
-    """The part of ``asyncpg.Connection`` this module uses."""
-
-    async def fetch(self, query: str, *args: object) -> list[_Record]: ...
-    async def execute(self, query: str, *args: object) -> str: ...
-    async def close(self, *, timeout: float | None = None) -> None: ...
-    def terminate(self) -> None: ...
-    def is_closed(self) -> bool: ...
-    def get_server_pid(self) -> int: ...
-    async def add_listener(
-        self, channel: str, callback: Callable[[object, object, object, object], None]
-    ) -> None: ...
-    async def remove_listener(
-        self, channel: str, callback: Callable[[object, object, object, object], None]
-    ) -> None: ...
-    def add_termination_listener(self, callback: Callable[[object], None]) -> None: ...
 
 
 class _AsyncpgPool(Protocol):

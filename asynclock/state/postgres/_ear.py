@@ -42,7 +42,7 @@ from asynclock._compat import deadline_after
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from asynclock.state.postgres import _Connection
+    from asynclock.state.postgres._connection import Connection as _Connection
     from asynclock.state.sql._handout import HintWatch
 
 __all__ = ["EAR_WAIT", "PostgresEar"]

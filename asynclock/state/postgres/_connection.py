@@ -1,0 +1,36 @@
+"""The part of an asyncpg connection the PostgreSQL state uses (a protocol, so that the
+state's modules type against it without importing asyncpg or one another)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+__all__ = ["Connection", "Record"]
+
+
+class Record(Protocol):
+    """A row (``asyncpg.Record``): read by index or iterated."""
+
+    def __getitem__(self, index: int) -> object: ...
+    def __iter__(self) -> Iterator[object]: ...
+
+
+class Connection(Protocol):
+    """The part of ``asyncpg.Connection`` the PostgreSQL state uses."""
+
+    async def fetch(self, query: str, *args: object) -> list[Record]: ...
+    async def execute(self, query: str, *args: object) -> str: ...
+    async def close(self, *, timeout: float | None = None) -> None: ...
+    def terminate(self) -> None: ...
+    def is_closed(self) -> bool: ...
+    def get_server_pid(self) -> int: ...
+    async def add_listener(
+        self, channel: str, callback: Callable[[object, object, object, object], None]
+    ) -> None: ...
+    async def remove_listener(
+        self, channel: str, callback: Callable[[object, object, object, object], None]
+    ) -> None: ...
+    def add_termination_listener(self, callback: Callable[[object], None]) -> None: ...
