@@ -159,9 +159,13 @@ class RedisMonitor:
                 self._names[fields.get("addr", "")] = fields.get("name", "")
         self._attribute()
 
-    async def sync(self, within: float = 30.0) -> None:
+    async def sync(self, within: float = 120.0) -> None:
         """Return once every master's MONITOR stream was read past this moment (an ``ECHO`` of a
-        fresh mark, sent after it, came back through every stream), then name the lines."""
+        fresh mark, sent after it, came back through every stream), then name the lines.
+
+        ``within`` is long: the stream carries every client's commands (a whole test suite's on
+        a shared server), and this process parses each line; on a loaded machine it can fall
+        tens of seconds behind."""
         mark = uuid.uuid4().hex.encode()
         seen = [asyncio.Event() for _ in self._masters]
         for index, (host, port) in enumerate(self._masters):

@@ -405,7 +405,12 @@ async def test_b_eight_workers_three_killed_at_random_lose_nothing_and_keep_orde
         if done >= marks[len(killed)]:
             running = await fleet.effects.hgetall(f"{fleet.prefix}inside")
             inside = {int(pid) for pid, count in running.items() if int(count) > 0}
-            victims = [w for w in fleet.workers if w.pid in inside and w.poll() is None]
+            # not one killed already: a SIGKILLed process may not have exited (poll() None) yet
+            victims = [
+                w
+                for w in fleet.workers
+                if w.pid in inside and w.pid not in killed and w.poll() is None
+            ]
             if victims:
                 victim = rng.choice(victims)
                 os.kill(victim.pid, signal.SIGKILL)
