@@ -565,7 +565,9 @@ class TestRetryWait:
 
     async def test_latest_waits_in_the_state_too(self, state: Inbox) -> None:
         handler = Flaky(lambda message, attempt: attempt == 1)
-        bot = bot_with(state, handler, on_lock_conflict="latest", retry_wait=0.5, max_attempts=3)
+        bot = bot_with(
+            state, handler, on_lock_conflict="latest", retry_wait=CHECKED_WAIT, max_attempts=3
+        )
         for n in (1, 2):
             assert await bot.accept(ev(n)) is Outcome.ACCEPTED
         task = asyncio.create_task(bot.serve())
@@ -580,7 +582,7 @@ class TestRetryWait:
             await bot.aclose()
             await asyncio.wait_for(task, SOON)
         retried = next(t for _, _, a, t in handler.calls if a == 2) - failed_at
-        assert 0.5 - SKEW <= retried <= 0.5 * 1.15 + 1.0
+        assert CHECKED_WAIT - SKEW <= retried <= CHECKED_WAIT * 1.15 + 1.0
         assert sorted(handler.deliveries()) == [("m1", 1), ("m1", 2), ("m2", 1), ("m2", 2)]
 
     async def test_another_worker_delivers_the_retry(self, space: Namespace) -> None:

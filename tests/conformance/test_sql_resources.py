@@ -101,9 +101,6 @@ ROUTINES = {
         "inbox_requeue_v2",
         # retries that wait and parked keys (SPEC 9, #30): new versions of what changed
         "inbox_lock_rows_v2",
-        "inbox_release_v2",
-        "inbox_step_v3",
-        "inbox_take_v3",
         # a release NOTIFYs only for a flagged key (#24: each NOTIFY costs every LISTENing
         # session of the database a transaction)
         "inbox_release_v3",

@@ -579,184 +579,6 @@ BEGIN
 END
 $$;
 
--- inbox_release_v2: inbox_release_v1 for a key that may keep pending entries (a retry waits, or it
--- is parked): the inboxes row goes only when nothing is pending and no dead letter is left, is
--- marked idle when nothing is pending, and else stays as it is; the lock is released as v1 does.
-CREATE OR REPLACE FUNCTION {prefix}inbox_release_v2(
-    p_id bytea, p_pending integer, p_dead integer, p_reservation_ms bigint, p_channel text,
-    p_payload text
-) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF coalesce(p_pending, 0) > 0 THEN
-        NULL;  -- entries stay behind a waiting retry or a parked key
-    ELSIF p_dead = 0 THEN
-        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
-    ELSIF p_dead IS NOT NULL THEN
-        UPDATE {prefix}inboxes AS i SET ready_at = NULL, retry_at = NULL WHERE i.id = p_id;
-    END IF;
-    UPDATE {prefix}locks AS l
-    SET owner = NULL,
-        expires_at = CASE WHEN l.flag IS NULL THEN now()
-                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
-    WHERE l.id = p_id;
-    PERFORM pg_notify(p_channel, p_payload);
-END
-$$;
-
--- inbox_step_v3: inbox_step_v2, with the retries that wait and parking. With p_retry_ms (and
--- p_done, the head): the head stays pending with its attempt count, the key's retry is due
--- p_retry_ms from now (server clock), and the lock is released. With p_park (and p_done, p_dead):
--- the head becomes a dead letter as in v2, the key is parked, and the lock is released. Otherwise
--- the holder's step hands out the head as in v2, whatever the key's state (the claim that gave it
--- the lock decided that), and ends a retry's wait (retry_at cleared). Answers as v2.
-CREATE OR REPLACE FUNCTION {prefix}inbox_step_v3(
-    p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean, p_retry_ms bigint,
-    p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
-) RETURNS TABLE (
-    status text, entry bigint, attempts integer, payload text, age float8, pending integer
-) LANGUAGE plpgsql AS $$
-DECLARE
-    v_held boolean;
-    v_pending integer;
-    v_dead integer;
-    v_closed boolean := false;
-    v_retrying boolean;
-    v_head {prefix}inbox_entries%ROWTYPE;
-BEGIN
-    SELECT r.o_held, r.o_pending, r.o_dead, r.o_retrying
-    INTO v_held, v_pending, v_dead, v_retrying
-    FROM {prefix}inbox_lock_rows_v2(p_id, p_owner) AS r;
-    IF NOT v_held THEN
-        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
-                            NULL::float8, NULL::integer;
-        RETURN;
-    END IF;
-    IF v_pending IS NOT NULL AND p_done IS NOT NULL AND p_retry_ms IS NOT NULL THEN
-        -- the head stays where it is, attempts unchanged; the key waits, no lock held
-        UPDATE {prefix}inboxes AS i
-        SET retry_at = now() + p_retry_ms * interval '1 millisecond' WHERE i.id = p_id;
-        v_closed := true;
-    ELSIF v_pending IS NOT NULL AND p_done IS NOT NULL THEN
-        -- the head, unless dead letters were requeued in front of it meanwhile
-        IF p_dead IS NULL THEN
-            DELETE FROM {prefix}inbox_entries AS e
-            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
-        ELSE
-            UPDATE {prefix}inbox_entries AS e SET error = p_dead
-            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
-        END IF;
-        IF FOUND THEN
-            v_pending := v_pending - 1;
-            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE 1 END;
-            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
-            WHERE i.id = p_id;
-        END IF;
-        IF p_park AND p_dead IS NOT NULL THEN
-            UPDATE {prefix}inboxes AS i SET parked = true, retry_at = NULL WHERE i.id = p_id;
-            v_closed := true;
-        END IF;
-    END IF;
-    IF coalesce(v_pending, 0) > 0 AND NOT v_closed THEN
-        SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
-        WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
-        IF p_take THEN
-            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
-            WHERE e.inbox = p_id AND e.id = v_head.id;
-            v_head.attempts := v_head.attempts + 1;
-        END IF;
-        IF v_retrying THEN  -- its holder hands the head out: no retry waits any more
-            UPDATE {prefix}inboxes AS i SET retry_at = NULL WHERE i.id = p_id;
-        END IF;
-        RETURN QUERY SELECT 'entry'::text, v_head.id, v_head.attempts, v_head.payload,
-                            greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
-                            v_pending;
-        RETURN;
-    END IF;
-    PERFORM {prefix}inbox_release_v2(p_id, v_pending, v_dead, p_reservation_ms, p_channel,
-                                     p_payload);
-    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
-                        NULL::float8, NULL::integer;
-END
-$$;
-
--- inbox_take_v3: inbox_take_v2, with the retries that wait and parking, as inbox_step_v3: with
--- p_retry_ms the entries p_done lists stay pending with their attempt counts and the key's retry
--- is due p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is
--- parked; either way the lock is released ('released'). Handing out entries ends a retry's wait.
--- Answers as v2.
-CREATE OR REPLACE FUNCTION {prefix}inbox_take_v3(
-    p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer, p_retry_ms bigint,
-    p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
-) RETURNS TABLE (
-    status text, entry bigint, attempts integer, payload text, age float8, pending integer
-) LANGUAGE plpgsql AS $$
-DECLARE
-    v_held boolean;
-    v_pending integer;
-    v_dead integer;
-    v_closed boolean := false;
-    v_retrying boolean;
-    v_gone integer;
-    v_done bigint[] := string_to_array(nullif(p_done, ''), ',')::bigint[];
-BEGIN
-    SELECT r.o_held, r.o_pending, r.o_dead, r.o_retrying
-    INTO v_held, v_pending, v_dead, v_retrying
-    FROM {prefix}inbox_lock_rows_v2(p_id, p_owner) AS r;
-    IF NOT v_held THEN
-        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
-                            NULL::float8, NULL::integer;
-        RETURN;
-    END IF;
-    IF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0
-       AND p_retry_ms IS NOT NULL THEN
-        UPDATE {prefix}inboxes AS i
-        SET retry_at = now() + p_retry_ms * interval '1 millisecond' WHERE i.id = p_id;
-        v_closed := true;
-    ELSIF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0 THEN
-        IF p_dead IS NULL THEN
-            DELETE FROM {prefix}inbox_entries AS e
-            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
-        ELSE
-            UPDATE {prefix}inbox_entries AS e SET error = p_dead
-            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
-        END IF;
-        GET DIAGNOSTICS v_gone = ROW_COUNT;
-        IF v_gone > 0 THEN
-            v_pending := v_pending - v_gone;
-            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE v_gone END;
-            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
-            WHERE i.id = p_id;
-        END IF;
-        IF p_park AND p_dead IS NOT NULL THEN
-            UPDATE {prefix}inboxes AS i SET parked = true, retry_at = NULL WHERE i.id = p_id;
-            v_closed := true;
-        END IF;
-    END IF;
-    IF coalesce(v_pending, 0) > 0 AND NOT v_closed THEN
-        IF v_retrying AND p_limit > 0 THEN  -- its holder hands entries out: no retry waits
-            UPDATE {prefix}inboxes AS i SET retry_at = NULL WHERE i.id = p_id;
-        END IF;
-        RETURN QUERY
-        SELECT 'pending'::text, NULL::bigint, NULL::integer, NULL::text,
-               greatest(extract(epoch FROM now() - n.accepted_at), 0)::float8, v_pending
-        FROM (SELECT e.accepted_at FROM {prefix}inbox_entries AS e
-              WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id DESC LIMIT 1) AS n;
-        RETURN QUERY
-        UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
-        FROM (SELECT h.id FROM {prefix}inbox_entries AS h
-              WHERE h.inbox = p_id AND h.error IS NULL ORDER BY h.id LIMIT p_limit) AS t
-        WHERE e.inbox = p_id AND e.id = t.id
-        RETURNING 'entry'::text, e.id, e.attempts, e.payload,
-                  greatest(extract(epoch FROM now() - e.accepted_at), 0)::float8, v_pending;
-        RETURN;
-    END IF;
-    PERFORM {prefix}inbox_release_v2(p_id, v_pending, v_dead, p_reservation_ms, p_channel,
-                                     p_payload);
-    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
-                        NULL::float8, NULL::integer;
-END
-$$;
-
 -- ==== Quiet releases (#24) ======================================================================
 -- A NOTIFY costs every LISTENing session of the database a transaction of its own (PostgreSQL
 -- signals each of them, whatever channel it listens on, and each reads the queue), so a step that
@@ -764,7 +586,10 @@ $$;
 -- drained key now NOTIFYs only when a waiter of some state flagged the key, as the release
 -- statement does; a state wakes its own watchers in process (unflagged releases).
 
--- inbox_release_v3: inbox_release_v2, with the NOTIFY on p_channel only when the key is flagged.
+-- inbox_release_v3: inbox_release_v1 for a key that may keep pending entries (a retry waits, or it
+-- is parked): the inboxes row goes only when nothing is pending and no dead letter is left, is
+-- marked idle when nothing is pending, and else stays as it is; the lock is released as v1 does,
+-- with the NOTIFY on p_channel only when the key is flagged. (No v2 was ever released.)
 CREATE OR REPLACE FUNCTION {prefix}inbox_release_v3(
     p_id bytea, p_pending integer, p_dead integer, p_reservation_ms bigint, p_channel text,
     p_payload text
@@ -791,7 +616,13 @@ BEGIN
 END
 $$;
 
--- inbox_step_v4: inbox_step_v3 through inbox_release_v3 (a quiet release). Answers as v3.
+-- inbox_step_v4: inbox_step_v2, with the retries that wait and parking. With p_retry_ms (and
+-- p_done, the head): the head stays pending with its attempt count, the key's retry is due
+-- p_retry_ms from now (server clock), and the lock is released. With p_park (and p_done, p_dead):
+-- the head becomes a dead letter as in v2, the key is parked, and the lock is released. Otherwise
+-- the holder's step hands out the head as in v2, whatever the key's state (the claim that gave it
+-- the lock decided that), and ends a retry's wait (retry_at cleared). Answers as v2.
+-- The release is quiet (inbox_release_v3). (No v3 was ever released.)
 CREATE OR REPLACE FUNCTION {prefix}inbox_step_v4(
     p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean, p_retry_ms bigint,
     p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
@@ -862,7 +693,12 @@ BEGIN
 END
 $$;
 
--- inbox_take_v4: inbox_take_v3 through inbox_release_v3 (a quiet release). Answers as v3.
+-- inbox_take_v4: inbox_take_v2, with the retries that wait and parking, as inbox_step_v4: with
+-- p_retry_ms the entries p_done lists stay pending with their attempt counts and the key's retry
+-- is due p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is
+-- parked; either way the lock is released ('released'). Handing out entries ends a retry's wait.
+-- Answers as v2.
+-- The release is quiet (inbox_release_v3). (No v3 was ever released.)
 CREATE OR REPLACE FUNCTION {prefix}inbox_take_v4(
     p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer, p_retry_ms bigint,
     p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
