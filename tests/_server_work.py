@@ -99,7 +99,10 @@ class RedisMonitor:
         finally:
             await client.aclose()
         for host, port in self._masters:
-            reader, writer = await asyncio.open_connection(host, port)
+            # a line per command of every client of the server: another test's large value or
+            # script makes a line longer than the reader's default limit (64 KiB), which would
+            # end the reading task and leave every sync waiting for its mark
+            reader, writer = await asyncio.open_connection(host, port, limit=MONITOR_LINE_LIMIT)
             writer.write(b"MONITOR\r\n")
             await writer.drain()
             assert await reader.readline() == b"+OK\r\n"
@@ -180,11 +183,19 @@ class RedisMonitor:
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
         try:
+            for task in self._readers:  # a reader that ended would never see the mark
+                if task.done():
+                    task.result()
+                    raise AssertionError("a MONITOR stream ended")
             await asyncio.wait_for(asyncio.gather(*(s.wait() for s in seen)), within)
         finally:
             for index in range(len(self._masters)):
                 self._marks.pop(mark + b"-%d" % index, None)
         await self.names()
+
+
+#: the longest MONITOR line read whole (a command with a value of up to about this size)
+MONITOR_LINE_LIMIT = 64 * 2**20
 
 
 def with_client_name(url: str, name: str) -> str:
