@@ -38,7 +38,7 @@ REDIS_RANGE_TESTS := tests/conformance/test_lock.py \
 .venv-redis-%/.installed-stamp: pyproject.toml
 	$(PYTHON) -m venv .venv-redis-$*
 	.venv-redis-$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-redis-$*/bin/python -m pip install --quiet -e '.[all,prometheus,otel]' \
+	.venv-redis-$*/bin/python -m pip install --quiet -e '.[all,prometheus,otel,web]' \
 		pytest pytest-asyncio pytest-timeout hypothesis mypy rich \
 		'redis[hiredis]$(if $(filter latest,$*),>=5.0.1,==$*)'
 	touch $@
