@@ -12,18 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from typing import TYPE_CHECKING
 
 import pytest
 
-from asynclock import Event, EventDispatcher, HandlerContext, Outcome, state_from_url
+from asynclock import Event, EventDispatcher, HandlerContext, Outcome
 from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
+from tests.conformance.test_inbox import Namespace
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from asynclock import State
 
 SOON = 10.0
 #: the accept reaches the running handler within this (a push, not the rescan's poll)
@@ -34,25 +33,11 @@ def ev(n: int) -> Event:
     return Event("message", "slack", "C1", "T1", f"m{n}")
 
 
-class Space:
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.namespace = uuid.uuid4().hex
-        self.memory: State | None = None
-
-    def open(self) -> State:
-        if not self.backend.server:  # a MemoryState is its own namespace: one object
-            if self.memory is None:
-                self.memory = state_from_url("memory://")
-            return self.memory
-        return state_from_url(self.backend.url, **self.backend.options(self.namespace))
-
-
 @pytest.fixture(params=INBOX_STATES)
-async def space(request: pytest.FixtureRequest) -> AsyncIterator[Space]:
+async def space(request: pytest.FixtureRequest) -> AsyncIterator[Namespace]:
     backend: Backend = request.param
     require(backend)
-    made = Space(backend)
+    made = Namespace(backend)
     yield made
     await purge_namespace(backend, made.namespace)
 
@@ -98,7 +83,7 @@ class Stream:
 
 @contextlib.asynccontextmanager
 async def serving(
-    space: Space, grace: float | None = 0.0, max_attempts: int = 5
+    space: Namespace, grace: float | None = 0.0, max_attempts: int = 5
 ) -> AsyncIterator[tuple[EventDispatcher, EventDispatcher, Stream, list[tuple[str, Outcome]]]]:
     """A worker serving on its own client, a web dispatcher accepting on another."""
     stream = Stream()
@@ -137,7 +122,7 @@ async def until(predicate: object, what: str) -> None:
         await asyncio.sleep(0.005)
 
 
-async def test_an_accept_interrupts_the_running_call(space: Space) -> None:
+async def test_an_accept_interrupts_the_running_call(space: Namespace) -> None:
     async with serving(space, grace=0.0) as (_, web, stream, outcomes):
         stream.hold["m1"] = 60.0
         assert await web.accept(ev(1)) is Outcome.ACCEPTED
@@ -155,7 +140,7 @@ async def test_an_accept_interrupts_the_running_call(space: Space) -> None:
     assert sorted(outcomes) == [("m1", Outcome.SUPERSEDED), ("m2", Outcome.HANDLED)]
 
 
-async def test_entries_that_arrive_meanwhile_are_skipped_in_accept_order(space: Space) -> None:
+async def test_entries_that_arrive_meanwhile_are_skipped_in_accept_order(space: Namespace) -> None:
     async with serving(space, grace=None) as (_, web, stream, outcomes):
         stream.hold["m1"] = 0.5  # ignores the flag
         await web.accept(ev(1))
@@ -174,7 +159,7 @@ async def test_entries_that_arrive_meanwhile_are_skipped_in_accept_order(space: 
     ]
 
 
-async def test_an_entry_already_in_the_batch_interrupts_nothing(space: Space) -> None:
+async def test_an_entry_already_in_the_batch_interrupts_nothing(space: Namespace) -> None:
     async with serving(space, grace=0.0) as (_, web, stream, outcomes):
         await web.accept(ev(1))
         await until(lambda: len(outcomes) == 1, "m1 handled")
@@ -186,7 +171,7 @@ async def test_an_entry_already_in_the_batch_interrupts_nothing(space: Space) ->
     assert outcomes == [("m1", Outcome.HANDLED), ("m2", Outcome.HANDLED)]
 
 
-async def test_interruptions_do_not_bring_the_dead_letter_nearer(space: Space) -> None:
+async def test_interruptions_do_not_bring_the_dead_letter_nearer(space: Namespace) -> None:
     # max_attempts=2: m1 is delivered three times (interrupted twice) before its covering call
     # fails once; that failure is its first, so it is retried, not dead-lettered
     async with serving(space, grace=0.0, max_attempts=2) as (_, web, stream, outcomes):
