@@ -22,13 +22,14 @@ from asynclock import metrics as _metrics
 from asynclock._backlog import Backlog, BatchCall, Waiting, conclude, fold, settle
 from asynclock._cancel import finish_despite_cancellation
 from asynclock._claim import EventClaim, WaitingClaims
+from asynclock._codec import encode
 from asynclock._delivery import Delivery
 from asynclock._errors import InboxFullError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._freeing import FreeingEstimate
 from asynclock._grant import _granted, granted_reason
 from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
-from asynclock._inbox import MAX_KEYS, Drainer, encode
+from asynclock._inbox import MAX_KEYS, Drainer
 from asynclock._inbox_fold import FoldingDrain
 from asynclock._inbox_retry import retry_plan
 from asynclock._inbox_supersede import SupersedingDrain, signal_holder
@@ -966,6 +967,7 @@ class EventDispatcher:
                 self._handlers,
                 ttl=self._lock_ttl,
                 grace=self._supersede_grace,
+                carry_ttl=self._dedupe_ttl,
             )
         finally:
             line.drainer = None

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from asynclock import metrics as _metrics
+from asynclock._codec import decode
 from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailableError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._handlers import call_all
@@ -69,39 +69,6 @@ RESCAN_TURN = "asynclock.inbox.rescan"
 PARKED = " (key parked until `asynclock inbox requeue` or `discard`)"
 
 
-def encode(event: Event) -> str:
-    """``event`` as the JSON text an inbox entry stores.
-
-    Raises:
-        TypeError: ``event.raw`` is not JSON-serializable (the message names the field).
-    """
-    fields = {
-        "type": event.type,
-        "adapter": event.adapter,
-        "channel_id": event.channel_id,
-        "thread_id": event.thread_id,
-        "message_id": event.message_id,
-    }
-    raw = dict(event.raw)
-    try:
-        return json.dumps({**fields, "raw": raw}, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"accept() stores the event as JSON: {_unserializable(raw)} is not "
-            f"JSON-serializable ({exc})"
-        ) from exc
-
-
-def _unserializable(raw: dict[str, object]) -> str:
-    """Name the first field of ``raw`` that JSON cannot hold (for the error message)."""
-    for name, value in raw.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):  # noqa: PERF203 - only on the error path
-            return f"Event.raw[{name!r}] ({type(value).__name__})"
-    return "Event.raw"
-
-
 class KeyDrain(Protocol):
     """How a held key is drained instead of one entry at a time: the batches of ``latest`` /
     ``debounce`` (``_inbox_fold.FoldingDrain``) or the interruptions of ``supersede``
@@ -112,19 +79,6 @@ class KeyDrain(Protocol):
         so) or ``stopping`` is set (the caller releases the lock); the seconds the key waits for
         a retry in the state (its lock released), else ``None``."""
         ...
-
-
-def decode(payload: str) -> Event:
-    """The event an inbox entry stores."""
-    data = json.loads(payload)
-    return Event(
-        type=data["type"],
-        adapter=data["adapter"],
-        channel_id=data["channel_id"],
-        thread_id=data["thread_id"],
-        message_id=data["message_id"],
-        raw=data["raw"],
-    )
 
 
 class Drainer:

@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING
 
 from asynclock import metrics as _metrics
 from asynclock._backlog import fold
+from asynclock._codec import decode
 from asynclock._event import HandlerContext, Outcome
 from asynclock._handlers import call_all
-from asynclock._inbox import MAX_RETRY_PAUSE, PARKED, decode
+from asynclock._inbox import MAX_RETRY_PAUSE, PARKED
 from asynclock._inbox_retry import RetryPlan
 
 if TYPE_CHECKING:

@@ -32,10 +32,11 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from asynclock._codec import decode
 from asynclock._errors import LockAcquisitionError
 from asynclock._event import HandlerContext, Outcome
 from asynclock._handlers import call_all
-from asynclock._inbox import MAX_RETRY_PAUSE, decode
+from asynclock._inbox import MAX_RETRY_PAUSE
 from asynclock._lock import AsyncLock
 from asynclock._supersede import Running
 from asynclock.state._protocol import SupersedeSignals

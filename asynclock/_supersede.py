@@ -26,8 +26,11 @@ Timeline of one key (events A, B, C; A's call interrupted by B; C arrives meanwh
 
 Outcomes resolve when the call that covers them returns; a failure of that call fails them
 all (their dedupe records are forgotten, so redeliveries run). An interrupted call whose newer
-event arrived in *another* process: its events end SUPERSEDED/SKIPPED once it ended (the newer
-call runs there; its ``ctx.skipped`` holds the events of its own process only).
+event arrived in *another* process hands its events over before it releases the key
+(:meth:`~asynclock.state.SupersedeSignals.supersede_carry`): the newer call, which takes the key
+next, collects them and has them first in its ``ctx.skipped``. Those events end
+SUPERSEDED/SKIPPED once handed over, since their covering call runs in the other process (the
+durable inbox is the form that acknowledges only when the covering call returned).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from asynclock._codec import decode, encode
 from asynclock._errors import LockAcquisitionError
 from asynclock._event import Event, HandlerContext, Outcome
 from asynclock._handlers import call_all
@@ -44,7 +48,7 @@ from asynclock._lock import AsyncLock
 from asynclock.state._protocol import SupersedeSignals
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
     from asynclock._handlers import HandlerTable
     from asynclock.state._protocol import State, SupersedeWatch
@@ -73,13 +77,15 @@ class Waiting:
 class Running:
     """The call running for a key in this process, which a newer event interrupts."""
 
-    __slots__ = ("_cancel_at", "ctx", "grace", "interrupted", "task")
+    __slots__ = ("_cancel_at", "ctx", "from_afar", "grace", "interrupted", "task")
 
     def __init__(self, ctx: HandlerContext, task: asyncio.Task[None], grace: float | None) -> None:
         self.ctx = ctx
         self.task = task
         self.grace = grace
         self.interrupted = False
+        #: a signal from another process interrupted it (its newer event is there)
+        self.from_afar = False
         self._cancel_at: asyncio.TimerHandle | None = None
 
     def interrupt(self) -> None:
@@ -166,6 +172,7 @@ async def _listen(watch: SupersedeWatch, running: Running) -> None:
     """Interrupt ``running`` when a signal for its token comes from another process."""
     while not await watch.wait(3600.0):
         pass
+    running.from_afar = True
     running.interrupt()
 
 
@@ -176,8 +183,8 @@ async def _run(
     ctx: HandlerContext,
     watch: SupersedeWatch | None,
     grace: float | None,
-) -> tuple[bool, BaseException | None]:
-    """Run the call in a task of its own, interruptible; (interrupted, its exception)."""
+) -> tuple[Running, BaseException | None]:
+    """Run the call in a task of its own, interruptible; (the run, its exception)."""
     loop = asyncio.get_running_loop()
     task = loop.create_task(call_all(handlers.for_type(event.type), event, ctx))
     running = line.running = Running(ctx, task, grace)
@@ -202,7 +209,7 @@ async def _run(
     error = None if task.cancelled() else task.exception()
     if task.cancelled() and not running.interrupted:
         error = asyncio.CancelledError()
-    return running.interrupted, error
+    return running, error
 
 
 def _resolve(covered: list[Waiting], handled: Waiting | None, error: BaseException | None) -> None:
@@ -230,12 +237,20 @@ async def drain(
     *,
     ttl: float,
     grace: float | None,
+    carry_ttl: float,
 ) -> None:
-    """Serve ``line`` until nothing waits: one call per round, under the key's lock."""
+    """Serve ``line`` until nothing waits: one call per round, under the key's lock.
+
+    ``carry_ttl``: how long events handed over to another process wait in the state for the
+    key's next call (see :func:`_hand_over`).
+    """
     signals = state if isinstance(state, SupersedeSignals) else None
     batch: list[Waiting] = []
+    #: events another process's interrupted call handed over, collected and not yet covered
+    remote: list[Event] = []
     try:
         while line.pending():
+            handed_over = False
             async with _subscribed(signals, key) as watch:
                 lock, waited = await take_lock(state, key, ttl, signals)
                 try:
@@ -252,24 +267,40 @@ async def drain(
                         _resolve(batch, None, None)
                         batch = []
                         break
+                    if signals is not None:
+                        remote.extend(await _collect(signals, key))
                     handled = batch[-1]
-                    handled.queued = handled.queued or waited or len(batch) > 1
-                    skipped = tuple(waiting.event for waiting in batch[:-1])
+                    handled.queued = handled.queued or waited or len(batch) > 1 or bool(remote)
+                    skipped = (*remote, *(waiting.event for waiting in batch[:-1]))
                     ctx = HandlerContext(key, token, skipped)
-                    interrupted, error = await _run(
-                        line, handlers, handled.event, ctx, watch, grace
-                    )
+                    run, error = await _run(line, handlers, handled.event, ctx, watch, grace)
+                    interrupted = run.interrupted
+                    if run.from_afar and not line.pending() and signals is not None:
+                        # the newer event is in another process: its call, which takes the
+                        # key next, covers this call's events
+                        events = (*remote, *(waiting.event for waiting in batch))
+                        await _hand_over(signals, key, events, carry_ttl)
+                        remote = []
+                        handed_over = True
                 finally:
                     await lock.__aexit__(None, None, None)
             if interrupted:
                 handled.superseded = True
                 line.carried = batch
-                if not line.pending():
-                    # the newer event is in another process: this one's calls are covered there
+                if handed_over or not line.pending():
                     _resolve(batch, None, None)
                     line.carried = []
             else:
                 _resolve(batch[:-1], handled, error)
+                if error is not None and remote:
+                    logger.warning(
+                        "asynclock: the call covering %d event(s) handed over from another "
+                        "process for key %r failed; they are not handled again: %r",
+                        len(remote),
+                        key,
+                        error,
+                    )
+                remote = []
             batch = []
     except BaseException as error:
         # the lock could not be had (state unavailable) or was lost during the call: every
@@ -282,8 +313,43 @@ async def drain(
                     waiting.future.cancel()
         line.carried = []
         line.entries.clear()
+        if remote:
+            logger.warning(
+                "asynclock: %d event(s) handed over from another process for key %r are not "
+                "handled: the call that had them ended with %r",
+                len(remote),
+                key,
+                error,
+            )
         if not isinstance(error, Exception):
             raise
+
+
+async def _collect(signals: SupersedeSignals, key: str) -> list[Event]:
+    """The events another process's interrupted call left for ``key``'s next call."""
+    return [decode(payload) for payload in await signals.supersede_collect(key)]
+
+
+async def _hand_over(
+    signals: SupersedeSignals, key: str, events: Sequence[Event], ttl: float
+) -> None:
+    """Leave ``events`` in the state for ``key``'s next call (in another process), which has
+    them in ``ctx.skipped``. The caller still holds the key, so they come before the events of
+    that call. An event whose ``raw`` JSON cannot hold stays behind (logged): the next call
+    does not see it."""
+    payloads: list[str] = []
+    for event in events:
+        try:
+            payloads.append(encode(event))
+        except TypeError as exc:  # noqa: PERF203 - only on the error path
+            logger.warning(
+                "asynclock: superseded event %r of key %r is not handed over to the newer "
+                "call in another process: %s",
+                event.dedupe_key,
+                key,
+                exc,
+            )
+    await signals.supersede_carry(key, payloads, ttl)
 
 
 @contextlib.asynccontextmanager

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Collection
+    from collections.abc import AsyncIterator, Collection, Sequence
     from contextlib import AbstractAsyncContextManager
     from types import TracebackType
 
@@ -635,6 +635,21 @@ class SupersedeSignals(Protocol):
     def supersede_watch(self, key: str) -> AbstractAsyncContextManager[SupersedeWatch]:
         """Subscribe to ``key``'s supersede signals for the block; active once entered, so the
         holder subscribes before taking the lock and misses no signal for its token."""
+        ...
+
+    async def supersede_carry(self, key: str, events: Sequence[str], ttl: float) -> None:
+        """Leave ``events`` (encoded events, oldest first) for the next call of ``key``.
+
+        Called by an interrupted holder, still holding the key, whose newer event arrived in
+        another process: that process's call takes them with :meth:`supersede_collect` and
+        sees them in ``ctx.skipped``. Appended after any events left before and not yet
+        collected; all of them expire ``ttl`` seconds after this call if nobody collects them.
+        """
+        ...
+
+    async def supersede_collect(self, key: str) -> list[str]:
+        """Take every event left for ``key`` by :meth:`supersede_carry` and not expired, oldest
+        first, removing them (one atomic step: two collectors never both get one)."""
         ...
 
 

@@ -51,7 +51,7 @@ from asynclock.state._protocol import (
 from asynclock.state._watch import EventWatch, TokenWatch
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Collection
+    from collections.abc import AsyncIterator, Callable, Collection, Sequence
     from contextlib import AbstractAsyncContextManager
 
 
@@ -148,6 +148,7 @@ class MemoryState(ClosesOnExit):
         "_locks",
         "_mutex",
         "_semaphores",
+        "_supersede_carried",
         "_supersede_watchers",
         "_tokens",
         "_watchers",
@@ -164,6 +165,8 @@ class MemoryState(ClosesOnExit):
         self._watchers: dict[str, set[EventWatch]] = {}
         #: SupersedeSignals: the holders' subscriptions, per key
         self._supersede_watchers: dict[str, set[TokenWatch]] = {}
+        #: SupersedeSignals: the events left for each key's next call, (expiry, payload) each
+        self._supersede_carried: dict[str, list[tuple[float, str]]] = {}
         #: the durable inbox (durable for this process's life only: it is memory)
         self._inboxes: dict[str, _Inbox] = {}
         #: the inbox's hand-out: keys with work and no holder, and the workers waiting for one
@@ -630,6 +633,32 @@ class MemoryState(ClosesOnExit):
                     watchers.discard(watch)
                     if not watchers:
                         del self._supersede_watchers[key]
+
+    async def supersede_carry(self, key: str, events: Sequence[str], ttl: float) -> None:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_carry`."""
+        check_key(key)
+        ttl = check_ttl(ttl)
+        await asyncio.sleep(0)
+        if not events:
+            return
+        with self._mutex:
+            expires_at = self._clock() + ttl
+            carried = self._supersede_carried.setdefault(key, [])
+            carried[:] = [(expires_at, payload) for _, payload in carried]
+            carried.extend((expires_at, payload) for payload in events)
+
+    async def supersede_collect(self, key: str) -> list[str]:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_collect`."""
+        check_key(key)
+        await asyncio.sleep(0)
+        with self._mutex:
+            now = self._clock()
+            # an expired leftover of another key goes too (nothing else visits them)
+            for name in [n for n, c in self._supersede_carried.items() if c and c[0][0] <= now]:
+                if name != key:
+                    del self._supersede_carried[name]
+            carried = self._supersede_carried.pop(key, [])
+        return [payload for expires_at, payload in carried if expires_at > now]
 
     async def held_locks(self, match: str = "*") -> AsyncIterator[LockInfo]:
         """See :meth:`asynclock.state.LockAdmin.held_locks`."""

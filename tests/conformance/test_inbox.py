@@ -29,7 +29,7 @@ from asynclock import (
     state_from_url,
 )
 from asynclock import _inbox as inbox_module
-from asynclock._inbox import encode
+from asynclock._codec import encode
 from asynclock.state._protocol import InboxState
 from tests._helpers import LocksOnly
 from tests._matrix import INBOX_STATES, Backend, purge_namespace, require

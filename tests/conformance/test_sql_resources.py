@@ -39,6 +39,10 @@ QUERIES = {
     "semaphore_extend",
     "semaphore_inspect",
     "purge_semaphores",
+    # supersede hand-overs between processes (#26)
+    "supersede_carry",
+    "supersede_collect",
+    "purge_supersede_carried",
 }
 #: statements only one backend has (PostgreSQL's claims carry their owner: ClaimingState; MySQL
 #: purges a semaphore's permits and places in statements of their own: no multi-table DELETE, and
@@ -80,6 +84,8 @@ OWN_TABLES = {
     "asynclock.state.postgres": (),
     "asynclock.state.mysql": ("semaphore_ears", "supersede_ears"),
 }
+#: tables both create, after their own (supersede hand-overs between processes, #26)
+LATER_TABLES = ("supersede_carried",)
 _SHARED_ROUTINES = ("inbox_lock_rows_v1", "inbox_release_v1")
 ROUTINES = {
     # inbox_accept_v2: a claim taken over loses its owner (MySQL's claims carry none); v3 wakes
@@ -164,6 +170,8 @@ ROUTINES = {
         "semaphore_release_v2",
         "semaphore_abandon_v2",
         "supersede_v1",
+        # a supersede hand-over collected (read and deleted: MySQL has no DELETE ... RETURNING)
+        "supersede_collect_v1",
     ),
 }
 
@@ -194,7 +202,7 @@ def test_schema_is_idempotent_create_statements(package: str) -> None:
         for s in statements
     ]
     tables = [c for c in code if c.startswith("CREATE TABLE IF NOT EXISTS app_")]
-    names = (*TABLES, *OWN_TABLES[package])
+    names = (*TABLES, *OWN_TABLES[package], *LATER_TABLES)
     assert [t.split()[5] for t in tables] == [f"app_{name}" for name in names]
     # a guarded upgrade of an older table (PostgreSQL): changes a table only when it lacks a column
     upgrades = [c for c in code if c.startswith("DO $$")]

@@ -135,6 +135,8 @@ async def test_the_newer_event_interrupts_promptly_and_is_handled_after(
     assert calls.ended["m2"] == "returned"
     assert calls.contexts["m2"].token > calls.contexts["m1"].token  # type: ignore[operator]
     assert not calls.contexts["m2"].superseded.is_set()
+    # the interrupted event, from the other dispatcher, is in the newer call's view
+    assert [e.message_id for e in calls.contexts["m2"].skipped] == ["m1"]
     assert older.stats[Outcome.SUPERSEDED] == 1
     assert newer.stats[Outcome.QUEUED] == 1
 
@@ -220,6 +222,72 @@ async def test_a_chain_of_interruptions_carries_every_event(state: State) -> Non
     assert [e.message_id for e in calls.contexts["m3"].skipped] == ["m1", "m2"]
     tokens = [calls.contexts[m].token for m in ("m1", "m2", "m3")]
     assert all(a < b for a, b in itertools.pairwise(tokens))  # type: ignore[operator]
+
+
+async def test_a_chain_across_two_dispatchers_hands_every_event_over(
+    state: State, peer_state: State
+) -> None:
+    """m1 runs here, m2 (there) interrupts it, m3 (here again) interrupts m2: each newer call
+    has every earlier event in ``ctx.skipped``, in arrival order, whichever side it came from."""
+    here, there, calls = bots(state, peer_state, grace=0.0)
+    calls.hold.update({"m1": 60.0, "m2": 60.0})
+    raw = {"text": "hi", "n": [1, 2]}
+    first = asyncio.ensure_future(here.dispatch(Event("message", "slack", "C1", "T1", "m1", raw)))
+    await asyncio.wait_for(calls.started_event("m1").wait(), SOON)
+    second = asyncio.ensure_future(there.dispatch(ev("m2")))
+    await asyncio.wait_for(calls.started_event("m2").wait(), SOON)
+    third = asyncio.ensure_future(here.dispatch(ev("m3")))
+    assert [await bounded(t) for t in (first, second, third)] == [
+        Outcome.SUPERSEDED,
+        Outcome.SUPERSEDED,
+        Outcome.QUEUED,
+    ]
+    assert [e.message_id for e in calls.contexts["m2"].skipped] == ["m1"]
+    assert [e.message_id for e in calls.contexts["m3"].skipped] == ["m1", "m2"]
+    carried = calls.contexts["m3"].skipped[0]
+    assert carried == Event("message", "slack", "C1", "T1", "m1")
+    assert carried.raw == raw  # the whole event crossed, payload included
+    tokens = [calls.contexts[m].token for m in ("m1", "m2", "m3")]
+    assert all(a < b for a, b in itertools.pairwise(tokens))  # type: ignore[operator]
+    # nothing left behind in the state once covered
+    assert await state.supersede_collect("slack:C1:T1") == []  # type: ignore[attr-defined]
+
+
+async def test_an_event_json_cannot_hold_is_logged_not_handed_over(
+    state: State, peer_state: State, caplog: pytest.LogCaptureFixture
+) -> None:
+    older, newer, calls = bots(state, peer_state, grace=0.0)
+    calls.hold["m1"] = 60.0
+    first = asyncio.ensure_future(
+        older.dispatch(Event("message", "slack", "C1", "T1", "m1", {"blob": object()}))
+    )
+    await asyncio.wait_for(calls.started_event("m1").wait(), SOON)
+    second = asyncio.ensure_future(newer.dispatch(ev("m2")))
+    assert [await bounded(first), await bounded(second)] == [
+        Outcome.SUPERSEDED,
+        Outcome.QUEUED,
+    ]
+    assert calls.contexts["m2"].skipped == ()
+    assert "is not handed over" in caplog.text
+    assert "Event.raw['blob']" in caplog.text
+
+
+async def test_carried_events_are_collected_once_in_order_and_expire(state: State) -> None:
+    assert isinstance(state, SupersedeSignals)
+    key = "slack:C9:carry"
+    assert await state.supersede_collect(key) == []
+    await state.supersede_carry(key, ["a", "b"], 30.0)
+    await state.supersede_carry(key, [], 30.0)
+    await state.supersede_carry(key, ['{"c": "é"}'], 30.0)
+    assert await state.supersede_collect(key) == ["a", "b", '{"c": "é"}']
+    assert await state.supersede_collect(key) == []
+    await state.supersede_carry(key, ["gone"], 0.05)
+    await asyncio.sleep(0.3)  # past the expiry: what nobody collected counts as absent
+    assert await state.supersede_collect(key) == []
+    await state.supersede_carry(key, ["after"], 30.0)  # an expired leftover is not appended to
+    assert await state.supersede_collect(key) == ["after"]
+    with pytest.raises(ValueError, match="ttl"):
+        await state.supersede_carry(key, ["x"], 0)
 
 
 async def test_keys_do_not_interrupt_each_other(state: State) -> None:

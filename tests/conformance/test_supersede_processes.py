@@ -69,6 +69,7 @@ async def test_a_newer_event_interrupts_a_handler_in_another_process(
         assert grace - 0.02 <= waited < grace + PROMPT
     assert newer["began"] >= holder["ended_at"]  # the newer call starts once the older ended
     assert newer["token"] > holder["token"]
+    assert newer["skipped"] == ["m1"]  # handed over by the interrupted process
 
 
 @pytest.mark.parametrize("phase", ["interrupted", "covering"])

@@ -44,6 +44,8 @@ SCRIPTS = {
     "semaphore_extend.lua",
     "semaphore_inspect.lua",
     "supersede.lua",
+    "supersede_carry.lua",
+    "supersede_collect.lua",
 }
 
 

@@ -416,3 +416,23 @@ SELECT 'asynclock-supersede-ear', IF(EXISTS (
 -- purge_supersede_ears --
 -- Delete up to "batch" supersede_ears rows whose lease passed (left by a state that crashed).
 DELETE FROM {prefix}supersede_ears WHERE expires_at <= UTC_TIMESTAMP(3) LIMIT %(batch)s
+
+-- supersede_carry --
+-- Leave the events (a JSON array of encoded events, oldest first) for the key's next call:
+-- appended after those left before and still live (the first assignment reads the old expiry);
+-- the row expires ttl_ms from now. One statement.
+INSERT INTO {prefix}supersede_carried (id, events, expires_at)
+VALUES (UNHEX(%(id)s), %(events)s, UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND)
+ON DUPLICATE KEY UPDATE
+    events = IF(expires_at > UTC_TIMESTAMP(3), JSON_MERGE_PRESERVE(events, %(events)s),
+                %(events)s),
+    expires_at = UTC_TIMESTAMP(3) + INTERVAL %(ttl_ms)s * 1000 MICROSECOND
+
+-- supersede_collect --
+-- Take the events left for the key's next call and delete them. Answers one row: the JSON
+-- array, or NULL. One CALL of supersede_collect_v1 (schema.sql).
+CALL {prefix}supersede_collect_v1(UNHEX(%(id)s))
+
+-- purge_supersede_carried --
+-- Delete up to "batch" hand-overs nobody collected before they expired.
+DELETE FROM {prefix}supersede_carried WHERE expires_at <= UTC_TIMESTAMP(3) LIMIT %(batch)s

@@ -1467,3 +1467,31 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Supersede hand-overs (on_lock_conflict="supersede"): the events an interrupted holder left
+-- for its key's next call when the newer event arrived in another process, a JSON array of
+-- encoded events, oldest first. The call that collects them deletes the row; a row nobody
+-- collected counts as absent once expires_at passed, and purge_expired deletes it.
+CREATE TABLE IF NOT EXISTS {prefix}supersede_carried (
+    id          BINARY(32) NOT NULL PRIMARY KEY,     -- SHA-256 of the prefixed lock key
+    events      LONGTEXT CHARACTER SET utf8mb4 NOT NULL,  -- ["<encoded event>", ...]
+    expires_at  DATETIME(3) NOT NULL,
+    KEY by_expiry (expires_at)
+) ENGINE = InnoDB;
+
+-- supersede_collect_v1: take the events left for key p_id (NULL when none, or expired) and
+-- delete its row, in one transaction under the row's lock. Answers one row: the JSON array.
+CREATE PROCEDURE IF NOT EXISTS {prefix}supersede_collect_v1(IN p_id BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_events LONGTEXT CHARACTER SET utf8mb4 DEFAULT NULL;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT MAX(IF(expires_at > UTC_TIMESTAMP(3), events, NULL)) INTO v_events
+    FROM {prefix}supersede_carried WHERE id = p_id FOR UPDATE;
+    DELETE FROM {prefix}supersede_carried WHERE id = p_id;
+    COMMIT;
+    SELECT v_events;
+END
+$$;

@@ -475,3 +475,33 @@ SELECT ((SELECT count(*) FROM h) + (SELECT count(*) FROM w) + (SELECT count(*) F
 SELECT pg_notify(%(channel)s, %(payload)s)
 FROM {prefix}locks
 WHERE id = %(id)s AND owner IS NOT NULL AND expires_at > now() AND token = %(token)s
+
+-- supersede_carry --
+-- Leave the events (a JSON array of encoded events, oldest first) for the key's next call:
+-- appended after those left before and still live; the row expires ttl_ms from now. One
+-- statement (the row lock orders two carriers).
+INSERT INTO {prefix}supersede_carried AS c (id, events, expires_at)
+VALUES (%(id)s, %(events)s::jsonb, now() + %(ttl_ms)s::bigint * interval '1 millisecond')
+ON CONFLICT (id) DO UPDATE
+SET events = CASE WHEN c.expires_at > now() THEN c.events || EXCLUDED.events
+                  ELSE EXCLUDED.events END,
+    expires_at = EXCLUDED.expires_at
+
+-- supersede_collect --
+-- Take the events left for the key's next call (none once expired), deleting the row: one row,
+-- the JSON array as text, or no row. One statement.
+WITH d AS (
+    DELETE FROM {prefix}supersede_carried WHERE id = %(id)s RETURNING events, expires_at
+)
+SELECT events::text FROM d WHERE expires_at > now()
+
+-- purge_supersede_carried --
+-- Delete up to "batch" hand-overs nobody collected before they expired; answer how many.
+WITH d AS (
+    DELETE FROM {prefix}supersede_carried
+    WHERE id IN (SELECT id FROM {prefix}supersede_carried WHERE expires_at <= now()
+                 LIMIT %(batch)s)
+    AND expires_at <= now()
+    RETURNING 1
+)
+SELECT count(*)::int FROM d

@@ -1360,3 +1360,13 @@ BEGIN
     RETURN ARRAY(SELECT {prefix}semaphore_wake_v1(p_id, v_before, p_channel, p_payload));
 END
 $$;
+
+-- Supersede hand-overs (on_lock_conflict="supersede"): the events an interrupted holder left
+-- for its key's next call when the newer event arrived in another process, a JSON array of
+-- encoded events, oldest first. The call that collects them deletes the row; a row nobody
+-- collected counts as absent once expires_at passed, and purge_expired deletes it.
+CREATE TABLE IF NOT EXISTS {prefix}supersede_carried (
+    id          bytea PRIMARY KEY,                   -- SHA-256 of the prefixed lock key
+    events      jsonb NOT NULL,                      -- ["<encoded event>", ...]
+    expires_at  timestamptz NOT NULL
+);

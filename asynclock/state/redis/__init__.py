@@ -17,6 +17,8 @@ atomic against every client of the server and uses the server's clock. Dedupe is
 * ``P{key}:released``: the lock's release channel (PUBLISH from ``release.lua``).
 * ``P{key}:supersede``: the holder's supersede channel (PUBLISH from ``supersede.lua``, the
   payload the holder's fencing token; see :class:`~asynclock.state.SupersedeSignals`).
+* ``P{key}:carried``: the events an interrupted holder left for the key's next call
+  (``supersede_carry.lua``, taken by ``supersede_collect.lua``).
 * ``P<namespace>:<id>``: a dedupe record.
 * ``P{key}:inbox`` (and ``:attempts``, ``:tries``, ``:dead``, ``:seq``, ``:hold``): the key's
   durable inbox (``:tries``: the attempt counts of the entries ``inbox_take`` handed out;
@@ -47,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from asynclock._errors import StateUnavailableError
 from asynclock._owner import new_process_id
-from asynclock._validate import check_seconds, check_ttl, ttl_ms
+from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._guard import OperationGuard
 from asynclock.state._protocol import Grant, LockInfo, Release
@@ -63,7 +65,7 @@ from asynclock.state.redis._semaphore import RedisSemaphores
 from asynclock.state.redis._transport import UNAVAILABLE
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
     from redis.asyncio import Redis, RedisCluster
     from redis.asyncio.connection import AbstractConnection
@@ -583,6 +585,23 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
         ``PUBLISH``, sharded on a cluster, if ``token`` still holds the key)."""
         lock_key = self.lock_key(key)
         await self._eval("supersede", (lock_key, f"{lock_key}:supersede"), int(token))
+
+    async def supersede_carry(self, key: str, events: Sequence[str], ttl: float) -> None:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_carry` (``supersede_carry.lua``:
+        a list beside the lock key, in its slot)."""
+        check_key(key)
+        if not events:
+            return
+        expiry = ttl_ms(check_ttl(ttl))
+        await self._eval("supersede_carry", (f"{self.lock_key(key)}:carried",), expiry, *events)
+
+    async def supersede_collect(self, key: str) -> list[str]:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_collect`
+        (``supersede_collect.lua``)."""
+        check_key(key)
+        reply = await self._eval("supersede_collect", (f"{self.lock_key(key)}:carried",))
+        assert isinstance(reply, list)
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
 
     @contextlib.asynccontextmanager
     async def supersede_watch(self, key: str) -> AsyncIterator[TokenWatch]:

@@ -48,6 +48,8 @@ def load_scripts(*, sharded: bool = False) -> dict[str, LuaScript]:
         "dedupe_keep",
         "forget_claim",
         "supersede",
+        "supersede_carry",
+        "supersede_collect",
     )
     scripts = {name: LuaScript(name, sharded=sharded) for name in names}
     scripts["claim_acquire"] = LuaScript("claim_acquire", "_claim", "acquire", sharded=sharded)

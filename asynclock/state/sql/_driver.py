@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 from asynclock.state._protocol import Watch
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from asynclock.state._protocol import Grant, LockInfo, Release
     from asynclock.state.sql._queries import Query
@@ -113,6 +113,10 @@ class SQLDriver(abc.ABC, Generic[C, S, R]):
     @abc.abstractmethod
     def _remaining(self, answer: R) -> float | None:
         """``dedupe_remaining``'s answer: the live record's seconds left, or ``None``."""
+
+    @abc.abstractmethod
+    def _rows(self, answer: R) -> Sequence[Sequence[object]]:
+        """The rows of a statement's answer (each a sequence of column values)."""
 
     @abc.abstractmethod
     def _deleted(self, answer: R) -> int:

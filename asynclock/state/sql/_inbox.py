@@ -71,10 +71,6 @@ class SQLInboxState(SQLState[C, S, R]):
     # -- the driver's part ------------------------------------------------------------------
 
     @abc.abstractmethod
-    def _rows(self, answer: R) -> Sequence[Sequence[object]]:
-        """The rows of a statement's answer (each a sequence of column values)."""
-
-    @abc.abstractmethod
     def _wake_ups(self, worker: str, channel: str) -> AbstractAsyncContextManager[WakeWatch]:
         """Hear the hand-out's wake-ups of ``worker`` (its row names ``channel``), while in the
         context (see :class:`~asynclock.state.sql._handout.WakeUps`)."""

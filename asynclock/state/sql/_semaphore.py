@@ -20,7 +20,6 @@ An implementation detail shared by two backends, not part of the contract.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 from typing import TYPE_CHECKING, TypeVar
@@ -30,7 +29,7 @@ from asynclock.state._protocol import Grant, LockInfo, SemaphoreInfo
 from asynclock.state.sql._state import PURGE_BATCH, SQLState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator
 
     from asynclock.state.sql._driver import WakeableWatch
 
@@ -49,10 +48,6 @@ class SQLSemaphoreState(SQLState[C, S, R]):
     µs)`` per key; a waiter takes a permit only in arrival order; a given-up owner (its mark
     row) is never granted nor queued.
     """
-
-    @abc.abstractmethod
-    def _rows(self, answer: R) -> Sequence[Sequence[object]]:
-        """The rows of a statement's answer (each a sequence of column values)."""
 
     #: the purge statements of the semaphore tables, in order (``queries.sql`` names)
     _SEMAPHORE_PURGES: tuple[str, ...] = ("purge_semaphores",)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import TYPE_CHECKING, TypeVar
 
@@ -38,7 +39,7 @@ from asynclock.state.sql._queries import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Mapping, Sequence
 
     from asynclock.state._pool import ConnectionSource
     from asynclock.state._protocol import Grant, Release
@@ -252,6 +253,7 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
         return (
             ("purge_locks", {"retention_ms": self._retention_ms, "batch": PURGE_BATCH}),
             ("purge_dedupe", {"batch": PURGE_BATCH}),
+            ("purge_supersede_carried", {"batch": PURGE_BATCH}),
         )
 
     async def _purge_batches(self) -> int:
@@ -458,6 +460,32 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
         ident, _ = self._ids(key)
         answer = await self._run("dedupe_remaining", {"id": self._id_param(ident)}, idempotent=True)
         return self._remaining(answer)
+
+    async def supersede_carry(self, key: str, events: Sequence[str], ttl: float) -> None:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_carry` (one statement: a row
+        per key holding a JSON array, appended to)."""
+        check_key(key)
+        expiry = ttl_ms(check_ttl(ttl))
+        if not events:
+            return
+        ident, _ = self._ids(key)
+        params = {"id": self._id_param(ident), "events": json.dumps(list(events)), "ttl_ms": expiry}
+        # not idempotent: run twice, the events would be carried twice
+        await self._run("supersede_carry", params, idempotent=False)
+
+    async def supersede_collect(self, key: str) -> list[str]:
+        """See :meth:`asynclock.state.SupersedeSignals.supersede_collect` (one statement, or
+        one procedure call on MySQL: the row read and deleted)."""
+        check_key(key)
+        ident, _ = self._ids(key)
+        answer = await self._run(
+            "supersede_collect", {"id": self._id_param(ident)}, idempotent=False
+        )
+        events: list[str] = []
+        for row in self._rows(answer):
+            if row and isinstance(row[0], (str, bytes)):
+                events.extend(str(item) for item in json.loads(row[0]))
+        return events
 
     @contextlib.asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[WakeableWatch]:
