@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib as _importlib
 from typing import TYPE_CHECKING
 
-from asynclock._dedupe import Deduper as Deduper
-from asynclock._delivery import Delivery as Delivery
-from asynclock._dispatch import ConflictPolicy as ConflictPolicy
-from asynclock._dispatch import EventDispatcher as EventDispatcher
-from asynclock._dispatch import LockScope as LockScope
-from asynclock._dispatch import PolicyName as PolicyName
+from asynclock._dedupe.deduper import Deduper as Deduper
+from asynclock._dispatch.delivery import Delivery as Delivery
+from asynclock._dispatch.dispatcher import ConflictPolicy as ConflictPolicy
+from asynclock._dispatch.dispatcher import EventDispatcher as EventDispatcher
+from asynclock._dispatch.dispatcher import LockScope as LockScope
+from asynclock._dispatch.dispatcher import PolicyName as PolicyName
 from asynclock._errors import AsynclockError as AsynclockError
 from asynclock._errors import InboxFullError as InboxFullError
 from asynclock._errors import LockAcquisitionError as LockAcquisitionError
@@ -23,12 +23,12 @@ from asynclock._errors import LockLostError as LockLostError
 from asynclock._errors import LockNotOwnedError as LockNotOwnedError
 from asynclock._errors import StateError as StateError
 from asynclock._errors import StateUnavailableError as StateUnavailableError
-from asynclock._event import Event as Event
-from asynclock._event import HandlerContext as HandlerContext
-from asynclock._event import Outcome as Outcome
-from asynclock._lock import AsyncLock as AsyncLock
-from asynclock._retry import RetryStatistics as RetryStatistics
-from asynclock._retry import retry_on_lock_conflict as retry_on_lock_conflict
+from asynclock._events.event import Event as Event
+from asynclock._events.event import HandlerContext as HandlerContext
+from asynclock._events.event import Outcome as Outcome
+from asynclock._lock.lock import AsyncLock as AsyncLock
+from asynclock._retry.decorator import RetryStatistics as RetryStatistics
+from asynclock._retry.decorator import retry_on_lock_conflict as retry_on_lock_conflict
 from asynclock._semaphore import Semaphore as Semaphore
 from asynclock.state import state_from_url as state_from_url
 from asynclock.state._backends import lazy as _lazy

@@ -837,7 +837,7 @@ def _reading(mem: Rounds, red: Rounds, trips: Rounds) -> list[str]:
             f"dict-of-asyncio.Lock in serial and {spread(mem, M_ASYNCLOCK_B, 'x_plain')} x in "
             f"the burst, and at {spread(mem, M_ASYNCLOCK, 'x_chat')} x chat-sdk's memory path "
             "in serial. The plain version is a set lookup and an uncontended `asyncio.Lock`; "
-            "the dispatcher's lean path (`_lean.py`) claims the event and takes the lock in one "
+            "the dispatcher's lean path (`_dispatch/fast_route.py`) claims the event and takes the lock in one "
             "`MemoryState` step, runs the handler (whose first suspension is the dispatch's "
             "yield), releases and marks the claim done in one more, and counts the outcome; a "
             "queued event records its claim on arrival and waits on a bare future until the "

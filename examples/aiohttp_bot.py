@@ -44,7 +44,7 @@ from examples._slack import (
 )
 
 if TYPE_CHECKING:
-    from asynclock._dispatch import ConflictPolicy
+    from asynclock._dispatch.dispatcher import ConflictPolicy
 
 log = logging.getLogger("examples.aiohttp_bot")
 

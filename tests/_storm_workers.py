@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from multiprocessing.queues import Queue
     from multiprocessing.synchronize import Barrier, Event
 
-    from asynclock._retry import WaitSpec
+    from asynclock._retry.decorator import WaitSpec
     from asynclock.cli._storm import Variant
 
 #: How long a worker waits for its siblings at the start line, or for the holder's signal.

@@ -12,14 +12,14 @@ from asynclock._errors import (
     LockLostError,
     LockNotOwnedError,
 )
-from asynclock._grant import granted_reason
-from asynclock._leave import release_on_exit
+from asynclock._lock.grant import granted_reason
+from asynclock._lock.leave import release_on_exit
+from asynclock._lock.renew import Renewer
+from asynclock._lock.waiters import Ticket
 from asynclock._owner import new_owner
-from asynclock._renew import Renewer
 from asynclock._semaphore.capability import semaphore_state
 from asynclock._semaphore.contend import take_permit
 from asynclock._validate import check_key, check_permits, check_seconds, check_ttl
-from asynclock._waiters import Ticket
 
 if TYPE_CHECKING:
     from types import TracebackType

@@ -14,8 +14,8 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from asynclock._dispatch import EventDispatcher, PolicyName
-from asynclock._event import Event, HandlerContext, Outcome
+from asynclock._dispatch.dispatcher import EventDispatcher, PolicyName
+from asynclock._events.event import Event, HandlerContext, Outcome
 
 if TYPE_CHECKING:
     from asynclock.state._protocol import State

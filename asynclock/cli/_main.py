@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asynclock._errors import StateUnavailableError
-from asynclock._inbox import MAX_KEYS
+from asynclock._inbox.drainer import MAX_KEYS
 from asynclock.cli._admin import format_locks, held_locks, open_state, print_locks, unlock
 from asynclock.cli._demo import format_result, run_demo
 from asynclock.cli._worker import dead_letter_count, inbox_command, run_worker

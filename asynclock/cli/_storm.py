@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from asynclock._errors import LockAcquisitionError, LockNotOwnedError
-from asynclock._lock import AsyncLock
-from asynclock._retry import RetryStatistics, retry_on_lock_conflict
+from asynclock._lock.lock import AsyncLock
+from asynclock._retry.decorator import RetryStatistics, retry_on_lock_conflict
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from asynclock._retry import WaitSpec
+    from asynclock._retry.decorator import WaitSpec
     from asynclock.state._protocol import State
 
 __all__ = (

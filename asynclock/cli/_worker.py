@@ -15,8 +15,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from asynclock._dispatch import EventDispatcher
-from asynclock._inbox import MAX_KEYS
+from asynclock._dispatch.dispatcher import EventDispatcher
+from asynclock._inbox.drainer import MAX_KEYS
 from asynclock.cli._admin import open_state
 from asynclock.state._protocol import InboxState
 

@@ -1,6 +1,6 @@
 """The job form of ``retry_on_lock_conflict``, shared by the arq and taskiq integrations.
 
-A job decorator is the core decorator's policy (:class:`~asynclock._retrying.Retrying`) with the
+A job decorator is the core decorator's policy (:class:`~asynclock._retry.retrying.Retrying`) with the
 wait moved out of the worker: on a conflict before the last try the job is put back in its
 framework's queue with the wait as its delay, and the running execution ends. Everything but
 two things is the same for every framework, and lives here: the checks, the counters, the fair
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 from asynclock._errors import LockAcquisitionError
-from asynclock._retrying import function_name
+from asynclock._retry.retrying import function_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
     from typing_extensions import ParamSpec
 
-    from asynclock._retrying import Retrying
+    from asynclock._retry.retrying import Retrying
 
     P = ParamSpec("P")
 else:

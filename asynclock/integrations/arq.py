@@ -24,7 +24,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra only
     raise ImportError("asynclock.integrations.arq needs arq: pip install 'asynclock[arq]'") from exc
 
-from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, function_name
+from asynclock._retry.retrying import ExhaustionSpec, Retrying, WaitSpec, function_name
 from asynclock.integrations._jobs import (
     Execution,
     attempts_needed,

@@ -242,7 +242,7 @@ async def test_a_claim_outside_the_keys_slot_still_dedupes(inbox: Inbox) -> None
     # A key starting with a brace: its claim name has another hash tag (see RedisState.lock_key)
     key = "}brace"
     lock_key = inbox.state.lock_key(key)
-    claims = [f"event:{{{key}}}:slack:m{n}" for n in range(2)]  # as _claim.py names them
+    claims = [f"event:{{{key}}}:slack:m{n}" for n in range(2)]  # as _dedupe/claim.py names them
     assert key_slot((inbox.state.prefix + claims[0]).encode()) != key_slot(lock_key.encode())
 
     async def accept(claim: str) -> str:

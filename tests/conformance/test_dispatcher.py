@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from asynclock import State
-    from asynclock._dispatch import PolicyName
+    from asynclock._dispatch.dispatcher import PolicyName
 
 #: upper bound for anything that should happen "at once" (generous: a loaded CI box)
 SOON = 5.0

@@ -28,8 +28,8 @@ from asynclock import (
     Outcome,
     state_from_url,
 )
-from asynclock import _inbox as inbox_module
-from asynclock._codec import encode
+from asynclock._events.codec import encode
+from asynclock._inbox import drainer as inbox_module
 from asynclock.state._protocol import InboxState
 from tests._helpers import LocksOnly
 from tests._matrix import INBOX_STATES, Backend, purge_namespace, require
@@ -585,7 +585,7 @@ class TestFolding:
     async def test_accept_order_is_kept_across_batches(
         self, state: State, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr("asynclock._inbox_fold.BATCH", 3)
+        monkeypatch.setattr("asynclock._inbox.fold.BATCH", 3)
         folds = Folds()
         bot = EventDispatcher(state, on_lock_conflict="latest", lock_ttl=5.0)
         bot.add_handler("*", folds)

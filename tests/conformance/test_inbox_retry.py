@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import pytest
 
 from asynclock import EventDispatcher, HandlerContext, LockNotOwnedError, MemoryState, Outcome
-from asynclock._codec import encode
+from asynclock._events.codec import encode
 from asynclock.cli._main import main
 from asynclock.cli._worker import format_inbox
 from asynclock.state._protocol import InboxKey, InboxState, State

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from asynclock import _freeing
-from asynclock._freeing import UNSEEN, FreeingEstimate
+from asynclock._dispatch import freeing as _freeing
+from asynclock._dispatch.freeing import UNSEEN, FreeingEstimate
 
 
 class Clock:

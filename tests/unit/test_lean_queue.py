@@ -1,4 +1,4 @@
-"""The dispatcher's lean queued path on MemoryState (``_lean.py``: events of a key busy in this
+"""The dispatcher's lean queued path on MemoryState (``_dispatch/fast_route.py``: events of a key busy in this
 loop wait in its line without an AsyncLock, under ``on_lock_conflict="queue"``)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 from asynclock import Event, EventDispatcher, MemoryState, Outcome
 from asynclock import metrics as asynclock_metrics
-from asynclock._claim import EventClaim
-from asynclock._lean import LeanHold
-from asynclock._waiters import line_for
+from asynclock._dedupe.claim import EventClaim
+from asynclock._dispatch.fast_route import LeanHold
+from asynclock._lock.waiters import line_for
 
 KEY = "slack:C1:T1"
 

@@ -23,7 +23,7 @@ from asynclock import (
     RetryStatistics,
     retry_on_lock_conflict,
 )
-from asynclock._grant import granted_reason
+from asynclock._lock.grant import granted_reason
 from asynclock.cli._demo import format_result, run_demo
 from tests._helpers import finish, loop_steps
 

@@ -26,7 +26,7 @@ from taskiq import AsyncBroker, Context, ScheduleSource
 from taskiq.exceptions import NoResultError
 from taskiq.kicker import AsyncKicker
 
-from asynclock._retrying import ExhaustionSpec, Retrying, WaitSpec, function_name
+from asynclock._retry.retrying import ExhaustionSpec, Retrying, WaitSpec, function_name
 from asynclock.integrations._jobs import (
     Execution,
     attempts_needed,

@@ -7,7 +7,7 @@ entry leaves the inbox only once its handlers returned (or it was dead-lettered 
 when there is none (release-if-empty). A worker that dies mid-handler leaves the entry at the
 head; once its lock's TTL ran out, another worker takes the key over and delivers the entry
 again with ``ctx.attempt`` one higher. Under ``latest`` and ``debounce`` a held key is drained
-by batches instead (``_inbox_fold.py``), with the same crash-safety per handler call.
+by batches instead (``_inbox/fold.py``), with the same crash-safety per handler call.
 
 The hand-out: a key with work and no holder goes to **one** worker
 (:meth:`InboxState.inbox_worker`), which gets it with the key's lock held for it already (on
@@ -16,7 +16,7 @@ worker, which takes the key), so the cost of an event does not grow with the num
 Every few seconds each worker also rescans the keys with work whose lock is free: the safety
 net that finds a key whose worker died, or whose grant was lost on its way.
 
-Retries that wait (``retry_wait``, ``_inbox_retry.py``): a failed entry is kept at its key's
+Retries that wait (``retry_wait``, ``_inbox/retry.py``): a failed entry is kept at its key's
 head in the state with a due time, and the lock released in the same step; the worker sets a
 local timer that takes the key once it is due (the rescan delivers it if that worker died).
 """
@@ -29,18 +29,18 @@ import logging
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from asynclock import metrics as _metrics
-from asynclock._codec import decode
 from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailableError
-from asynclock._event import Event, HandlerContext, Outcome
-from asynclock._handlers import call_all
-from asynclock._inbox_retry import RetryPlan
-from asynclock._lock import AsyncLock
+from asynclock._events.codec import decode
+from asynclock._events.event import Event, HandlerContext, Outcome
+from asynclock._events.handlers import call_all
+from asynclock._inbox.retry import RetryPlan
+from asynclock._lock.lock import AsyncLock
 from asynclock._owner import new_owner
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
-    from asynclock._handlers import HandlerTable
+    from asynclock._events.handlers import HandlerTable
     from asynclock.state._protocol import (
         InboxEntry,
         InboxGrant,

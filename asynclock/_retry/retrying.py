@@ -2,7 +2,7 @@
 
 Built like tenacity, from small pieces: the ``wait`` argument is normalised to a function
 ``(executions, error) -> seconds`` and ``on_exhaustion`` to a policy object; :class:`Retrying`
-holds one decoration's checked pieces and counters. The core decorator (``_retry.py``) sleeps
+holds one decoration's checked pieces and counters. The core decorator (``_retry/decorator.py``) sleeps
 between executions; the job-queue integrations (``asynclock.integrations``) re-enqueue instead.
 Unlike tenacity, every call keeps its own counters (no state shared between concurrent calls,
 tenacity#93), and ``CancelledError`` is never retried (tenacity#529).
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
 from asynclock._errors import LockAcquisitionError
-from asynclock._grant import grant_all, reset_grant
-from asynclock._turn import Turn, take_turns
+from asynclock._lock.grant import grant_all, reset_grant
+from asynclock._lock.turn import Turn, take_turns
 from asynclock._validate import check_ttl
 
 if TYPE_CHECKING:
@@ -401,7 +401,7 @@ class Retrying:
 
     def turn(self, turn_id: str, executions: int) -> contextlib.AbstractAsyncContextManager[Turn]:
         """The context of execution ``executions`` of the call (or job) ``turn_id``: in turn
-        when ``fair`` (see ``asynclock._turn``), a plain one otherwise."""
+        when ``fair`` (see ``asynclock._lock.turn``), a plain one otherwise."""
         return take_turns(
             turn_id,
             functools.partial(self.wait_bound, executions),

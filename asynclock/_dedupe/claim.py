@@ -28,10 +28,10 @@ from asynclock._validate import check_key
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from asynclock._event import Event
-    from asynclock._lock import AsyncLock
+    from asynclock._events.event import Event
+    from asynclock._lock.lock import AsyncLock
+    from asynclock._lock.waiters import ReleaseStep
     from asynclock._timers import Bucket
-    from asynclock._waiters import ReleaseStep
     from asynclock.state._protocol import ClaimingState, Grant, Release, State
 
 logger = logging.getLogger("asynclock")

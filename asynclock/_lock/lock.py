@@ -3,7 +3,7 @@
 Size: one class, over 500 lines on purpose. Its acquire, place-keeping, release and
 ``async with`` paths share the acquisition's invariants (one owner per acquisition, the line's
 member, what a cancellation leaves behind at every await); kept in one file they can be read
-against each other. The waiter line itself lives in ``_waiters.py``, renewal in ``_renew.py``,
+against each other. The waiter line itself lives in ``_lock/waiters.py``, renewal in ``_lock/renew.py``,
 cancellation helpers in ``_cancel.py``.
 """
 
@@ -25,13 +25,11 @@ from asynclock._errors import (
     LockLostError,
     LockNotOwnedError,
 )
-from asynclock._grant import granted_reason
-from asynclock._leave import release_on_exit
-from asynclock._owner import new_owner
-from asynclock._renew import Renewer
-from asynclock._turn import current_turn
-from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock._waiters import (
+from asynclock._lock.grant import granted_reason
+from asynclock._lock.leave import release_on_exit
+from asynclock._lock.renew import Renewer
+from asynclock._lock.turn import current_turn
+from asynclock._lock.waiters import (
     Line,
     Ticket,
     line_for,
@@ -39,13 +37,15 @@ from asynclock._waiters import (
     release_now,
     wait_for_turn,
 )
+from asynclock._owner import new_owner
+from asynclock._validate import check_key, check_seconds, check_ttl
 from asynclock.state._protocol import Grant, immediate_steps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-    from asynclock._waiters import ReleaseNow, ReleaseStep
+    from asynclock._lock.waiters import ReleaseNow, ReleaseStep
     from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")
@@ -756,7 +756,7 @@ class AsyncLock:
                 return grant
             turn = current_turn()
             if turn is not None and not waiting:
-                # a fair retry (asynclock._turn): take the key only in first-conflict order
+                # a fair retry (asynclock._lock.turn): take the key only in first-conflict order
                 return await turn.acquire(self._state, self._key, ticket.owner, self._ttl)
             return await self._state.acquire(self._key, ticket.owner, self._ttl, waiting=waiting)
         except asyncio.CancelledError:

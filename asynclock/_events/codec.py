@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from asynclock._event import Event
+from asynclock._events.event import Event
 
 __all__ = ["decode", "encode"]
 

@@ -32,21 +32,21 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from asynclock._codec import decode
 from asynclock._errors import LockAcquisitionError
-from asynclock._event import HandlerContext, Outcome
-from asynclock._handlers import call_all
-from asynclock._inbox import MAX_RETRY_PAUSE
-from asynclock._lock import AsyncLock
-from asynclock._supersede import Running
+from asynclock._events.codec import decode
+from asynclock._events.event import HandlerContext, Outcome
+from asynclock._events.handlers import call_all
+from asynclock._inbox.drainer import MAX_RETRY_PAUSE
+from asynclock._lock.lock import AsyncLock
+from asynclock._supersede.line import Running
 from asynclock.state._protocol import SupersedeSignals
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from asynclock._event import Event
-    from asynclock._handlers import HandlerTable
-    from asynclock._inbox import Recorder
+    from asynclock._events.event import Event
+    from asynclock._events.handlers import HandlerTable
+    from asynclock._inbox.drainer import Recorder
     from asynclock.state._protocol import (
         InboxBatch,
         InboxEntry,

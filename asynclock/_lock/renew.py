@@ -14,7 +14,7 @@ from asynclock._timers import Timer, call_later
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from asynclock._waiters import Ticket
+    from asynclock._lock.waiters import Ticket
     from asynclock.state._protocol import State
 
 

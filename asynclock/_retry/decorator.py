@@ -1,7 +1,7 @@
 """retry_on_lock_conflict: retry a coroutine when its lock is busy, with a decided ending.
 
 The decorator only: its pieces (waits, exhaustion policies, :class:`Retrying`) are in
-``_retrying.py``, shared with the job-queue integrations.
+``_retry/retrying.py``, shared with the job-queue integrations.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import functools
 import inspect
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, overload
 
-from asynclock._retrying import ExhaustionSpec, Retrying, RetryStatistics, WaitSpec, _name
+from asynclock._retry.retrying import ExhaustionSpec, Retrying, RetryStatistics, WaitSpec, _name
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine

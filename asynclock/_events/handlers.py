@@ -8,7 +8,7 @@ from collections.abc import Callable, Generator
 from types import CoroutineType
 from typing import cast
 
-from asynclock._event import Event, HandlerContext
+from asynclock._events.event import Event, HandlerContext
 from asynclock._validate import check_key
 
 #: ``(event)`` or ``(event, ctx)``; a coroutine function, or a plain function (its result is

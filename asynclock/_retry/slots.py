@@ -1,6 +1,6 @@
 """Retry slots shared by every worker: distinct whole seconds per busy key, claimed in the state.
 
-:class:`~asynclock._freeing.FreeingEstimate` spaces the retries one process promises on a key;
+:class:`~asynclock._dispatch.freeing.FreeingEstimate` spaces the retries one process promises on a key;
 two workers of one deployment still promise the same seconds, and of two retries that land
 together one is dropped again. :class:`RetrySlots` makes the promise a claim: a dedupe record
 per key and whole second (``dedupe_add``, atomic set-if-absent on every backend), so a second

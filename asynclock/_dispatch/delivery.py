@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asynclock._event import Outcome
+from asynclock._events.event import Outcome
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from asynclock._event import Event, Outcome
+from asynclock._events.event import Event, Outcome
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Sequence
 
-    from asynclock._claim import WaitingClaims
-    from asynclock._handlers import HandlerTable, Registered
+    from asynclock._dedupe.claim import WaitingClaims
+    from asynclock._events.handlers import HandlerTable, Registered
 
 #: an event of a latest/debounce backlog and the future its dispatch waits on
 Waiting = tuple[Event, "asyncio.Future[Outcome]"]

@@ -40,17 +40,17 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from asynclock._codec import decode, encode
 from asynclock._errors import LockAcquisitionError
-from asynclock._event import Event, HandlerContext, Outcome
-from asynclock._handlers import call_all
-from asynclock._lock import AsyncLock
+from asynclock._events.codec import decode, encode
+from asynclock._events.event import Event, HandlerContext, Outcome
+from asynclock._events.handlers import call_all
+from asynclock._lock.lock import AsyncLock
 from asynclock.state._protocol import SupersedeSignals
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
-    from asynclock._handlers import HandlerTable
+    from asynclock._events.handlers import HandlerTable
     from asynclock.state._protocol import State, SupersedeWatch
 
 __all__ = ["Running", "SupersedeLine", "Waiting", "drain", "take_lock"]

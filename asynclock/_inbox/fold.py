@@ -2,7 +2,7 @@
 
 A drainer holding a key's lock takes the oldest pending entries as one batch
 (:meth:`InboxState.inbox_take`), folds them as ``dispatch`` folds its backlog
-(:func:`asynclock._backlog.fold`: per thread and route, the newest handled, the older ones in
+(:func:`asynclock._events.folding.fold`: per thread and route, the newest handled, the older ones in
 ``ctx.skipped``) and runs the calls in the order of the events they handle. Invariants:
 
 * An entry leaves the inbox only once the call that covered it (handled or skipped) returned,
@@ -15,7 +15,7 @@ A drainer holding a key's lock takes the oldest pending entries as one batch
   the next batch with what arrived since (so a newer event of their thread and route may then
   be the one handled, with them in ``ctx.skipped``). ``ctx.attempt`` of a call is the highest
   attempt count among its entries.
-* ``retry_wait`` (``_inbox_retry.py``): once the batch's other calls ran, the entries of its
+* ``retry_wait`` (``_inbox/retry.py``): once the batch's other calls ran, the entries of its
   failed calls wait in the state (``inbox_take(retry_in=...)``, the lock released in that
   step) for the longest wait their attempts ask; ``on_poison="park"``: a call that fails its
   last attempt dead-letters its entries and parks the key, and the batch stops there.
@@ -32,21 +32,21 @@ import logging
 from typing import TYPE_CHECKING
 
 from asynclock import metrics as _metrics
-from asynclock._backlog import fold
-from asynclock._codec import decode
-from asynclock._event import HandlerContext, Outcome
-from asynclock._handlers import call_all
-from asynclock._inbox import MAX_RETRY_PAUSE, PARKED
-from asynclock._inbox_retry import RetryPlan
+from asynclock._events.codec import decode
+from asynclock._events.event import HandlerContext, Outcome
+from asynclock._events.folding import fold
+from asynclock._events.handlers import call_all
+from asynclock._inbox.drainer import MAX_RETRY_PAUSE, PARKED
+from asynclock._inbox.retry import RetryPlan
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from asynclock._backlog import BatchCall
-    from asynclock._event import Event
-    from asynclock._handlers import HandlerTable
-    from asynclock._inbox import Recorder
-    from asynclock._lock import AsyncLock
+    from asynclock._events.event import Event
+    from asynclock._events.folding import BatchCall
+    from asynclock._events.handlers import HandlerTable
+    from asynclock._inbox.drainer import Recorder
+    from asynclock._lock.lock import AsyncLock
     from asynclock.state._protocol import InboxBatch, InboxEntry, InboxState
 
 logger = logging.getLogger("asynclock")

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
 from asynclock._cancel import finish_despite_cancellation
-from asynclock._claim import LeaseKeeper
+from asynclock._dedupe.claim import LeaseKeeper
 from asynclock._errors import StateUnavailableError
 from asynclock._validate import check_key, check_ttl
 

@@ -40,16 +40,16 @@ from typing import TYPE_CHECKING
 from asynclock import metrics as _metrics
 from asynclock._cancel import BodyCanceller, body_entered
 from asynclock._errors import LockLostError
-from asynclock._lock import AsyncLock
+from asynclock._lock.lock import AsyncLock
+from asynclock._lock.waiters import Ticket, release_now
 from asynclock._timers import arm, disarm
-from asynclock._waiters import Ticket, release_now
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from asynclock._claim import EventClaim
+    from asynclock._dedupe.claim import EventClaim
+    from asynclock._lock.waiters import Line
     from asynclock._timers import Bucket
-    from asynclock._waiters import Line
     from asynclock.state._protocol import ImmediateSteps, Release
 
 logger = logging.getLogger("asynclock")

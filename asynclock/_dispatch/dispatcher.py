@@ -2,9 +2,9 @@
 
 Size: over 500 lines because the class carries the whole public surface of the dispatcher
 (``dispatch``, ``submit``, ``accept``, ``serve``, ``aclose``) and its outcome rules; its parts
-live beside it: the claim in ``_claim.py``, handlers in ``_handlers.py``, latest/debounce
-batches in ``_backlog.py``, the inbox's drain loop in ``_inbox.py``, the lean path on MemoryState
-(fresh and queued events) in ``_lean.py``.
+live beside it: the claim in ``_dedupe/claim.py``, handlers in ``_events/handlers.py``, latest/debounce
+batches in ``_events/folding.py``, the inbox's drain loop in ``_inbox/drainer.py``, the lean path on MemoryState
+(fresh and queued events) in ``_dispatch/fast_route.py``.
 """
 
 from __future__ import annotations
@@ -19,29 +19,29 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
 from asynclock import metrics as _metrics
-from asynclock._backlog import Backlog, BatchCall, Waiting, conclude, fold, settle
 from asynclock._cancel import finish_despite_cancellation
-from asynclock._claim import EventClaim, WaitingClaims
-from asynclock._codec import encode
-from asynclock._delivery import Delivery
+from asynclock._dedupe.claim import EventClaim, WaitingClaims
+from asynclock._dispatch.delivery import Delivery
+from asynclock._dispatch.fast_route import LeanHold
+from asynclock._dispatch.freeing import FreeingEstimate
 from asynclock._errors import InboxFullError, StateUnavailableError
-from asynclock._event import Event, HandlerContext, Outcome
-from asynclock._freeing import FreeingEstimate
-from asynclock._grant import _granted, granted_reason
-from asynclock._handlers import Handler, HandlerTable, Registered, call_all, resume
-from asynclock._inbox import MAX_KEYS, Drainer
-from asynclock._inbox_fold import FoldingDrain
-from asynclock._inbox_retry import retry_plan
-from asynclock._inbox_supersede import SupersedingDrain, signal_holder
-from asynclock._lean import LeanHold
-from asynclock._lock import AsyncLock
+from asynclock._events.codec import encode
+from asynclock._events.event import Event, HandlerContext, Outcome
+from asynclock._events.folding import Backlog, BatchCall, Waiting, conclude, fold, settle
+from asynclock._events.handlers import Handler, HandlerTable, Registered, call_all, resume
+from asynclock._inbox.drainer import MAX_KEYS, Drainer
+from asynclock._inbox.fold import FoldingDrain
+from asynclock._inbox.retry import retry_plan
+from asynclock._lock.grant import _granted, granted_reason
+from asynclock._lock.lock import AsyncLock
+from asynclock._lock.waiters import line_for
 from asynclock._owner import new_owner
-from asynclock._slots import RetrySlots
-from asynclock._supersede import SupersedeLine
-from asynclock._supersede import Waiting as Superseding
-from asynclock._supersede import drain as drain_superseding
+from asynclock._retry.slots import RetrySlots
+from asynclock._supersede.inbox import SupersedingDrain, signal_holder
+from asynclock._supersede.line import SupersedeLine
+from asynclock._supersede.line import Waiting as Superseding
+from asynclock._supersede.line import drain as drain_superseding
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock._waiters import line_for
 from asynclock.state._protocol import (
     ClaimingState,
     DedupeReading,
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-    from asynclock._inbox_retry import PoisonPolicy
-    from asynclock._waiters import Line
+    from asynclock._inbox.retry import PoisonPolicy
+    from asynclock._lock.waiters import Line
 
 
 logger = logging.getLogger("asynclock")
@@ -252,7 +252,7 @@ class EventDispatcher:
         self._done_ttl = self._dedupe_ttl + self._lock_ttl
         self._freeing = FreeingEstimate()
         self._slots = RetrySlots(state)
-        #: the state, if its steps need no await (MemoryState): the lean path (``_lean.py``)
+        #: the state, if its steps need no await (MemoryState): the lean path (``_dispatch/fast_route.py``)
         self._lean = immediate_steps(state)
         #: the state as a ClaimingState, if it is one
         self._claiming = state if isinstance(state, ClaimingState) else None
@@ -547,7 +547,7 @@ class EventDispatcher:
         *,
         submitted: bool,
     ) -> Awaitable[Outcome]:
-        """The lean path (``_lean.py``) when it may serve ``event``, else :meth:`_route`."""
+        """The lean path (``_dispatch/fast_route.py``) when it may serve ``event``, else :meth:`_route`."""
         if self._policy == SUPERSEDE:
             return self._supersede(event, lock_key, claim, loop)
         lean = self._lean
@@ -669,7 +669,7 @@ class EventDispatcher:
         One yield, one step to claim the event and take the lock (a queued event: one step to
         record its claim, then its wait in the key's line, the yield, until the lock is handed
         over), the handlers,
-        one step to release the lock and mark the claim done: see ``_lean.py``.
+        one step to release the lock and mark the claim done: see ``_dispatch/fast_route.py``.
         """
         ttl = self._lock_ttl
         task = asyncio.current_task(loop)
@@ -925,7 +925,7 @@ class EventDispatcher:
         claim: EventClaim | None,
         loop: asyncio.AbstractEventLoop,
     ) -> Outcome:
-        """Join ``lock_key``'s supersede line (``_supersede.py``), interrupting its running
+        """Join ``lock_key``'s supersede line (``_supersede/line.py``), interrupting its running
         call; the outcome comes once the call covering the event returned."""
         line = self._supersede_lines.get(lock_key)
         if line is None:

@@ -1,0 +1,5 @@
+"""``AsyncLock`` and its parts: the lock (``lock.py``), the per-key line of waiters of one
+process (``waiters.py``), auto-renewal (``renew.py``), release on exit (``leave.py``, shared
+with the semaphore) and the two ambient contexts the lock reads: the grant of
+``process_without_lock`` (``grant.py``) and the fair turn of a retried call (``turn.py``).
+"""

@@ -1,0 +1,3 @@
+"""``on_lock_conflict="supersede"``: the per-key line of ``dispatch``/``deliver``/``submit``
+(``line.py``) and the durable inbox's superseding drain (``inbox.py``).
+"""
