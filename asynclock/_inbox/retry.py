@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from asynclock._retry.retrying import wait_by_executions
+from asynclock._waits import wait_by_executions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -76,7 +76,7 @@ def retry_plan(retry_wait: object, on_poison: object) -> RetryPlan:
     """Check and normalise ``EventDispatcher``'s ``retry_wait`` and ``on_poison``.
 
     ``retry_wait`` takes the forms of ``retry_on_lock_conflict``'s ``wait`` (one normalisation,
-    :func:`asynclock._retry.retrying.wait_by_executions`): seconds (plus up to 15 % at random), or a
+    :func:`asynclock._waits.wait_by_executions`): seconds (plus up to 15 % at random), or a
     callable ``attempt -> seconds``; ``None`` keeps the short in-lock backoff.
 
     Raises:

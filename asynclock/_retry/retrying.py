@@ -15,7 +15,6 @@ import functools
 import inspect
 import logging
 import math
-import random
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from asynclock._errors import LockAcquisitionError
 from asynclock._lock.grant import grant_all, reset_grant
 from asynclock._lock.turn import Turn, take_turns
 from asynclock._validate import check_ttl
+from asynclock._waits import wait_by_executions
 
 if TYPE_CHECKING:
     import contextlib
@@ -122,53 +122,6 @@ def _wait_function(
         return by_executions(executions)
 
     return computed, lower_bound
-
-
-def wait_by_executions(
-    wait: float | Callable[[int], float],
-    jitter: float,
-    *,
-    name: str,
-    forms: str,
-) -> tuple[Callable[[int], float], Callable[[int], float]]:
-    """Normalise a wait given as seconds (plus up to ``jitter`` of itself, at random) or as a
-    callable ``executions -> seconds`` (deterministic; its result checked on each call) to
-    ``executions -> seconds``, with its deterministic lower bound.
-
-    The one normalisation of ``retry_on_lock_conflict``'s ``wait`` and of the inbox's
-    ``retry_wait`` (``EventDispatcher``), so both take the same forms with the same messages;
-    ``name`` and ``forms`` (what the value may be) word the errors.
-
-    Raises:
-        TypeError: ``wait`` is neither a number nor a callable.
-        ValueError: a number that is not finite or is negative.
-    """
-    if callable(wait):
-        function = wait
-
-        def computed(executions: int) -> float:
-            return _checked_wait(function(executions), executions, name)
-
-        return computed, computed
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)):
-        raise TypeError(f"{name} must be {forms}, got {wait!r}")
-    seconds = float(wait)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name} must be finite seconds >= 0, got {wait!r}")
-
-    def fixed(executions: int) -> float:
-        return seconds * (1.0 + jitter * random.random())
-
-    return fixed, lambda executions: seconds
-
-
-def _checked_wait(value: object, executions: int, name: str = "wait") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}({executions}) must return seconds, got {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name}({executions}) must return finite seconds >= 0, got {value!r}")
-    return seconds
 
 
 def _check_window(
