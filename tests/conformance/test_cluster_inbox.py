@@ -20,7 +20,7 @@ from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from asynclock import RedisState, StateUnavailableError, state_from_url
-from asynclock.state.redis._cluster_inbox import SlotReadySets, slot_tag
+from asynclock.state.redis._cluster_inbox import BLOCK, SlotReadySets, slot_tag
 from tests._helpers import reply
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
 from tests._server_work import RedisMonitor, with_client_name
@@ -234,6 +234,39 @@ async def test_a_slot_whose_directory_hash_is_on_another_master_is_listed_throug
     await inbox.drain(key)
     assert await inbox.index.prune({inbox.slot(key)}) == 1
     assert await inbox.listed(key) is None
+
+
+async def test_a_rescan_reads_the_directory_with_one_request_per_master(inbox: Inbox) -> None:
+    # The directory is 256 hashes (one per block of 64 slots), a master holding those of its
+    # slots: one script per master reads them. A hash not where the slot map says (the slots
+    # moved since it was read) is read alone.
+    await inbox.raw.initialize()
+    key = _key_where(inbox, "rescan", same_master=True)
+    assert key is not None
+    await _warm(inbox, key)
+    assert await inbox.accept(key) == "accepted"
+    index = inbox.index
+    for _ in range(2):  # the script loaded on every master, the listed slots known, and the
+        await index.keys()  # connections open that read the directory and the sets at once
+    masters = len(inbox.raw.get_primaries())
+    # the directory, and the known slots' sets (the key's and the warm-up keys')
+    expected = ["EVALSHA"] * (masters + len(await index.keys()))
+    assert await _requests(inbox, index.keys()) == expected
+    # a stale slot map: the block hashes believed on one master are read where they are
+    listed = {inbox.slot(k) for k in await index.keys()}
+    router = inbox.state._transport.router  # type: ignore[attr-defined]
+    real = router._slots[:]
+    wrong = next(a for a in router.masters if a != real[0])
+    try:
+        router._slots[0:BLOCK] = [wrong] * BLOCK  # slot 0's block (hash and slots) "on" another
+        router._stale = False
+        assert await index.listed() == listed
+        router._slots[0:BLOCK] = [wrong] * BLOCK
+        router._stale = False
+        assert "HKEYS" in await _requests(inbox, index.listed())
+    finally:
+        router._slots[:] = real
+    assert inbox.slot(key) in await index.listed()
 
 
 async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(

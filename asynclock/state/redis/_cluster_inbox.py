@@ -44,6 +44,7 @@ looked up again.
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import itertools
 import time
@@ -106,15 +107,19 @@ class SlotReadySets:
         unlist: Script,
         forget: Script,
         read: Script,
+        directory: Script,
         op_timeout: float,
     ) -> None:
-        """``guard()``: one operation's deadline and error mapping (the state's)."""
+        """``guard()``: one operation's deadline and error mapping (the state's); the scripts
+        ``inbox_unlist.lua``, ``inbox_forget_slot.lua``, ``inbox_ready.lua`` and
+        ``inbox_directory.lua``."""
         self._router = router
         self._prefix = prefix
         self._guard = guard
         self._unlist = unlist
         self._forget = forget
         self._read = read
+        self._read_directory = directory
         self._op_timeout = op_timeout
         self.directory = tuple(
             # never a name ending in "}": held_locks() takes those for locks
@@ -170,11 +175,12 @@ class SlotReadySets:
         return generation
 
     async def keys(self, *, due: bool = False) -> list[str]:
-        """See :meth:`ReadyIndex.keys`: the directory, and the sets it lists (``inbox_ready.lua``
-        on each: its members and the clock of its master, which set their due times).
+        """See :meth:`ReadyIndex.keys`: the directory (:meth:`listed`), and the sets it lists
+        (``inbox_ready.lua`` on each: its members and the clock of its master, which set their
+        due times).
 
-        The sets of the slots listed at the previous call are read along with the directory
-        (one pipelined write per master, the masters at once), so a steady inbox costs one
+        The sets of the slots listed at the previous call are read at the same time as the
+        directory (pipelined per master, the masters at once), so a steady inbox costs one
         round; a slot listed since then costs a second one. A key that had work when the call
         began is returned: its slot was listed before that (``_listed.lua``), so the directory
         read shows it, and its set is read after the call began, in either round. Every
@@ -183,14 +189,11 @@ class SlotReadySets:
         router = self._router
         known = sorted(self._known)
         async with self._guard():
-            replies = await router.call_each(
-                [(slot_of(d), ("HKEYS", d)) for d in self.directory]
-                + [self._read_set(slot) for slot in known],
-                script=self._read.text,
+            listed, read = await asyncio.gather(
+                self.listed(),
+                router.call_each([self._read_set(s) for s in known], script=self._read.text),
             )
-            blocks, read = replies[:BLOCKS], replies[BLOCKS:]
             sets = dict(zip(known, read, strict=True))
-            listed = {int(_text(s)) for reply in blocks for s in _list(reply)}
             new = sorted(listed - self._known)
             if new:
                 read = await router.call_each(
@@ -209,6 +212,28 @@ class SlotReadySets:
             await self.prune(empty & self._empty_at_last_prune)
             self._empty_at_last_prune = empty
         return [key for _, key in sorted(found)]
+
+    async def listed(self) -> set[int]:
+        """The slots the directory lists: one ``inbox_directory.lua`` per master reads the block
+        hashes it holds (by the slot map; one found elsewhere, the slots having moved, is then
+        read alone). The caller holds the guard."""
+        router = self._router
+        by_master: dict[Address, list[str]] = {}
+        for block, name in enumerate(self.directory):
+            by_master.setdefault(await router.address_of(block * BLOCK), []).append(name)
+        groups = list(by_master.values())
+        script = self._read_directory
+        replies = await router.call_each(
+            [(slot_of(names[0]), ("EVALSHA", script.sha, 1, *names)) for names in groups],
+            script=script.text,
+        )
+        listed: set[int] = set()
+        for names, reply in zip(groups, replies, strict=True):
+            for name, slots in zip(names, _list(reply), strict=True):
+                if slots is None:
+                    slots = await router.call(slot_of(name), "HKEYS", name)
+                listed.update(int(_text(slot)) for slot in _list(slots))
+        return listed
 
     async def prune(self, slots: Sequence[int] | set[int]) -> int:
         """Take the ``slots`` whose set is empty off the directory (fenced, see the module);
