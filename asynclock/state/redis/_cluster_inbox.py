@@ -7,10 +7,12 @@ spreads the writes of accept and drain over every slot, hence every master: no h
 
 A rescan must not read 16,384 sets, nor SCAN every node. A *directory* lists the slots whose set
 may have members: slot ``s`` is listed (slot -> generation) in the hash of its *block*, ``s //
-BLOCK``: ``P{t}:inbox:slots`` with ``t`` the tag of the block's first slot, so ``BLOCKS`` hashes
-whose names do not depend on the topology, and, the masters serving ranges of slots, a block's
-hash is on the master of its slots but where a range boundary cuts the block. It is written only
-when a slot starts or stops being listed, not per event. Invariants (``_listed.lua``):
+BLOCK``: ``P{t}:inbox:slots`` with ``t`` the tag of the block's first slot. So there are
+``BLOCKS`` hashes whose names do not depend on the topology, and, a master serving ranges of
+slots, a block's hash is on the master of the block's slots, except where a range boundary cuts
+the block. A rescan reads the hashes of each master with one script there
+(``inbox_directory.lua``). The directory is written only when a slot starts or stops being
+listed, not per event. Invariants (``_listed.lua``):
 
 * A slot's set gains a key only while its *listing mark* ``P{t}:inbox:listed`` exists, and the
   mark holds a generation that was written into the directory before it was set (or in the same
