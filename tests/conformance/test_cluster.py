@@ -336,7 +336,7 @@ async def test_an_inbox_follows_its_slot_to_another_master(
     home = await cluster.owner(slot)
     away = next(a for a in cluster.nodes if a != home)
     assert isinstance(state._ready, SlotReadySets)
-    shard = state._ready.directory[slot % len(state._ready.directory)]
+    shard = state._ready.directory_of(slot)
     directory = cluster.nodes[await cluster.owner(key_slot(shard.encode()))]
 
     async def accept(n: int) -> str:

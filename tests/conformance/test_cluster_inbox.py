@@ -20,14 +20,15 @@ from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from asynclock import RedisState, StateUnavailableError, state_from_url
-from asynclock.state.redis._cluster_inbox import DIRECTORY_SHARDS, SlotReadySets, slot_tag
+from asynclock.state.redis._cluster_inbox import BLOCK, SlotReadySets, slot_tag
 from tests._helpers import reply
 from tests._matrix import REDIS_CLUSTER, purge_namespace, require
+from tests._server_work import RedisMonitor, with_client_name
 from tests.conformance.test_cluster import node_client
 from tests.conftest import new_namespace
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from asynclock.state._protocol import InboxEntry, InboxGrant
 
@@ -39,21 +40,23 @@ SCRIPTS = resources.files("asynclock.state.redis")
 class Inbox:
     """A clustered state of a fresh namespace, its ready index, and a plain cluster client."""
 
-    def __init__(self, state: RedisState, raw: RedisCluster) -> None:
+    def __init__(self, state: RedisState, raw: RedisCluster, client_name: str) -> None:
         self.state = state
         self.raw = raw
+        self.client_name = client_name  # of the state's connections (to count its requests)
         assert isinstance(state._ready, SlotReadySets)
         self.index = state._ready
 
     def slot(self, key: str) -> int:
         return key_slot(self.state.lock_key(key).encode())
 
-    def shard(self, key: str) -> str:
-        return self.index.directory[self.slot(key) % DIRECTORY_SHARDS]
+    def directory(self, key: str) -> str:
+        """The directory hash that lists ``key``'s slot (its block's)."""
+        return self.index.directory_of(self.slot(key))
 
     async def listed(self, key: str) -> str | None:
         """The generation under which the directory lists ``key``'s slot, if it does."""
-        value = await reply(self.raw.hget(self.shard(key), str(self.slot(key))))
+        value = await reply(self.raw.hget(self.directory(key), str(self.slot(key))))
         return _text(value) if value is not None else None
 
     def master_of(self, name: str) -> str:
@@ -90,11 +93,13 @@ class Inbox:
 async def inbox() -> AsyncIterator[Inbox]:
     require(REDIS_CLUSTER)
     namespace = new_namespace()
-    state = state_from_url(REDIS_CLUSTER.url, **REDIS_CLUSTER.options(namespace))
+    client_name = f"ci{namespace[-12:]}"
+    url = with_client_name(REDIS_CLUSTER.url, client_name)
+    state = state_from_url(url, **REDIS_CLUSTER.options(namespace))
     assert isinstance(state, RedisState)
     raw = RedisCluster.from_url(REDIS_CLUSTER.url.replace("redis+cluster://", "redis://", 1))
     try:
-        yield Inbox(state, raw)
+        yield Inbox(state, raw, client_name)
     finally:
         await state.aclose()
         await raw.aclose()
@@ -120,12 +125,12 @@ async def test_the_keys_with_work_spread_over_slots_and_masters(inbox: Inbox) ->
     masters = Counter(inbox.master_of(name) for name in sets)
     assert len(masters) == len(inbox.raw.get_primaries()) == 3
     assert min(masters.values()) > len(sets) / 5
-    # the directory lists exactly those slots, its shards on several masters too
+    # the directory lists exactly those slots, its hashes on every master too
     listed = set()
-    for shard in inbox.index.directory:
-        listed |= {int(slot) for slot in await reply(inbox.raw.hkeys(shard))}
+    for directory in inbox.index.directory:
+        listed |= {int(slot) for slot in await reply(inbox.raw.hkeys(directory))}
     assert listed == {inbox.slot(key) for key in keys}
-    assert len({inbox.master_of(shard) for shard in inbox.index.directory}) == 3
+    assert len({inbox.master_of(directory) for directory in inbox.index.directory}) == 3
     # none of it is taken for a lock by the operators' listing: the locks it shows are the
     # keys' own, each reserved for the grant its first accept handed out
     held = [info async for info in inbox.state.held_locks()]
@@ -154,6 +159,116 @@ async def test_a_slot_is_listed_once_and_pruned_only_when_empty(inbox: Inbox) ->
     assert await inbox.index.keys() == [key]
 
 
+def _key_where(inbox: Inbox, tag: str, same_master: bool) -> str | None:
+    """A key whose slot's directory hash is (``same_master``) or is not on its own master."""
+    for n in range(20_000):
+        key = f"slack:C1:{tag}{n}"
+        here = inbox.master_of(inbox.state.lock_key(key)) == inbox.master_of(inbox.directory(key))
+        if here == same_master:
+            return key
+    return None
+
+
+async def _warm(inbox: Inbox, key: str) -> list[str]:
+    """Accept a key in another slot on the master of ``key`` and on that of its directory hash
+    (the slot map read, connections opened, the script loaded); returns those keys."""
+    masters = {inbox.master_of(inbox.state.lock_key(key)), inbox.master_of(inbox.directory(key))}
+    warm = {}
+    for candidate in (f"slack:C1:warm{n}" for n in range(20_000)):
+        master = inbox.master_of(inbox.state.lock_key(candidate))
+        if master in masters and inbox.slot(candidate) != inbox.slot(key):
+            warm.setdefault(master, candidate)
+            if len(warm) == len(masters):
+                break
+    for candidate in warm.values():
+        assert await inbox.accept(candidate) == "accepted"
+    return list(warm.values())
+
+
+async def _requests(inbox: Inbox, work: Awaitable[object]) -> list[str]:
+    """The commands the state sent for ``work`` (``MONITOR`` on every master)."""
+    async with RedisMonitor(REDIS_CLUSTER.url, inbox.client_name) as monitor:
+        await work
+        await monitor.sync()
+    return [request.what for request in monitor.record.requests]
+
+
+async def test_the_first_accept_into_a_slot_lists_it_in_the_same_request(inbox: Inbox) -> None:
+    # The slot's directory hash (its block's) is on the slot's master: the accept script writes
+    # the listing there itself, one round trip as every later accept.
+    await inbox.raw.initialize()
+    key = _key_where(inbox, "here", same_master=True)
+    assert key is not None
+    warm = await _warm(inbox, key)
+    assert await inbox.listed(key) is None
+    assert await _requests(inbox, inbox.accept(key)) == ["EVALSHA"]
+    generation = await inbox.listed(key)
+    assert generation is not None
+    mark = await reply(inbox.raw.get(inbox.index.listed_key(inbox.state.lock_key(key))))
+    assert _text(mark) == generation
+    assert sorted(await inbox.index.keys()) == sorted([*warm, key])
+    # emptied, pruned, and listed again in one request, under a new generation
+    await inbox.drain(key)
+    assert await inbox.index.prune({inbox.slot(key)}) == 1
+    assert await _requests(inbox, inbox.accept(key, 2)) == ["EVALSHA"]
+    assert await inbox.listed(key) not in (None, generation)
+
+
+async def test_a_slot_whose_directory_hash_is_on_another_master_is_listed_through_the_cluster(
+    inbox: Inbox,
+) -> None:
+    # Where a range boundary cuts a block, the script cannot reach the block's hash: it answers
+    # 'unlisted', the client writes the generation, and the accept runs again with it.
+    await inbox.raw.initialize()
+    key = _key_where(inbox, "edge", same_master=False)
+    if key is None:
+        pytest.skip("every block of slots is on one master (the ranges end at block ends)")
+    warm = await _warm(inbox, key)
+    assert await _requests(inbox, inbox.accept(key)) == ["EVALSHA", "HSET", "EVALSHA"]
+    generation = await inbox.listed(key)
+    assert generation is not None
+    mark = await reply(inbox.raw.get(inbox.index.listed_key(inbox.state.lock_key(key))))
+    assert _text(mark) == generation
+    assert sorted(await inbox.index.keys()) == sorted([*warm, key])
+    assert await _requests(inbox, inbox.accept(key, 2)) == ["EVALSHA"]  # listed: one request
+    await inbox.drain(key)
+    assert await inbox.index.prune({inbox.slot(key)}) == 1
+    assert await inbox.listed(key) is None
+
+
+async def test_a_rescan_reads_the_directory_with_one_request_per_master(inbox: Inbox) -> None:
+    # The directory is 256 hashes (one per block of 64 slots), a master holding those of its
+    # slots: one script per master reads them. A hash not where the slot map says (the slots
+    # moved since it was read) is read alone.
+    await inbox.raw.initialize()
+    key = _key_where(inbox, "rescan", same_master=True)
+    assert key is not None
+    await _warm(inbox, key)
+    assert await inbox.accept(key) == "accepted"
+    index = inbox.index
+    for _ in range(2):  # the script loaded on every master, the listed slots known, and the
+        await index.keys()  # connections open that read the directory and the sets at once
+    masters = len(inbox.raw.get_primaries())
+    # the directory, and the known slots' sets (the key's and the warm-up keys')
+    expected = ["EVALSHA"] * (masters + len(await index.keys()))
+    assert await _requests(inbox, index.keys()) == expected
+    # a stale slot map: the block hashes believed on one master are read where they are
+    listed = {inbox.slot(k) for k in await index.keys()}
+    router = inbox.state._transport.router  # type: ignore[attr-defined]
+    real = router._slots[:]
+    wrong = next(a for a in router.masters if a != real[0])
+    try:
+        router._slots[0:BLOCK] = [wrong] * BLOCK  # slot 0's block (hash and slots) "on" another
+        router._stale = False
+        assert await index.listed() == listed
+        router._slots[0:BLOCK] = [wrong] * BLOCK
+        router._stale = False
+        assert "HKEYS" in await _requests(inbox, index.listed())
+    finally:
+        router._slots[:] = real
+    assert inbox.slot(key) in await index.listed()
+
+
 async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
     inbox: Inbox,
 ) -> None:
@@ -174,8 +289,8 @@ async def test_an_accept_between_the_two_pruning_steps_keeps_its_slot_listed(
     assert await inbox.accept(key, 2) == "accepted"
     # step two with the old generation must not take the slot off the directory
     forget = SCRIPTS.joinpath("inbox_forget_slot.lua").read_text()
-    shard = inbox.shard(key)
-    forgotten = await reply(inbox.raw.eval(forget, 1, shard, str(inbox.slot(key)), taken))
+    directory = inbox.directory(key)
+    forgotten = await reply(inbox.raw.eval(forget, 1, directory, str(inbox.slot(key)), taken))
     assert int(forgotten) == 0
     assert await inbox.listed(key) not in (None, taken)
     assert await inbox.index.keys() == [key]
@@ -188,8 +303,12 @@ async def test_two_first_accepts_of_one_slot_leave_the_directory_with_the_marks_
     # either comes back to its script: only the first script sets the mark, and the directory
     # then holds the other's generation. The second script sends its accept back to write the
     # mark's: the directory ends with the generation a pruning compares, and the slot can leave
-    # it once empty (else its entry stayed forever, read by every rescan).
-    key = "slack:C1:twice"
+    # it once empty (else its entry stayed forever, read by every rescan). The slot's directory
+    # hash is on another master: else the script lists the slot itself, atomically.
+    await inbox.raw.initialize()
+    key = _key_where(inbox, "twice", same_master=False)
+    if key is None:
+        pytest.skip("every block of slots is on one master (the ranges end at block ends)")
     index = inbox.index
     lock_key = inbox.state.lock_key(key)
     listing = index.list_for

@@ -163,7 +163,8 @@ async def fleet(request: pytest.FixtureRequest) -> AsyncIterator[CountedFleet]:
 def idle_threads(backend: Backend) -> Iterator[str]:
     """Fresh thread ids, each of a key nobody used. On Redis Cluster all in one hash slot, so
     that after the first accept the slot is listed (``docs/inbox.md``, on Redis Cluster): a
-    first accept into an unlisted slot costs two more round trips, whatever the worker count."""
+    first accept into an unlisted slot whose directory hash is on another master costs two more
+    round trips, whatever the worker count."""
     run = uuid.uuid4().hex[:6]
     names = (f"I{run}-{n}" for n in range(10**9))
     if backend is not REDIS_CLUSTER:

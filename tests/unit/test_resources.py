@@ -34,6 +34,7 @@ SCRIPTS = {
     "inbox_adopt.lua",
     "inbox_unlist.lua",
     "inbox_forget_slot.lua",
+    "inbox_directory.lua",
     "_fair_open.lua",
     "fair_acquire.lua",
     "fair_leave.lua",

@@ -6,15 +6,22 @@ atomic with the dedupe record and the append). So the set a key joins lives in t
 spreads the writes of accept and drain over every slot, hence every master: no hot slot.
 
 A rescan must not read 16,384 sets, nor SCAN every node. A *directory* lists the slots whose set
-may have members: ``DIRECTORY_SHARDS`` hashes ``P{P inbox-j}:inbox:slots`` (slot -> generation), slot
-``s`` in shard ``s % DIRECTORY_SHARDS``, spread over the masters. It is written only when a slot
-starts or stops being listed, not per event. Invariants (``_listed.lua``):
+may have members: slot ``s`` is listed (slot -> generation) in the hash of its *block*, ``s //
+BLOCK``: ``P{t}:inbox:slots`` with ``t`` the tag of the block's first slot. So there are
+``BLOCKS`` hashes whose names do not depend on the topology, and, a master serving ranges of
+slots, a block's hash is on the master of the block's slots, except where a range boundary cuts
+the block. A rescan reads the hashes of each master with one script there
+(``inbox_directory.lua``). The directory is written only when a slot starts or stops being
+listed, not per event. Invariants (``_listed.lua``):
 
 * A slot's set gains a key only while its *listing mark* ``P{t}:inbox:listed`` exists, and the
-  mark holds a generation that was written into the directory before it was set. So a slot with
-  work is always in the directory: the accept that finds no mark writes a fresh generation into
-  the directory first (``unlisted`` -> HSET -> the accept again: three round trips, once per slot
-  listing; one otherwise).
+  mark holds a generation that was written into the directory before it was set (or in the same
+  script). So a slot with work is always in the directory: the accept that finds no mark writes
+  the fresh generation it came with into its block's hash and sets the mark, one script, when
+  that hash is on the same master (a key of another slot that a script may touch, as the
+  hand-out lane is); else it answers ``unlisted`` and the client writes a fresh generation
+  through the cluster, then runs the accept again (three round trips, once per slot listing).
+  A generation is unique per listing (:meth:`SlotReadySets.fresh`): pruning compares them.
 * A slot leaves the directory in two fenced steps: ``inbox_unlist.lua`` removes the mark of an
   *empty* set (atomic with that emptiness, in the slot) and returns its generation;
   ``inbox_forget_slot.lua`` then removes the directory entry only if it still holds that
@@ -39,7 +46,9 @@ looked up again.
 
 from __future__ import annotations
 
+import asyncio
 import binascii
+import itertools
 import time
 import uuid
 from functools import cache
@@ -55,8 +64,10 @@ if TYPE_CHECKING:
     from asynclock.state.redis._cluster import Address, ClusterRouter
     from asynclock.state.redis._transport import Script
 
-#: hashes the directory of slots with work is sharded over
-DIRECTORY_SHARDS = 16
+#: slots per block of the directory: slot ``s`` is listed in the hash of block ``s // BLOCK``
+BLOCK = 64
+#: hashes of the directory of slots with work, one per block
+BLOCKS = SLOTS // BLOCK
 #: seconds between two prunings of the directory by one process; a slot is taken off only if its
 #: set was empty at two prunings in a row (so a slot in use is not re-listed over and over)
 PRUNE_EVERY = 30.0
@@ -89,8 +100,6 @@ def slot_tag(slot: int) -> str:
 class SlotReadySets:
     """:class:`~asynclock.state.redis._ready.ReadyIndex` of a cluster (see the module)."""
 
-    listing = "?"
-
     def __init__(
         self,
         router: ClusterRouter,
@@ -100,21 +109,28 @@ class SlotReadySets:
         unlist: Script,
         forget: Script,
         read: Script,
+        directory: Script,
         op_timeout: float,
     ) -> None:
-        """``guard()``: one operation's deadline and error mapping (the state's)."""
+        """``guard()``: one operation's deadline and error mapping (the state's); the scripts
+        ``inbox_unlist.lua``, ``inbox_forget_slot.lua``, ``inbox_ready.lua`` and
+        ``inbox_directory.lua``."""
         self._router = router
         self._prefix = prefix
         self._guard = guard
         self._unlist = unlist
         self._forget = forget
         self._read = read
+        self._read_directory = directory
         self._op_timeout = op_timeout
         self.directory = tuple(
             # never a name ending in "}": held_locks() takes those for locks
-            f"{prefix}{{{prefix}inbox-{j}}}:inbox:slots"
-            for j in range(DIRECTORY_SHARDS)
+            f"{prefix}{{{slot_tag(block * BLOCK)}}}:inbox:slots"
+            for block in range(BLOCKS)
         )
+        # generations: this index's random origin and a count, unique without a round trip
+        self._origin = uuid.uuid4().hex[:16]
+        self._generations = itertools.count()
         self._pruned_at = time.monotonic()
         self._empty_at_last_prune: set[int] = set()
         self._known: set[int] = set()  # the slots the directory listed at the last read
@@ -136,22 +152,37 @@ class SlotReadySets:
         """See :meth:`ReadyIndex.listed_key`."""
         return self._mark_of(slot_of(lock_key))
 
+    def directory_of(self, slot: int) -> str:
+        """The hash of the directory that lists ``slot``: its block's."""
+        return self.directory[slot // BLOCK]
+
+    def fresh(self) -> str:
+        """A generation no listing had before."""
+        return f"{self._origin}.{next(self._generations)}"
+
+    def listing_for(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.listing_for`: a fresh generation, the slot and its directory
+        hash, for the script to list the slot itself (``_listed.lua``)."""
+        slot = slot_of(lock_key)
+        return f"?{self.fresh()} {slot} {self.directory_of(slot)}"
+
     async def list_for(self, lock_key: str, generation: str | None = None) -> str:
         """See :meth:`ReadyIndex.list_for`: ``generation`` (or a fresh one) for the slot, in
-        the directory."""
+        its directory hash (when the script could not reach it: ``_listed.lua``)."""
         slot = slot_of(lock_key)
-        shard = self.directory[slot % DIRECTORY_SHARDS]
-        generation = generation or uuid.uuid4().hex
+        directory = self.directory_of(slot)
+        generation = generation or self.fresh()
         async with self._guard():
-            await self._router.call(slot_of(shard), "HSET", shard, slot, generation)
+            await self._router.call(slot_of(directory), "HSET", directory, slot, generation)
         return generation
 
     async def keys(self, *, due: bool = False) -> list[str]:
-        """See :meth:`ReadyIndex.keys`: the directory, and the sets it lists (``inbox_ready.lua``
-        on each: its members and the clock of its master, which set their due times).
+        """See :meth:`ReadyIndex.keys`: the directory (:meth:`listed`), and the sets it lists
+        (``inbox_ready.lua`` on each: its members and the clock of its master, which set their
+        due times).
 
-        The sets of the slots listed at the previous call are read along with the directory
-        (one pipelined write per master, the masters at once), so a steady inbox costs one
+        The sets of the slots listed at the previous call are read at the same time as the
+        directory (pipelined per master, the masters at once), so a steady inbox costs one
         round; a slot listed since then costs a second one. A key that had work when the call
         began is returned: its slot was listed before that (``_listed.lua``), so the directory
         read shows it, and its set is read after the call began, in either round. Every
@@ -160,14 +191,11 @@ class SlotReadySets:
         router = self._router
         known = sorted(self._known)
         async with self._guard():
-            replies = await router.call_each(
-                [(slot_of(d), ("HKEYS", d)) for d in self.directory]
-                + [self._read_set(slot) for slot in known],
-                script=self._read.text,
+            listed, read = await asyncio.gather(
+                self.listed(),
+                router.call_each([self._read_set(s) for s in known], script=self._read.text),
             )
-            shards, read = replies[:DIRECTORY_SHARDS], replies[DIRECTORY_SHARDS:]
             sets = dict(zip(known, read, strict=True))
-            listed = {int(_text(s)) for reply in shards for s in _list(reply)}
             new = sorted(listed - self._known)
             if new:
                 read = await router.call_each(
@@ -187,6 +215,28 @@ class SlotReadySets:
             self._empty_at_last_prune = empty
         return [key for _, key in sorted(found)]
 
+    async def listed(self) -> set[int]:
+        """The slots the directory lists: one ``inbox_directory.lua`` per master reads the block
+        hashes it holds (by the slot map; one found elsewhere, the slots having moved, is then
+        read alone). The caller holds the guard."""
+        router = self._router
+        by_master: dict[Address, list[str]] = {}
+        for block, name in enumerate(self.directory):
+            by_master.setdefault(await router.address_of(block * BLOCK), []).append(name)
+        groups = list(by_master.values())
+        script = self._read_directory
+        replies = await router.call_each(
+            [(slot_of(names[0]), ("EVALSHA", script.sha, 1, *names)) for names in groups],
+            script=script.text,
+        )
+        listed: set[int] = set()
+        for names, reply in zip(groups, replies, strict=True):
+            for name, slots in zip(names, _list(reply), strict=True):
+                if slots is None:
+                    slots = await router.call(slot_of(name), "HKEYS", name)
+                listed.update(int(_text(slot)) for slot in _list(slots))
+        return listed
+
     async def prune(self, slots: Sequence[int] | set[int]) -> int:
         """Take the ``slots`` whose set is empty off the directory (fenced, see the module);
         returns how many left it."""
@@ -204,9 +254,9 @@ class SlotReadySets:
             forget = []
             for slot, generation in zip(ordered, generations, strict=True):
                 if generation is not None:
-                    shard = self.directory[slot % DIRECTORY_SHARDS]
-                    args = ("EVALSHA", self._forget.sha, 1, shard, slot, _text(generation))
-                    forget.append((slot_of(shard), args))
+                    directory = self.directory_of(slot)
+                    args = ("EVALSHA", self._forget.sha, 1, directory, slot, _text(generation))
+                    forget.append((slot_of(directory), args))
             removed = await router.call_each(forget, script=self._forget.text)
         return sum(int(_text(r)) for r in removed)
 

@@ -161,6 +161,7 @@ class ClusterTransport:
             unlist=scripts["inbox_unlist"],
             forget=scripts["inbox_forget_slot"],
             read=scripts["inbox_ready"],
+            directory=scripts["inbox_directory"],
             op_timeout=guard.op_timeout or 5.0,
         )
 

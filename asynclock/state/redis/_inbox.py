@@ -109,8 +109,8 @@ class RedisInbox:
     ) -> InboxAccepted:
         """See :meth:`asynclock.state.InboxState.inbox_accept` (``inbox_accept.lua``, one EVALSHA,
         which also hands a free key out: see ``_handout.py``; with ``replicas=``, WAIT in the
-        same write; on a cluster, two more the first time a slot gets work: see
-        ``_cluster_inbox.py``)."""
+        same write; on a cluster, two more the first time a slot gets work if its directory
+        is on another master: see ``_cluster_inbox.py``)."""
         check_key(key)
         entries, attempts, _, seq = self._inbox_keys(key)
         lock_key = self.lock_key(key)
@@ -184,13 +184,15 @@ class RedisInbox:
         what: str,
     ) -> object:
         """Run a script that may add ``lock_key``'s key to its set of keys with work
-        (``_listed.lua``); while that set is ``unlisted`` (the script answers the generation to
-        list it under: '' for a fresh one), list it and run the script again.
+        (``_listed.lua``, which lists the set itself when it can); while that set is
+        ``unlisted`` (the script answers the generation to list it under: '' for a fresh one),
+        list it through the index and run the script again.
 
         The script gets ``args``, then the listing, then ``tail``. With ``replicas=N``, each
         run is confirmed by WAIT (a shortfall raises, naming ``what``).
         """
-        reply = await self._eval_confirmed(name, keys, (*args, self._ready.listing, *tail), what)
+        listing = self._ready.listing_for(lock_key)
+        reply = await self._eval_confirmed(name, keys, (*args, listing, *tail), what)
         # at most twice: the second time only when another accept listed the slot meanwhile
         while (wanted := unlisted(reply)) is not None:
             generation = await self._ready.list_for(lock_key, wanted or None)

@@ -30,15 +30,17 @@ class ReadyIndex(Protocol):
     the clock of the server holding the set.
     """
 
-    #: ``ARGV`` "listing" of an accept or requeue (``_listed.lua``): ``''`` never needs one
-    listing: str
-
     def ready_key(self, lock_key: str) -> str:
         """The set of keys with work that ``lock_key``'s key joins (in its slot on a cluster)."""
         ...
 
     def listed_key(self, lock_key: str) -> str:
         """The listing mark of :meth:`ready_key` (``_listed.lua``)."""
+        ...
+
+    def listing_for(self, lock_key: str) -> str:
+        """The ``ARGV`` "listing" an accept or requeue of ``lock_key``'s key first runs with
+        (``_listed.lua``): ``''`` never needs one."""
         ...
 
     async def list_for(self, lock_key: str, generation: str | None = None) -> str:
@@ -76,8 +78,6 @@ class ReadySet:
     """One server: one sorted set ``P inbox:ready`` (key -> accept time of its oldest work, or
     due time of its retry), and one hand-out lane ``P inbox:lane``."""
 
-    listing = ""
-
     def __init__(
         self, prefix: str, command: Command, read: Callable[[str], Awaitable[object]]
     ) -> None:
@@ -95,6 +95,10 @@ class ReadySet:
     def listed_key(self, lock_key: str) -> str:
         """See :meth:`ReadyIndex.listed_key` (never read: the listing is ``''``)."""
         return self._key
+
+    def listing_for(self, lock_key: str) -> str:
+        """See :meth:`ReadyIndex.listing_for`: ``''``, the one set needs no listing."""
+        return ""
 
     async def list_for(self, lock_key: str, generation: str | None = None) -> str:
         """Never called: the one set is always listed."""

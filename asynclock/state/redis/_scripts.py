@@ -73,6 +73,7 @@ def load_scripts(*, sharded: bool = False) -> dict[str, LuaScript]:
     scripts["inbox_ready"] = LuaScript("inbox_ready", "_hold", "inbox_ready")
     scripts["inbox_unlist"] = LuaScript("inbox_unlist")
     scripts["inbox_forget_slot"] = LuaScript("inbox_forget_slot")
+    scripts["inbox_directory"] = LuaScript("inbox_directory")
     scripts["fair_acquire"] = LuaScript(
         "fair_acquire", "_fair_open", "acquire", "fair_acquire", sharded=sharded
     )
