@@ -197,17 +197,19 @@ class Hold:
 
     # -- release ------------------------------------------------------------------------------
 
-    async def release(self) -> None:
+    def release(self) -> Awaitable[None]:
         """``AsyncLock.release``: release the lock (or hand it to this process's next waiter).
 
+        Checks at the call and returns the release to await: a plain function, so that
+        ``AsyncLock.release`` awaits the release with no coroutine of the engine's in between.
+
         Raises:
-            LockNotOwnedError: the lock had expired or been taken over before the release.
+            LockNotOwnedError: (awaited) the lock had expired or been taken over before.
             RuntimeError: the lock is not held, or another task acquired it.
         """
         if self.granted:
             self.granted = False
-            await asyncio.sleep(0)
-            return
+            return asyncio.sleep(0)
         ticket, line = self.ticket, self.line
         if self.token is None or ticket is None or line is None:
             raise RuntimeError(f"cannot release AsyncLock {self.key!r}: it is not held")
@@ -215,7 +217,7 @@ class Hold:
             raise RuntimeError(
                 f"cannot release AsyncLock {self.key!r} from a task that did not acquire it"
             )
-        await self.release_held(line, ticket)
+        return self.release_held(line, ticket)
 
     async def release_held(self, line: Line, ticket: Ticket) -> None:
         """Release the lock ``ticket`` holds in ``line``; it is forgotten even if cancelled."""
