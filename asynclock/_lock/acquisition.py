@@ -56,8 +56,9 @@ class Acquisition(Hold):
 
     * Every acquisition gets a fresh owner id and :class:`~asynclock._lock.waiters.Ticket`; only
       the line's member asks the server, the others wait in arrival order (``waiters.py``).
-    * ``busy`` while an acquire or a place's attempt runs: a second one on the same object raises
-      ``RuntimeError`` (not reentrant), as does acquiring while held, granted or placed.
+    * ``busy`` while an acquire or a place's attempt runs. Acquiring while busy, held or granted
+      raises ``RuntimeError`` (not reentrant); so does taking a place or a lock handed out
+      (:meth:`hold_granted`) while placed as well.
     * Cancellation: at every await, a cancelled acquisition leaves nothing behind: an attempt
       whose outcome is unknown is undone at the server, a lock handed over meanwhile is passed on
       (or released) before the ``CancelledError`` goes on, and the line forgets the ticket.

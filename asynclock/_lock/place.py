@@ -56,6 +56,7 @@ class Place(Acquisition):
         self.placed_now()
 
     def placed_now(self) -> None:
+        """The place is taken: the acquire is timed from now (``held_since``, for the metrics)."""
         self.placed = True
         self.contended = False
         self.held_since = asyncio.get_running_loop().time()  # when the place was taken
