@@ -93,7 +93,7 @@ class LeanHold(Ticket):
         self.token = 0
         self._claim: EventClaim | None = None
         self._leasing = False  # armed (as a timer entry) to renew a queued event's claim
-        #: the Acquisition that took the acquisition over, once the first renewal was due
+        #: the lock's engine that took the acquisition over, once the first renewal was due
         self.lock: Acquisition | None = None
 
     def held(
@@ -208,7 +208,7 @@ class LeanHold(Ticket):
             self._release(None, 0.0)
 
     def _due(self) -> None:
-        """A long handler: from now on an Acquisition renews the lock, and the claim's lease too."""
+        """A long handler: from now on the lock's engine renews the lock, and the claim's lease too."""
         lock = Acquisition(self._state, self._line.key, self.ttl, auto_renew=True)
         body = BodyCanceller(self._entered)
         lock.adopt_held(self._line, self, self.token, self.asked_at, body)
@@ -231,7 +231,7 @@ class LeanHold(Ticket):
 
     def handled_at_once(self, done_ttl: float) -> bool:
         """The handlers returned: release the lock now (or hand it to the next waiter), marking
-        the claim done in the same step; ``False`` when an Acquisition took the acquisition over
+        the claim done in the same step; ``False`` when the lock's engine took the acquisition over
         (a long handler): then :meth:`handled` is to be awaited instead.
 
         Raises:
@@ -249,7 +249,7 @@ class LeanHold(Ticket):
         return True
 
     async def handled(self, done_ttl: float) -> None:
-        """:meth:`handled_at_once` for an acquisition an Acquisition took over, or whose claim's
+        """:meth:`handled_at_once` for an acquisition the lock's engine took over, or whose claim's
         lease was renewed while it waited in line."""
         lock, claim = self.lock, self._claim
         if lock is None:
