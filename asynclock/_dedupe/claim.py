@@ -8,10 +8,10 @@ redelivery for at most the lease, never for the whole dedupe TTL.
 * :class:`WaitingClaims`: the records of events that wait together (a ``latest`` backlog on
   MemoryState's lean path), one timer for all of them until a renewal is due.
 * :class:`EventClaim` is one dispatch's claim on an event, moving through :class:`Phase`. It
-  composes with the event's :class:`AsyncLock` only through the lock's two generic hooks
-  (``_arm_first_attempt`` and ``_arm_release``): on a :class:`ClaimingState` the claim rides on
-  the lock's acquire and release scripts (one round trip each); elsewhere it makes calls of its
-  own. The lock knows nothing of dedupe.
+  composes with the event's lock (its engine, ``asynclock._lock.acquisition.Acquisition``) only
+  through the lock's two generic hooks (``arm_first_attempt`` and ``arm_release``): on a
+  :class:`ClaimingState` the claim rides on the lock's acquire and release scripts (one round
+  trip each); elsewhere it makes calls of its own. The lock knows nothing of dedupe.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from asynclock._events.event import Event
-    from asynclock._lock.lock import AsyncLock
+    from asynclock._lock.acquisition import Acquisition
     from asynclock._lock.waiters import ReleaseStep
     from asynclock._timers import Bucket
     from asynclock.state._protocol import ClaimingState, Grant, Release, State
@@ -208,10 +208,10 @@ class EventClaim:
         """Whether the event's handlers returned (a failure after that leaves it handled)."""
         return self.phase in (_HANDLED, _DONE_IN_RELEASE)
 
-    def ride_on_acquire(self, lock: AsyncLock, state: ClaimingState, lease: float) -> None:
+    def ride_on_acquire(self, lock: Acquisition, state: ClaimingState, lease: float) -> None:
         """Record the claim in ``lock``'s first server attempt, if it makes one (one round trip).
 
-        If the claim exists already the attempt is refused (``lock._refused``): a duplicate,
+        If the claim exists already the attempt is refused (``lock.refused``): a duplicate,
         which :meth:`not_ours` then records.
         """
         key, ttl = lock.key, lock.ttl
@@ -223,9 +223,9 @@ class EventClaim:
             self.owner = owner
             return state.acquire_claimed(key, owner, ttl, claim=self.key, claim_ttl=lease)
 
-        lean = lock._lean
+        lean = lock.lean
         if lean is None:
-            lock._arm_first_attempt(claim_and_acquire)
+            lock.arm_first_attempt(claim_and_acquire)
             return
 
         def claim_and_acquire_now(owner: str) -> Grant | None:
@@ -233,7 +233,7 @@ class EventClaim:
             self.owner = owner
             return lean._acquire_claimed_now(key, owner, ttl, self.key, lease)
 
-        lock._arm_first_attempt(claim_and_acquire, claim_and_acquire_now)
+        lock.arm_first_attempt(claim_and_acquire, claim_and_acquire_now)
 
     def not_ours(self) -> None:
         """The record found belongs to another delivery: never forget or mark it."""
@@ -264,11 +264,11 @@ class EventClaim:
         """The event's handlers returned."""
         self.phase = _HANDLED
 
-    async def settle_in_release(self, lock: AsyncLock, state: ClaimingState, ttl: float) -> None:
+    async def settle_in_release(self, lock: Acquisition, state: ClaimingState, ttl: float) -> None:
         """Handled under ``lock``: mark the claim done (``ttl``) in the lock's release."""
         await self._stop_keeping()
         claim = self.key
-        lean = lock._lean
+        lean = lock.lean
         now = None
         if lean is not None:
 
@@ -277,7 +277,7 @@ class EventClaim:
             ) -> Release:
                 return lean._release_now(key, owner, claim, ttl, successor, successor_ttl)
 
-        if lock._arm_release(self.release_step(state, ttl), now):
+        if lock.arm_release(self.release_step(state, ttl), now):
             self.phase = _DONE_IN_RELEASE
 
     def release_step(self, state: ClaimingState, ttl: float) -> ReleaseStep:

@@ -32,8 +32,10 @@ from asynclock._events.handlers import Handler, HandlerTable, Registered, call_a
 from asynclock._inbox.drainer import MAX_KEYS, Drainer
 from asynclock._inbox.fold import FoldingDrain
 from asynclock._inbox.retry import retry_plan
-from asynclock._lock.grant import _granted, granted_reason
+from asynclock._lock.acquisition import Acquisition
+from asynclock._lock.grant import granted_reason
 from asynclock._lock.lock import AsyncLock
+from asynclock._lock.place import Place
 from asynclock._lock.waiters import line_for
 from asynclock._owner import new_owner
 from asynclock._retry.slots import RetrySlots
@@ -554,7 +556,7 @@ class EventDispatcher:
         if (
             lean is not None
             and self._policy != "concurrent"
-            and _granted.get() is None  # granted_reason(), without the call
+            and granted_reason() is None
             and lean._steps_are_own()
         ):
             line = line_for(lean, check_key(lock_key), loop)
@@ -581,7 +583,7 @@ class EventDispatcher:
         claim: EventClaim | None,
         *,
         submitted: bool,
-        placed: AsyncLock | None = None,
+        placed: Place | None = None,
     ) -> Outcome:
         """Lock and handle ``event``, or apply the conflict policy; ``placed``: a lock whose
         place in the key's line was taken already (handed over by the lean path)."""
@@ -594,30 +596,30 @@ class EventDispatcher:
             if self._policy == "concurrent":
                 await call_all(handlers, event, HandlerContext(lock_key))
                 return _HANDLED
-            lock = AsyncLock(self._state, lock_key, self._lock_ttl)
-            await lock.acquire()
-            await self._under_lock(lock, handlers, event, claim)
+            granted = Acquisition(self._state, check_key(lock_key), self._lock_ttl)
+            await granted.acquire()
+            await self._under_lock(granted, handlers, event, claim)
             return _HANDLED
         if placed is not None:
             lock = placed
         else:
-            lock = AsyncLock._ttl_checked(self._state, lock_key, self._lock_ttl, auto_renew=True)
+            lock = Place(self._state, check_key(lock_key), self._lock_ttl, auto_renew=True)
             # the event's place among this process's events of the key is taken now, on
             # arrival: nothing awaited below lets a later event overtake it
-            lock._take_place()
+            lock.take_place()
         try:
             if claim is not None:
                 if self._claiming is not None:
                     # only the line's member asks the state now; a waiter's claim is recorded on
                     # its own below, so a waiter promoted later must not claim again with its lock
-                    if lock._first_in_line() and not claim.recorded:
+                    if lock.first_in_line() and not claim.recorded:
                         # (a lean queued event promoted to contend recorded its claim already)
                         claim.ride_on_acquire(lock, self._claiming, self._lock_ttl)
                 elif not await self._claim_alone(claim):  # duplicates are found before locking
-                    await lock._leave_place()
+                    await lock.leave_place()
                     return _DUPLICATE
-            acquired = await lock._try_from_place()
-            if lock._refused:
+            acquired = await lock.try_from_place()
+            if lock.refused:
                 assert claim is not None
                 claim.not_ours()
                 return _DUPLICATE
@@ -625,7 +627,7 @@ class EventDispatcher:
                 # an event behind another of this process never reached the server: its claim
                 # is recorded on its own
                 if not claim.recorded and not await self._claim_alone(claim):
-                    await lock._leave_place()
+                    await lock.leave_place()
                     return _DUPLICATE
                 claim.keep(self._state, self._lock_ttl)  # waits or runs under a policy from here
             if acquired:
@@ -635,13 +637,13 @@ class EventDispatcher:
             if policy == "queue":
                 loop = asyncio.get_running_loop()
                 timeout = self._queue_timeout
-                if not await lock._wait_turn(None if timeout is None else loop.time() + timeout):
+                if not await lock.wait_turn(None if timeout is None else loop.time() + timeout):
                     return _DROPPED  # queue_timeout ran out
                 await self._under_lock(lock, handlers, event, claim)
                 return Outcome.QUEUED
-            await lock._leave_place()
+            await lock.leave_place()
         except BaseException:
-            await finish_despite_cancellation(lock._leave_place())
+            await finish_despite_cancellation(lock.leave_place())
             raise
         if policy == "drop":
             self._note_holder(lock_key, lock.retry_after)
@@ -709,8 +711,8 @@ class EventDispatcher:
             if token and claim is not None:
                 claim.recorded_by(owner)
         if not token:  # held from elsewhere (another thread's loop, a direct state call)
-            placed = AsyncLock._ttl_checked(lean, lock_key, ttl, auto_renew=True)
-            placed._adopt_place(line, hold)
+            placed = Place(lean, lock_key, ttl, auto_renew=True)
+            placed.adopt_place(line, hold)
             outcome = await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
             return Outcome.QUEUED if queued and outcome is _HANDLED else outcome
         hold.held(token, claim, task, loop)
@@ -802,7 +804,7 @@ class EventDispatcher:
         return True
 
     async def _under_lock(
-        self, lock: AsyncLock, handlers: list[Registered], event: Event, claim: EventClaim | None
+        self, lock: Acquisition, handlers: list[Registered], event: Event, claim: EventClaim | None
     ) -> None:
         """Run the handlers under ``lock`` (acquired or granted already), then release it.
 
@@ -812,10 +814,10 @@ class EventDispatcher:
         it failed would make the platform redeliver an event whose effects already happened.
         """
         handled = False
-        # `async with lock._holding():` spelled out (lock.__aexit__ never swallows), which spares
+        # `async with lock.holding():` spelled out (lock.exit never swallows), which spares
         # the holding object and two coroutines per event
-        lock._check_held()
-        lock._start_holding()
+        lock.check_held()
+        lock.start_holding()
         try:
             try:
                 if claim is not None:
@@ -830,9 +832,9 @@ class EventDispatcher:
                     if self._claiming is not None:  # the release marks it done too
                         await claim.settle_in_release(lock, self._claiming, self._done_ttl)
             except BaseException as body_error:
-                await lock.__aexit__(type(body_error), body_error, body_error.__traceback__)
+                await lock.exit(type(body_error), body_error)
                 raise
-            await lock.__aexit__(None, None, None)
+            await lock.exit(None, None)
         except Exception as error:
             if not handled:
                 raise

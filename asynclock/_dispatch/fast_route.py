@@ -1,7 +1,7 @@
 """The dispatcher's lean path on MemoryState: one record per event instead of a lock's machinery.
 
 The common case of an embedded dispatcher is a fresh event on a free key, handled in well under
-``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the :class:`AsyncLock`: it claims
+``lock_ttl / 3``. For it, :meth:`EventDispatcher._route` skips the lock's engine: it claims
 the event and takes the lock in one MemoryState step without an await, runs the handlers (the
 first suspension of one is the dispatch's yield, the yield rule; if none suspends it yields
 once itself), and releases (marking the claim done) in one more step, which hands the lock to
@@ -11,14 +11,15 @@ the next waiter of this process's line if there is one, as every release does. A
 The queued path (policy ``queue`` without a ``queue_timeout``, a key busy in this loop): the
 event takes its place at the end of the key's line on arrival, records its claim in one step
 (a duplicate is answered at once), and waits on a bare future (:meth:`LeanHold.queue`): no
-AsyncLock, no loop timer of its own, the hold itself the timer that renews the claim's lease
+Acquisition, no loop timer of its own, the hold itself the timer that renews the claim's lease
 from ``lock_ttl / 3`` on. The holder's release hands the lock over in its own step; the woken
 event then runs as a fresh one would, its lease timer becoming the lock's renewal timer.
 
-What only a long handler needs is made when the timer fires at ``lock_ttl / 3``: an
-:class:`AsyncLock` that takes the acquisition over (:meth:`AsyncLock._adopt_held`: it renews the
-lock from then on, cancels the body if the lock is lost, and releases it on the way out exactly
-as ``async with`` does) and the claim's lease renewal. From that moment on the event is where the
+What only a long handler needs is made when the timer fires at ``lock_ttl / 3``: the lock's
+engine, an :class:`~asynclock._lock.acquisition.Acquisition`, that takes the acquisition over
+(:meth:`~asynclock._lock.acquisition.Acquisition.adopt_held`: it renews the lock from then on,
+cancels the body if the lock is lost, and releases it on the way out exactly as ``async with``
+does) and the claim's lease renewal. From that moment on the event is where the
 general path would have it, so every guarantee is the general path's.
 
 Invariants: the lean path runs only for exactly :class:`MemoryState` with its own steps
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 from asynclock import metrics as _metrics
 from asynclock._cancel import BodyCanceller, body_entered
 from asynclock._errors import LockLostError
-from asynclock._lock.lock import AsyncLock
+from asynclock._lock.acquisition import Acquisition
 from asynclock._lock.waiters import Ticket, release_now
 from asynclock._timers import arm, disarm
 
@@ -92,8 +93,8 @@ class LeanHold(Ticket):
         self.token = 0
         self._claim: EventClaim | None = None
         self._leasing = False  # armed (as a timer entry) to renew a queued event's claim
-        #: the AsyncLock that took the acquisition over, once the first renewal was due
-        self.lock: AsyncLock | None = None
+        #: the lock's engine that took the acquisition over, once the first renewal was due
+        self.lock: Acquisition | None = None
 
     def held(
         self,
@@ -119,7 +120,7 @@ class LeanHold(Ticket):
         """Wait in the key's line behind its member: the lean queued path (policy ``queue``).
 
         The place is taken now, on arrival, at the end of the line (FIFO with every other waiter
-        of this loop, lean or not). Awaiting the returned future is the wait: no AsyncLock and
+        of this loop, lean or not). Awaiting the returned future is the wait: no Acquisition and
         no loop timer of its own (the member of this loop always hands the lock over or passes
         its turn on when it releases, so no expiry needs watching). The future resolves to the
         handed-over token, or to ``None``: the event is the member now and must contend.
@@ -207,10 +208,10 @@ class LeanHold(Ticket):
             self._release(None, 0.0)
 
     def _due(self) -> None:
-        """A long handler: from now on an AsyncLock renews the lock, and the claim's lease too."""
-        lock = AsyncLock._ttl_checked(self._state, self._line.key, self.ttl, auto_renew=True)
+        """A long handler: from now on the lock's engine renews the lock, and the claim's lease too."""
+        lock = Acquisition(self._state, self._line.key, self.ttl, auto_renew=True)
         body = BodyCanceller(self._entered)
-        lock._adopt_held(self._line, self, self.token, self.asked_at, body)
+        lock.adopt_held(self._line, self, self.token, self.asked_at, body)
         self.lock = lock
         if self._claim is not None:
             self._claim.keep(self._state, self.ttl, due_now=True)
@@ -218,7 +219,7 @@ class LeanHold(Ticket):
     async def failed(self, error: BaseException) -> None:
         """The handlers raised ``error``: release the lock (the caller forgets the claim)."""
         if self.lock is not None:
-            await self.lock.__aexit__(type(error), error, error.__traceback__)
+            await self.lock.exit(type(error), error)
             return
         disarm(self)
         if not self._release(None, 0.0).owned:
@@ -230,7 +231,7 @@ class LeanHold(Ticket):
 
     def handled_at_once(self, done_ttl: float) -> bool:
         """The handlers returned: release the lock now (or hand it to the next waiter), marking
-        the claim done in the same step; ``False`` when an AsyncLock took the acquisition over
+        the claim done in the same step; ``False`` when the lock's engine took the acquisition over
         (a long handler): then :meth:`handled` is to be awaited instead.
 
         Raises:
@@ -248,7 +249,7 @@ class LeanHold(Ticket):
         return True
 
     async def handled(self, done_ttl: float) -> None:
-        """:meth:`handled_at_once` for an acquisition an AsyncLock took over, or whose claim's
+        """:meth:`handled_at_once` for an acquisition the lock's engine took over, or whose claim's
         lease was renewed while it waited in line."""
         lock, claim = self.lock, self._claim
         if lock is None:
@@ -262,7 +263,7 @@ class LeanHold(Ticket):
         assert lock is not None
         if claim is not None:
             await claim.settle_in_release(lock, self._state, done_ttl)
-        await lock.__aexit__(None, None, None)
+        await lock.exit(None, None)
 
     def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
         claim_key = claim.key if claim is not None else None

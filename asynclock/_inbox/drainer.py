@@ -34,8 +34,9 @@ from asynclock._events.codec import decode
 from asynclock._events.event import Event, HandlerContext, Outcome
 from asynclock._events.handlers import call_all
 from asynclock._inbox.retry import RetryPlan
-from asynclock._lock.lock import AsyncLock
+from asynclock._lock.acquisition import Acquisition
 from asynclock._owner import new_owner
+from asynclock._validate import check_key
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -74,7 +75,7 @@ class KeyDrain(Protocol):
     ``debounce`` (``_inbox_fold.FoldingDrain``) or the interruptions of ``supersede``
     (``_inbox_supersede.SupersedingDrain``). The drainer holds the key's lock when it calls."""
 
-    async def drain(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> float | None:
+    async def drain(self, key: str, lock: Acquisition, stopping: asyncio.Event) -> float | None:
         """Drain ``key`` until its inbox is empty (the lock released by the step that found it
         so) or ``stopping`` is set (the caller releases the lock); the seconds the key waits for
         a retry in the state (its lock released), else ``None``."""
@@ -250,20 +251,20 @@ class Drainer:
 
     async def _drain_granted(self, grant: InboxGrant, stopping: asyncio.Event) -> None:
         """Drain the key of ``grant``, whose lock the hand-out holds for us already."""
-        lock = AsyncLock(self._state, grant.key, self._lock_ttl, auto_renew=True)
+        lock = Acquisition(self._state, check_key(grant.key), self._lock_ttl, auto_renew=True)
         # as if acquired ``lock_ttl`` before it expires: the renewals keep to that schedule
         since = asyncio.get_running_loop().time() + grant.expires_in - self._lock_ttl
-        lock._hold_granted(grant.owner, grant.token, since)
+        lock.hold_granted(grant.owner, grant.token, since)
         try:
             await self._drain(grant.key, lock, stopping, grant.entry)
         except (StateUnavailableError, LockNotOwnedError) as exc:
             logger.warning("asynclock: draining inbox %r stopped: %s", grant.key, exc)
 
     async def _drain(
-        self, key: str, lock: AsyncLock, stopping: asyncio.Event, first: InboxEntry | None
+        self, key: str, lock: Acquisition, stopping: asyncio.Event, first: InboxEntry | None
     ) -> None:
         try:
-            async with lock._holding():
+            async with lock.holding():
                 if self._folding is not None:
                     retry_in = await self._folding.drain(key, lock, stopping)
                 else:
@@ -316,7 +317,7 @@ class Drainer:
             self._start(grant.key, self._drain_granted(grant, stopping))
 
     async def _drain_held(
-        self, key: str, lock: AsyncLock, stopping: asyncio.Event, entry: InboxEntry | None
+        self, key: str, lock: Acquisition, stopping: asyncio.Event, entry: InboxEntry | None
     ) -> float | None:
         """Handle ``key``'s entries one at a time; ``entry``: the head, handed out already.
 
@@ -333,7 +334,7 @@ class Drainer:
                     key, lock.owner, done=done, dead=dead, take=take
                 )
                 if entry is None:
-                    lock._released_by_step()  # the step released it: the inbox was empty
+                    lock.released_by_step()  # the step released it: the inbox was empty
                     return None
                 if not take:
                     return None  # stopping: leaving `async with` releases the lock
@@ -343,21 +344,21 @@ class Drainer:
                 if retry_in is not None:
                     # the entry waits in the state, holding nothing: the lock goes in this step
                     await self._inbox.inbox_step(key, lock.owner, done=entry.id, retry_in=retry_in)
-                    lock._released_by_step()
+                    lock.released_by_step()
                     return retry_in
                 failures += 1
                 await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
             elif dead is not None and self._retry.park:
                 # the key stops at its poison: parked, the lock released in this step
                 await self._inbox.inbox_step(key, lock.owner, done=done, dead=dead, park=True)
-                lock._released_by_step()
+                lock.released_by_step()
                 return None
             else:
                 failures = 0
             entry = None
 
     async def _handle(
-        self, key: str, lock: AsyncLock, entry: InboxEntry
+        self, key: str, lock: Acquisition, entry: InboxEntry
     ) -> tuple[int | None, str | None]:
         """Deliver ``entry``; returns what the next step does with it (done, dead-letter, retry)."""
         event = decode(entry.payload)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from asynclock._events.folding import BatchCall
     from asynclock._events.handlers import HandlerTable
     from asynclock._inbox.drainer import Recorder
-    from asynclock._lock.lock import AsyncLock
+    from asynclock._lock.acquisition import Acquisition
     from asynclock.state._protocol import InboxBatch, InboxEntry, InboxState
 
 logger = logging.getLogger("asynclock")
@@ -97,7 +97,7 @@ class FoldingDrain:
         self._record = record
         self._observe = observe
 
-    async def drain(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> float | None:
+    async def drain(self, key: str, lock: Acquisition, stopping: asyncio.Event) -> float | None:
         """Fold and handle ``key``'s entries until its inbox is empty (the lock released by the
         step that found it so) or ``stopping`` is set (the caller releases the lock).
 
@@ -130,7 +130,7 @@ class FoldingDrain:
     async def _take(
         self,
         key: str,
-        lock: AsyncLock,
+        lock: Acquisition,
         *,
         limit: int,
         done: tuple[int, ...] = (),
@@ -145,10 +145,10 @@ class FoldingDrain:
                 key, lock.owner, done=done, dead=dead, limit=limit, retry_in=retry_in, park=park
             )
         if batch is None:
-            lock._released_by_step()  # the step released it: the inbox was empty
+            lock.released_by_step()  # the step released it: the inbox was empty
         return batch
 
-    async def _settle(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> bool:
+    async def _settle(self, key: str, lock: Acquisition, stopping: asyncio.Event) -> bool:
         """Hold ``key`` until no entry arrived for ``debounce`` seconds (at most the cap);
         ``False`` when the inbox turned out empty (the lock released)."""
         assert self._debounce is not None
@@ -165,7 +165,7 @@ class FoldingDrain:
                 await asyncio.wait_for(stopping.wait(), wait)
 
     async def _run(
-        self, key: str, lock: AsyncLock, batch: InboxBatch
+        self, key: str, lock: Acquisition, batch: InboxBatch
     ) -> tuple[bool, bool, list[tuple[tuple[int, ...], float]]]:
         """Run ``batch``'s calls in order, acknowledging each; ``(released, some call failed,
         the failed calls' entry ids and the seconds each asks to wait in the state)``."""
@@ -196,7 +196,7 @@ class FoldingDrain:
         return False, failed, waits
 
     async def _call(
-        self, key: str, lock: AsyncLock, call: BatchCall, events: list[Event], attempt: int
+        self, key: str, lock: Acquisition, call: BatchCall, events: list[Event], attempt: int
     ) -> Exception | None:
         """Run one folded call and record its events' outcomes; the error it raised, if any."""
         event = events[call.handled]

@@ -1,8 +1,8 @@
 """Leaving ``async with`` of a held lock or permit: the release, and what its failure means.
 
-Shared by :class:`~asynclock.AsyncLock` and :class:`~asynclock.Semaphore`, whose ``__aexit__``
-report a loss the same way: what differs (how each releases, what it forgets) comes in as
-callables.
+Shared by the lock's engine (``Hold.exit``, behind :class:`~asynclock.AsyncLock`'s ``__aexit__``)
+and :class:`~asynclock.Semaphore`'s ``__aexit__``, which report a loss the same way: what differs
+(how each releases, what it forgets) comes in as callables.
 """
 
 from __future__ import annotations

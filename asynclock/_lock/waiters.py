@@ -54,7 +54,7 @@ class Ticket:
     def __init__(self, owner: str, ttl: float) -> None:
         self.owner = owner
         self.ttl = ttl
-        #: the release to send for this ticket instead of the state's (``AsyncLock._arm_release``)
+        #: the release to send for this ticket instead of the state's (``Hold.arm_release``)
         self.release_with: ReleaseStep | None = None
         #: ``release_with``'s counterpart without an await, for the lean path
         self.release_now: ReleaseNow | None = None

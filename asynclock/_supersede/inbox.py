@@ -37,7 +37,7 @@ from asynclock._events.codec import decode
 from asynclock._events.event import HandlerContext, Outcome
 from asynclock._events.handlers import call_all
 from asynclock._inbox.drainer import MAX_RETRY_PAUSE
-from asynclock._lock.lock import AsyncLock
+from asynclock._lock.acquisition import Acquisition
 from asynclock._supersede.line import Running
 from asynclock.state._protocol import SupersedeSignals
 
@@ -109,7 +109,7 @@ class SupersedingDrain:
         self._record = record
         self._observe = observe
 
-    async def drain(self, key: str, lock: AsyncLock, stopping: asyncio.Event) -> None:
+    async def drain(self, key: str, lock: Acquisition, stopping: asyncio.Event) -> None:
         """Handle ``key``'s entries until its inbox is empty (the lock released by the step
         that found it so) or ``stopping`` is set (the caller releases the lock).
 
@@ -123,22 +123,22 @@ class SupersedingDrain:
             return
         await lock.release()
         while True:
-            again = AsyncLock(self._state, key, lock.ttl, blocking=False, auto_renew=True)
+            again = Acquisition(self._state, key, lock.ttl, blocking=False, auto_renew=True)
             try:
-                await again.__aenter__()
+                await again.enter()
             except LockAcquisitionError:
                 return  # another worker holds the key: its drain covers the entries
             try:
                 held = await self._hold(key, again, stopping, superseded)
             except BaseException as error:
-                await again.__aexit__(type(error), error, error.__traceback__)
+                await again.exit(type(error), error)
                 raise
-            await again.__aexit__(None, None, None)  # (nothing to release if a step did)
+            await again.exit(None, None)  # (nothing to release if a step did)
             if held != "interrupted":
                 return
 
     async def _hold(
-        self, key: str, lock: AsyncLock, stopping: asyncio.Event, superseded: Interrupted
+        self, key: str, lock: Acquisition, stopping: asyncio.Event, superseded: Interrupted
     ) -> str:
         """Drain under ``lock`` until the inbox is empty (``"released"``), ``stopping``
         (``"stopped"``) or a call is interrupted (``"interrupted"``)."""
@@ -166,7 +166,7 @@ class SupersedingDrain:
     async def _take(
         self,
         key: str,
-        lock: AsyncLock,
+        lock: Acquisition,
         *,
         limit: int,
         done: tuple[int, ...] = (),
@@ -174,13 +174,13 @@ class SupersedingDrain:
     ) -> InboxBatch | None:
         batch = await self._inbox.inbox_take(key, lock.owner, done=done, dead=dead, limit=limit)
         if batch is None:
-            lock._released_by_step()  # the step released it: the inbox was empty
+            lock.released_by_step()  # the step released it: the inbox was empty
         return batch
 
     async def _run(
         self,
         key: str,
-        lock: AsyncLock,
+        lock: Acquisition,
         batch: InboxBatch,
         watch: SupersedeWatch | None,
         superseded: Interrupted,
@@ -262,7 +262,7 @@ class SupersedingDrain:
         await self._record(events[-1], Outcome.HANDLED, key, None)
 
     async def _listen(
-        self, key: str, lock: AsyncLock, taken: int, watch: SupersedeWatch, running: Running
+        self, key: str, lock: Acquisition, taken: int, watch: SupersedeWatch, running: Running
     ) -> None:
         """Interrupt ``running`` once a signal comes while an entry beyond its batch is pending."""
         while True:

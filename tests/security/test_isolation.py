@@ -59,8 +59,8 @@ class TestOwnerIds:
         anything: Any = intruder
         with pytest.raises(AttributeError):
             anything.owner = holder.owner
-        # even a copy forced into the private slot is replaced by the next acquisition
-        anything._owner = holder.owner
+        # even a copy forced into the lock's private engine is replaced by the next acquisition
+        anything._engine.owner = holder.owner
         with pytest.raises((RuntimeError, LockNotOwnedError)):
             await intruder.release()
         with pytest.raises((RuntimeError, LockNotOwnedError)):

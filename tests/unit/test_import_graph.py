@@ -80,7 +80,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read_from_the_source() -> None:
     graph = import_graph()
-    assert "asynclock._lock.lock" in graph["asynclock._inbox.drainer"]  # a plain import
+    assert "asynclock._lock.acquisition" in graph["asynclock._inbox.drainer"]  # a plain import
     assert "asynclock.state._protocol" in graph["asynclock._inbox.drainer"]  # a type-only one
 
 
