@@ -39,7 +39,8 @@ from asynclock._lock.waiters import (
 )
 from asynclock._owner import new_owner
 from asynclock._validate import check_key, check_seconds, check_ttl
-from asynclock.state._protocol import Grant, immediate_steps
+from asynclock.state._immediate import immediate_steps
+from asynclock.state._protocol import Grant
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -326,7 +327,7 @@ class AsyncLock:
                 and lean is not None
                 and self._first_attempt is None
                 and current_turn() is None
-                and lean._steps_are_own()
+                and lean.steps_are_own()
             ):
                 # the lean path: the line's member at once, one yield, one step
                 line.member = ticket
@@ -336,7 +337,7 @@ class AsyncLock:
                 except BaseException:
                     line.leave(ticket)
                     raise
-                token = lean._token_now(self._key, ticket.owner, self._ttl)
+                token = lean.token_now(self._key, ticket.owner, self._ttl)
                 if token is not None:
                     acquired = self._won(line, ticket, token, task=task)
                 else:  # busy: held from elsewhere (another thread's loop, a direct state call)
@@ -618,7 +619,7 @@ class AsyncLock:
             self._report(False, placed_at)
             return False
         lean = self._lean
-        if lean is not None and current_turn() is None and lean._steps_are_own():
+        if lean is not None and current_turn() is None and lean.steps_are_own():
             # the lean path: one yield, then the first attempt as one step, without an await
             first, self._first_attempt_now = self._first_attempt_now, None
             self._first_attempt = None
@@ -627,7 +628,7 @@ class AsyncLock:
             try:
                 await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
                 if first is None:
-                    grant: Grant | None = lean._acquire_now(self._key, ticket.owner, self._ttl)
+                    grant: Grant | None = lean.acquire_now(self._key, ticket.owner, self._ttl)
                 else:
                     grant = first(ticket.owner)
             except BaseException:
@@ -843,7 +844,7 @@ class AsyncLock:
             if (
                 lean is not None
                 and (ticket.release_with is None or ticket.release_now)
-                and lean._steps_are_own()
+                and lean.steps_are_own()
             ):
                 try:
                     await asyncio.sleep(0)  # the yield rule

@@ -23,7 +23,7 @@ clock decides. Splitting it would scatter the one page a backend author reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Collection, Sequence
@@ -802,80 +802,3 @@ class SemaphoreState(Protocol):
         refusal's ``retry_after``).
         """
         ...
-
-
-class ImmediateSteps(State, ClaimingState, Protocol):
-    """Internal capability of a state whose steps need no I/O: their bodies, without an await.
-
-    The yield rule asks every operation to yield to the event loop once before it acts.
-    ``AsyncLock`` and ``EventDispatcher`` check their arguments once and yield once themselves;
-    on a state with this capability they then run a step's body directly instead of awaiting
-    the step, which would check and yield again (the lean path: docs/decisions.md, "A lean
-    path on MemoryState"). :class:`~asynclock.MemoryState` has it; a custom backend need not,
-    and the names stay private because nothing outside the package should call them.
-
-    Invariants: each ``_*_now`` method is one atomic step with the effect of its async
-    namesake (``acquire``, ``acquire_claimed``, ``release``, ``release_claimed``,
-    ``dedupe_add``, ``dedupe_keep``), its arguments already checked by the caller.
-    ``_steps_are_own()`` is False whenever those async steps were replaced (a subclass, a
-    test's spy, an injected fault): the caller must then go through them, so whatever
-    replaced them sees every operation.
-    """
-
-    def _steps_are_own(self) -> bool:
-        """Whether the async steps are this class's own (the lean path may skip them)."""
-        ...
-
-    def _acquire_now(self, key: str, owner: str, ttl: float) -> Grant:
-        """``acquire(key, owner, ttl)`` without its yield."""
-        ...
-
-    def _token_now(self, key: str, owner: str, ttl: float) -> int | None:
-        """``acquire`` answering only the fencing token (``None``: held by another owner)."""
-        ...
-
-    def _acquire_claimed_now(
-        self, key: str, owner: str, ttl: float, claim: str, claim_ttl: float
-    ) -> Grant | None:
-        """``acquire_claimed`` without its yield."""
-        ...
-
-    def _claim_and_acquire_now(
-        self, key: str, owner: str, ttl: float, claim: str | None, claim_ttl: float
-    ) -> int | None:
-        """Claim (unless ``None``) and acquire in one step: the token, ``0`` when the key is
-        busy (nothing recorded), ``None`` for a duplicate claim."""
-        ...
-
-    def _claim_now(self, claim: str, owner: str, ttl: float) -> bool:
-        """``dedupe_add(claim, ttl)`` recorded as ``owner``'s (as ``acquire_claimed`` records
-        it), without its yield; ``False``: a duplicate."""
-        ...
-
-    def _keep_now(self, claim: str, ttl: float) -> None:
-        """``dedupe_keep(claim, ttl)`` without its yield."""
-        ...
-
-    def _release_now(
-        self,
-        key: str,
-        owner: str,
-        claim: str | None = None,
-        claim_ttl: float = 0.0,
-        successor: str | None = None,
-        ttl: float | None = None,
-        swept: bool = True,
-    ) -> Release:
-        """``release`` (``release_claimed`` with ``claim``) without its yield; ``swept=False``:
-        the successor's lock needs no expiry sweep (the lean path releases it itself)."""
-        ...
-
-
-def immediate_steps(state: object) -> ImmediateSteps | None:
-    """``state`` if it has the :class:`ImmediateSteps` capability, else ``None``.
-
-    Looked up once per lock or dispatcher (a runtime-checkable protocol's ``isinstance`` would
-    cost more than the steps it saves); whether the steps may be skipped is asked per
-    operation, with ``_steps_are_own()``.
-    """
-    return cast("ImmediateSteps", state) if hasattr(state, "_steps_are_own") else None
