@@ -42,6 +42,7 @@ from asynclock._supersede.line import SupersedeLine
 from asynclock._supersede.line import Waiting as Superseding
 from asynclock._supersede.line import drain as drain_superseding
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock.metrics._active import active
 from asynclock.state._immediate import ImmediateSteps, immediate_steps
 from asynclock.state._protocol import (
     ClaimingState,
@@ -374,7 +375,7 @@ class EventDispatcher:
     ) -> Outcome:
         """:meth:`_record` but the ``on_outcome`` hook (all of it, without one): count and log."""
         self._stats[outcome] += 1
-        if _metrics._sink is not None and started is not None:
+        if active.sink is not None and started is not None:
             duration = asyncio.get_running_loop().time() - started
             _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
         level = _LEVELS[outcome]
@@ -713,7 +714,7 @@ class EventDispatcher:
             outcome = await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
             return Outcome.QUEUED if queued and outcome is _HANDLED else outcome
         hold.held(token, claim, task, loop)
-        if _metrics._sink is not None:
+        if active.sink is not None:
             _metrics.report("lock_acquired", lock_key, loop.time() - arrived, queued)
         handlers, with_context = self._handlers.with_context(event.type)
         handled = False

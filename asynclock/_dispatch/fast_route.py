@@ -43,6 +43,7 @@ from asynclock._errors import LockLostError
 from asynclock._lock.lock import AsyncLock
 from asynclock._lock.waiters import Ticket, release_now
 from asynclock._timers import arm, disarm
+from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -280,7 +281,7 @@ class LeanHold(Ticket):
             self.release_with = None
             result = self._steps.release_now(line.key, self.owner, claim_key, claim_ttl)
             line.promote()
-        if _metrics._sink is not None:
+        if active.sink is not None:
             held = asyncio.get_running_loop().time() - self.asked_at
             _metrics.report("lock_released", self._line.key, held)
         return result

@@ -39,6 +39,7 @@ from asynclock._lock.waiters import (
 )
 from asynclock._owner import new_owner
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock.metrics._active import active
 from asynclock.state._immediate import immediate_steps
 from asynclock.state._protocol import Grant
 
@@ -346,14 +347,14 @@ class AsyncLock:
                 acquired = await self._acquire(line, ticket, bool(blocking), deadline)
         finally:
             self._busy = False
-        if _metrics._sink is not None:
+        if active.sink is not None:
             self._report(acquired, started)
         if acquired or not blocking:
             return acquired
         raise LockAcquisitionError(self._key, self._ttl, self._retry_after)
 
     def _report(self, acquired: bool, started: float) -> None:
-        if _metrics._sink is not None:
+        if active.sink is not None:
             if acquired:
                 waited = asyncio.get_running_loop().time() - started
                 _metrics.report("lock_acquired", self._key, waited, self._contended)
@@ -858,7 +859,7 @@ class AsyncLock:
             self._forget_acquisition()  # release_chain finishes the release in the background
             raise
         self._forget_acquisition()
-        if _metrics._sink is not None:
+        if active.sink is not None:
             held = asyncio.get_running_loop().time() - self._held_since
             _metrics.report("lock_released", self._key, held)
         if not result.owned:
@@ -930,7 +931,7 @@ class AsyncLock:
 
     def _on_lost(self, reason: str) -> None:
         self._lost = True
-        if _metrics._sink is not None:
+        if active.sink is not None:
             _metrics.report("lock_lost", self._key, reason)
         logger.warning(
             "asynclock: lock %r lost while held (%s); cancelling its body",
