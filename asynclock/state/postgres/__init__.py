@@ -18,9 +18,10 @@ connection. Pooled connections
 never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
 mode (the listener needs a direct or session-mode connection).
 
-Size: over 500 lines on purpose: the driver's part of a SQL state (answers, errors, pools)
-and the LISTEN connection that serves wake-ups; the options parsing for poolers lives in
-``_pooler.py``.
+Size: over 500 lines on purpose: the driver's part of a SQL state (answers, errors, pools),
+its URL options, and the wiring of the wake-ups (release, supersede, inbox hand-out) into the
+state; the LISTEN connection itself is ``_listener.py``, the ear ``_ear.py``, the options
+parsing for poolers ``_pooler.py``.
 """
 
 from __future__ import annotations
