@@ -35,7 +35,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol, cast, runtime_checkable
 
-from asynclock.metrics._active import active
+# (aliased: the holder is no attribute of this public module)
+from asynclock.metrics._active import active as _current
 
 __all__ = ("InboxMetricsSink", "MetricsSink", "default_key_label", "get_metrics", "set_metrics")
 
@@ -86,13 +87,13 @@ def set_metrics(sink: MetricsSink | None) -> MetricsSink | None:
         raise TypeError(
             f"a metrics sink needs the methods of asynclock.metrics.MetricsSink, got {sink!r}"
         )
-    previous, active.sink = active.sink, sink
+    previous, _current.sink = _current.sink, sink
     return cast("MetricsSink | None", previous)
 
 
 def get_metrics() -> MetricsSink | None:
     """The sink asynclock reports to, or ``None``."""
-    return cast("MetricsSink | None", active.sink)
+    return cast("MetricsSink | None", _current.sink)
 
 
 def default_key_label(key: str) -> str:
@@ -102,7 +103,7 @@ def default_key_label(key: str) -> str:
 
 def report(method: str, *args: object) -> None:
     """Call ``method`` on the sink, if any; a failing sink is logged, never raised."""
-    sink = active.sink
+    sink = _current.sink
     if sink is None:
         return
     call = getattr(sink, method, None)
