@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol, cast, runtime_checkable
 
-# (aliased: the holder is no attribute of this public module)
+# (aliased: the holder is no public attribute of this public module)
 from asynclock.metrics._active import active as _current
 
 __all__ = ("InboxMetricsSink", "MetricsSink", "default_key_label", "get_metrics", "set_metrics")
