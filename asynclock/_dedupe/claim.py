@@ -231,7 +231,7 @@ class EventClaim:
         def claim_and_acquire_now(owner: str) -> Grant | None:
             self.phase = _IN_PROGRESS
             self.owner = owner
-            return lean._acquire_claimed_now(key, owner, ttl, self.key, lease)
+            return lean.acquire_claimed_now(key, owner, ttl, self.key, lease)
 
         lock.arm_first_attempt(claim_and_acquire, claim_and_acquire_now)
 
@@ -275,7 +275,7 @@ class EventClaim:
             def now(
                 key: str, owner: str, successor: str | None, successor_ttl: float | None
             ) -> Release:
-                return lean._release_now(key, owner, claim, ttl, successor, successor_ttl)
+                return lean.release_now(key, owner, claim, ttl, successor, successor_ttl)
 
         if lock.arm_release(self.release_step(state, ttl), now):
             self.phase = _DONE_IN_RELEASE

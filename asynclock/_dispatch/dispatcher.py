@@ -44,14 +44,14 @@ from asynclock._supersede.line import SupersedeLine
 from asynclock._supersede.line import Waiting as Superseding
 from asynclock._supersede.line import drain as drain_superseding
 from asynclock._validate import check_key, check_seconds, check_ttl
+from asynclock.metrics._active import active
+from asynclock.state._immediate import ImmediateSteps, immediate_steps
 from asynclock.state._protocol import (
     ClaimingState,
     DedupeReading,
     DurabilityCheck,
-    ImmediateSteps,
     InboxState,
     State,
-    immediate_steps,
 )
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ class EventDispatcher:
         self._done_ttl = self._dedupe_ttl + self._lock_ttl
         self._freeing = FreeingEstimate()
         self._slots = RetrySlots(state)
-        #: the state, if its steps need no await (MemoryState): the lean path (``_dispatch/fast_route.py``)
+        #: the state's steps, if they need no await (MemoryState): the lean path (``_dispatch/fast_route.py``)
         self._lean = immediate_steps(state)
         #: the state as a ClaimingState, if it is one
         self._claiming = state if isinstance(state, ClaimingState) else None
@@ -377,7 +377,7 @@ class EventDispatcher:
     ) -> Outcome:
         """:meth:`_record` but the ``on_outcome`` hook (all of it, without one): count and log."""
         self._stats[outcome] += 1
-        if _metrics._sink is not None and started is not None:
+        if active.sink is not None and started is not None:
             duration = asyncio.get_running_loop().time() - started
             _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
         level = _LEVELS[outcome]
@@ -557,9 +557,9 @@ class EventDispatcher:
             lean is not None
             and self._policy != "concurrent"
             and granted_reason() is None
-            and lean._steps_are_own()
+            and lean.steps_are_own()
         ):
-            line = line_for(lean, check_key(lock_key), loop)
+            line = line_for(self._state, check_key(lock_key), loop)
             if line.member is None:
                 if not line.waiters:
                     return self._route_lean(
@@ -677,7 +677,7 @@ class EventDispatcher:
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("dispatch() must run in an asyncio task")
-        hold = LeanHold(lean, line, new_owner(task), ttl)
+        hold = LeanHold(self._state, lean, line, new_owner(task), ttl)
         arrived = hold.asked_at = loop.time()
         owner = hold.owner
         if queued:
@@ -703,7 +703,7 @@ class EventDispatcher:
             line.member = hold  # the event's place in the key's line, taken on arrival
             # no yield first: the handlers' first suspension is the dispatch's yield (the yield
             # rule; one of its own only if none suspends), which spares a loop pass per event
-            token = lean._claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
+            token = lean.claim_and_acquire_now(lock_key, owner, ttl, claim_key, ttl)
             if token is None:
                 line.leave(hold)
                 await asyncio.sleep(0)  # the yield rule
@@ -711,12 +711,12 @@ class EventDispatcher:
             if token and claim is not None:
                 claim.recorded_by(owner)
         if not token:  # held from elsewhere (another thread's loop, a direct state call)
-            placed = Place(lean, lock_key, ttl, auto_renew=True)
+            placed = Place(self._state, lock_key, ttl, auto_renew=True)
             placed.adopt_place(line, hold)
             outcome = await self._route(event, lock_key, claim, submitted=submitted, placed=placed)
             return Outcome.QUEUED if queued and outcome is _HANDLED else outcome
         hold.held(token, claim, task, loop)
-        if _metrics._sink is not None:
+        if active.sink is not None:
             _metrics.report("lock_acquired", lock_key, loop.time() - arrived, queued)
         handlers, with_context = self._handlers.with_context(event.type)
         handled = False
@@ -776,7 +776,7 @@ class EventDispatcher:
         ttl = self._lock_ttl
         if claim is not None:
             owner = new_owner(asyncio.current_task(loop))
-            if not lean._claim_now(claim.key, owner, ttl):
+            if not lean.claim_now(claim.key, owner, ttl):
                 await asyncio.sleep(0)  # the yield rule
                 return _DUPLICATE
             claim.recorded_by(owner)
@@ -785,14 +785,14 @@ class EventDispatcher:
             return await outcome
         claims = backlog.claims
         if claims is None:
-            claims = backlog.claims = WaitingClaims(lean, ttl)
+            claims = backlog.claims = WaitingClaims(self._state, ttl)
         claims.add(claim, loop)
         try:
             concluded = await outcome
         finally:
             claims.remove(claim)
         if not claim.keeping:  # (else its keeper is stopped first, by the general finish)
-            lean._keep_now(claim.key, self._done_ttl)
+            lean.keep_now(claim.key, self._done_ttl)
             claim.done_in_step()
         return concluded
 

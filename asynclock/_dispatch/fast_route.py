@@ -23,7 +23,7 @@ does) and the claim's lease renewal. From that moment on the event is where the
 general path would have it, so every guarantee is the general path's.
 
 Invariants: the lean path runs only for exactly :class:`MemoryState` with its own steps
-(:class:`asynclock.state._protocol.ImmediateSteps`, its ``_steps_are_own()``); a fresh event only
+(:class:`asynclock.state._immediate.ImmediateSteps`, their ``steps_are_own()``); a fresh event only
 on a key nobody of this process is in line for, a queued one only behind a member of this
 loop's line. A busy key (held from another thread's loop, or by a direct state call) records no
 lock and hands the ticket, still first in line, to the general path; so does a queued event
@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from asynclock import metrics as _metrics
 from asynclock._cancel import BodyCanceller, body_entered
@@ -44,6 +44,7 @@ from asynclock._errors import LockLostError
 from asynclock._lock.acquisition import Acquisition
 from asynclock._lock.waiters import Ticket, release_now
 from asynclock._timers import arm, disarm
+from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
     from asynclock._dedupe.claim import EventClaim
     from asynclock._lock.waiters import Line
     from asynclock._timers import Bucket
-    from asynclock.state._protocol import ImmediateSteps, Release
+    from asynclock.state._immediate import ImmediateSteps
+    from asynclock.state._protocol import ClaimingState, Release, State
 
 logger = logging.getLogger("asynclock")
 
@@ -68,6 +70,7 @@ class LeanHold(Ticket):
         "_leasing",
         "_line",
         "_state",
+        "_steps",
         "callback",
         "due",
         "lock",
@@ -79,7 +82,9 @@ class LeanHold(Ticket):
     due: float
     callback: Callable[[], None]
 
-    def __init__(self, state: ImmediateSteps, line: Line, owner: str, ttl: float) -> None:
+    def __init__(
+        self, state: State, steps: ImmediateSteps, line: Line, owner: str, ttl: float
+    ) -> None:
         # Ticket.__init__, inline (one per event)
         self.owner = owner
         self.ttl = ttl
@@ -89,6 +94,7 @@ class LeanHold(Ticket):
         self.future = None
         self.expires = math.inf
         self._state = state
+        self._steps = steps  # the state's, without an await
         self._line = line
         self.token = 0
         self._claim: EventClaim | None = None
@@ -146,7 +152,7 @@ class LeanHold(Ticket):
         try:
             # recorded now, on arrival, as the general path records a waiter's claim: a
             # redelivery meanwhile (another dispatcher, another loop) is a duplicate
-            fresh = self._state._claim_now(claim.key, self.owner, self.ttl)
+            fresh = self._steps.claim_now(claim.key, self.owner, self.ttl)
             if fresh:
                 claim.recorded_by(self.owner)
                 self.lease_while_queued(claim, loop)
@@ -262,19 +268,21 @@ class LeanHold(Ticket):
             return
         assert lock is not None
         if claim is not None:
-            await claim.settle_in_release(lock, self._state, done_ttl)
+            # (a state with immediate steps claims and locks in one step: MemoryState)
+            claiming = cast("ClaimingState", self._state)
+            await claim.settle_in_release(lock, claiming, done_ttl)
         await lock.exit(None, None)
 
     def _release(self, claim: EventClaim | None, claim_ttl: float) -> Release:
         claim_key = claim.key if claim is not None else None
         line = self._line
         if line.waiters or self.release_now is not None or line.member is not self:
-            result = release_now(self._state, line, self, claim_key, claim_ttl)
+            result = release_now(self._steps, line, self, claim_key, claim_ttl)
         else:  # release_now's common case, inline: nobody to hand over to
             self.release_with = None
-            result = self._state._release_now(line.key, self.owner, claim_key, claim_ttl)
+            result = self._steps.release_now(line.key, self.owner, claim_key, claim_ttl)
             line.promote()
-        if _metrics._sink is not None:
+        if active.sink is not None:
             held = asyncio.get_running_loop().time() - self.asked_at
             _metrics.report("lock_released", self._line.key, held)
         return result

@@ -37,6 +37,7 @@ from asynclock._inbox.retry import RetryPlan
 from asynclock._lock.acquisition import Acquisition
 from asynclock._owner import new_owner
 from asynclock._validate import check_key
+from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -362,7 +363,7 @@ class Drainer:
     ) -> tuple[int | None, str | None]:
         """Deliver ``entry``; returns what the next step does with it (done, dead-letter, retry)."""
         event = decode(entry.payload)
-        if _metrics._sink is not None:
+        if active.sink is not None:
             _metrics.report("inbox_entry", key, entry.pending, entry.age)
         ctx = HandlerContext(key, lock.token, attempt=entry.attempt)
         began = asyncio.get_running_loop().time()
@@ -373,7 +374,7 @@ class Drainer:
             if entry.attempt < self._max_attempts:
                 return None, None  # the next step hands the same entry out again
             text = f"{type(error).__name__}: {error}"
-            if _metrics._sink is not None:
+            if active.sink is not None:
                 _metrics.report("inbox_dead_letter", key)
             logger.error(
                 "asynclock: inbox entry %s of %r dead-lettered after %d attempts%s: %s",

@@ -38,6 +38,7 @@ from asynclock._events.folding import fold
 from asynclock._events.handlers import call_all
 from asynclock._inbox.drainer import MAX_RETRY_PAUSE, PARKED
 from asynclock._inbox.retry import RetryPlan
+from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -175,7 +176,7 @@ class FoldingDrain:
         for call in fold(events, self._handlers):
             covered = [batch.entries[i] for i in (*call.skipped, call.handled)]
             attempt = max(entry.attempt for entry in covered)
-            if _metrics._sink is not None:
+            if active.sink is not None:
                 _metrics.report("inbox_entry", key, batch.pending, covered[0].age)
             error = await self._call(key, lock, call, events, attempt)
             ids = tuple(entry.id for entry in covered)
@@ -225,7 +226,7 @@ class FoldingDrain:
     ) -> str:
         """Log (and count) the dead-lettering of a call's entries; the error text they keep."""
         text = f"{type(error).__name__}: {error}"
-        if _metrics._sink is not None:
+        if active.sink is not None:
             for _ in covered:
                 _metrics.report("inbox_dead_letter", key)
         logger.error(

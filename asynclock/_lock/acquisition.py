@@ -28,7 +28,9 @@ from asynclock._lock.turn import current_turn
 from asynclock._lock.waiters import Line, Ticket, line_for, release_chain, wait_for_turn
 from asynclock._owner import new_owner
 from asynclock._validate import check_seconds
-from asynclock.state._protocol import Grant, immediate_steps
+from asynclock.metrics._active import active
+from asynclock.state._immediate import immediate_steps
+from asynclock.state._protocol import Grant
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -159,7 +161,7 @@ class Acquisition(Hold):
                 and lean is not None
                 and self.first_attempt is None
                 and current_turn() is None
-                and lean._steps_are_own()
+                and lean.steps_are_own()
             ):
                 # the lean path: the line's member at once, one yield, one step
                 line.member = ticket
@@ -169,7 +171,7 @@ class Acquisition(Hold):
                 except BaseException:
                     line.leave(ticket)
                     raise
-                token = lean._token_now(self.key, ticket.owner, self.ttl)
+                token = lean.token_now(self.key, ticket.owner, self.ttl)
                 if token is not None:
                     acquired = self.won(line, ticket, token, task=task)
                 else:  # busy: held from elsewhere (another thread's loop, a direct state call)
@@ -178,7 +180,7 @@ class Acquisition(Hold):
                 acquired = await self.acquire_in_line(line, ticket, bool(blocking), deadline)
         finally:
             self.busy = False
-        if _metrics._sink is not None:
+        if active.sink is not None:
             self.report(acquired, started)
         if acquired or not blocking:
             return acquired
@@ -200,7 +202,7 @@ class Acquisition(Hold):
 
     def report(self, acquired: bool, started: float) -> None:
         """Report the acquire begun at loop time ``started`` to the metrics sink, if any."""
-        if _metrics._sink is not None:
+        if active.sink is not None:
             if acquired:
                 waited = asyncio.get_running_loop().time() - started
                 _metrics.report("lock_acquired", self.key, waited, self.contended)

@@ -27,13 +27,15 @@ from asynclock._lock.leave import release_on_exit
 from asynclock._lock.renew import Renewer
 from asynclock._lock.waiters import release_chain, release_now
 from asynclock._validate import check_ttl
+from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
     from types import TracebackType
 
     from asynclock._lock.waiters import Line, ReleaseNow, ReleaseStep, Ticket
-    from asynclock.state._protocol import ImmediateSteps, Release, State
+    from asynclock.state._immediate import ImmediateSteps
+    from asynclock.state._protocol import Release, State
 
 logger = logging.getLogger("asynclock")
 
@@ -163,7 +165,7 @@ class Hold:
     def on_lost(self, reason: str) -> None:
         """The renewer found the lock lost (or ``max_lifetime`` passed): cancel the body."""
         self.lost = True
-        if _metrics._sink is not None:
+        if active.sink is not None:
             _metrics.report("lock_lost", self.key, reason)
         logger.warning(
             "asynclock: lock %r lost while held (%s); cancelling its body",
@@ -227,7 +229,7 @@ class Hold:
             if (
                 lean is not None
                 and (ticket.release_with is None or ticket.release_now)
-                and lean._steps_are_own()
+                and lean.steps_are_own()
             ):
                 try:
                     await asyncio.sleep(0)  # the yield rule
@@ -241,7 +243,7 @@ class Hold:
             self.forget()  # release_chain finishes the release in the background
             raise
         self.forget()
-        if _metrics._sink is not None:
+        if active.sink is not None:
             held = asyncio.get_running_loop().time() - self.held_since
             _metrics.report("lock_released", self.key, held)
         if not result.owned:

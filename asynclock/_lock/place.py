@@ -88,7 +88,7 @@ class Place(Acquisition):
             self.report(False, placed_at)
             return False
         lean = self.lean
-        if lean is not None and current_turn() is None and lean._steps_are_own():
+        if lean is not None and current_turn() is None and lean.steps_are_own():
             # the lean path: one yield, then the first attempt as one step, without an await
             first, self.first_attempt_now = self.first_attempt_now, None
             self.first_attempt = None
@@ -97,7 +97,7 @@ class Place(Acquisition):
             try:
                 await asyncio.sleep(0)  # the yield rule; nothing was asked of the state yet
                 if first is None:
-                    grant: Grant | None = lean._acquire_now(self.key, ticket.owner, self.ttl)
+                    grant: Grant | None = lean.acquire_now(self.key, ticket.owner, self.ttl)
                 else:
                     grant = first(ticket.owner)
             except BaseException:

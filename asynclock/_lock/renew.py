@@ -10,6 +10,7 @@ from asynclock import metrics as _metrics
 from asynclock._compat import deadline_at
 from asynclock._errors import StateUnavailableError
 from asynclock._timers import Timer, call_later
+from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -127,7 +128,7 @@ class Renewer:
                 return
             self._ticket.expires = sent + ttl
             next_at = sent + interval
-            if _metrics._sink is not None:
+            if active.sink is not None:
                 _metrics.report("lock_renewed", self._key)
 
     async def wait_stopped(self) -> None:

@@ -31,7 +31,8 @@ from asynclock._cancel import clean_up
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from asynclock.state._protocol import ImmediateSteps, Release, State
+    from asynclock.state._immediate import ImmediateSteps
+    from asynclock.state._protocol import Release, State
 
     #: a release to send instead of the state's: ``(key, owner, successor, successor_ttl)``
     ReleaseStep: TypeAlias = Callable[[str, str, str | None, float | None], Awaitable[Release]]
@@ -234,7 +235,7 @@ def release_now(
         sent = asyncio.get_running_loop().time()
     step, ticket.release_now, ticket.release_with = ticket.release_now, None, None
     if step is None:
-        result = state._release_now(line.key, ticket.owner, claim, claim_ttl, owner, ttl, swept)
+        result = state.release_now(line.key, ticket.owner, claim, claim_ttl, owner, ttl, swept)
     else:
         result = step(line.key, ticket.owner, owner, ttl)
     if successor is None:

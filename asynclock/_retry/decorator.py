@@ -10,7 +10,13 @@ import functools
 import inspect
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, overload
 
-from asynclock._retry.retrying import ExhaustionSpec, Retrying, RetryStatistics, WaitSpec, _name
+from asynclock._retry.retrying import (
+    ExhaustionSpec,
+    Retrying,
+    RetryStatistics,
+    WaitSpec,
+    function_name,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -147,7 +153,7 @@ def retry_on_lock_conflict(
             )
         if not inspect.iscoroutinefunction(function):
             raise TypeError(
-                f"retry_on_lock_conflict decorates async def functions; {_name(function)} is "
+                f"retry_on_lock_conflict decorates async def functions; {function_name(function)} is "
                 f"{type(function).__name__}"
             )
 

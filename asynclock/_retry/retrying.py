@@ -171,7 +171,7 @@ class _Exhausted:
     counters: _Counters
 
     def warn(self, what: str) -> None:
-        name = _name(self.function)
+        name = function_name(self.function)
         logger.warning(
             "asynclock: %s: lock %r still busy after every attempt; %s",
             name,
@@ -196,7 +196,9 @@ class _ProcessWithoutLock(_Exhaustion):
     async def __call__(self, call: _Exhausted) -> object:
         call.counters.processed_without_lock += 1
         call.warn("processing without the lock")
-        reason = f"{_name(call.function)}: process_without_lock after lock {call.error.key!r}"
+        reason = (
+            f"{function_name(call.function)}: process_without_lock after lock {call.error.key!r}"
+        )
         token = grant_all(reason)
         try:
             return await call.function(*call.args, **call.kwargs)
@@ -220,7 +222,7 @@ class _Fallback(_Exhaustion):
         self._fallback = fallback
 
     async def __call__(self, call: _Exhausted) -> object:
-        call.warn(f"calling {_name(self._fallback)}")
+        call.warn(f"calling {function_name(self._fallback)}")
         result = self._fallback(*call.args, **call.kwargs)
         if inspect.isawaitable(result):
             result = await result
@@ -246,9 +248,6 @@ def function_name(function: object) -> str:
     """The qualified name of ``function`` for messages (its ``repr`` when it has none); shared
     with the job-queue integrations, which name the job in their errors."""
     return cast("str", getattr(function, "__qualname__", None) or repr(function))
-
-
-_name = function_name
 
 
 # -- one decoration's policy, shared by the core decorator and the job-queue integrations --------
@@ -331,7 +330,7 @@ class Retrying:
             logger.info(
                 "asynclock: %s: lock %r busy on execution %d of %d; retries exhausted "
                 "(on_exhaustion=%s)",
-                _name(function),
+                function_name(function),
                 error.key,
                 executions,
                 self.attempts,
@@ -343,7 +342,7 @@ class Retrying:
         counters.retries += 1
         logger.info(
             "asynclock: %s: lock %r busy on execution %d of %d; retrying in %.3f s",
-            _name(function),
+            function_name(function),
             error.key,
             executions,
             self.attempts,

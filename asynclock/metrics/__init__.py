@@ -33,7 +33,10 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
+
+# (aliased: the holder is no public attribute of this public module)
+from asynclock.metrics._active import active as _current
 
 __all__ = ("InboxMetricsSink", "MetricsSink", "default_key_label", "get_metrics", "set_metrics")
 
@@ -78,23 +81,19 @@ class InboxMetricsSink(Protocol):
         """An entry of ``key``'s inbox was dead-lettered after its last attempt."""
 
 
-_sink: MetricsSink | None = None
-
-
 def set_metrics(sink: MetricsSink | None) -> MetricsSink | None:
     """Report to ``sink`` from now on (``None``: report nothing); returns the previous sink."""
-    global _sink
     if sink is not None and not isinstance(sink, MetricsSink):
         raise TypeError(
             f"a metrics sink needs the methods of asynclock.metrics.MetricsSink, got {sink!r}"
         )
-    previous, _sink = _sink, sink
-    return previous
+    previous, _current.sink = _current.sink, sink
+    return cast("MetricsSink | None", previous)
 
 
 def get_metrics() -> MetricsSink | None:
     """The sink asynclock reports to, or ``None``."""
-    return _sink
+    return cast("MetricsSink | None", _current.sink)
 
 
 def default_key_label(key: str) -> str:
@@ -104,7 +103,7 @@ def default_key_label(key: str) -> str:
 
 def report(method: str, *args: object) -> None:
     """Call ``method`` on the sink, if any; a failing sink is logged, never raised."""
-    sink = _sink
+    sink = _current.sink
     if sink is None:
         return
     call = getattr(sink, method, None)

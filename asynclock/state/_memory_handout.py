@@ -2,8 +2,9 @@
 
 A key with work and no holder is *offered* once (appended to :attr:`Handout.offered`), and one
 worker waiting in :meth:`MemoryWorker.next` is woken for it, not all of them. The worker takes
-the key in one step under the state's mutex (:meth:`MemoryState._hand_out`), so two workers never
-get the same key. Everything here runs with the state's mutex held, except the waits.
+the key in one step under the state's mutex (``MemoryInbox.hand_out`` of ``_memory_inbox.py``),
+so two workers never get the same key. Everything here runs with the state's mutex held, except
+the waits.
 """
 
 from __future__ import annotations

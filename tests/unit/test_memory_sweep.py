@@ -22,7 +22,7 @@ async def test_expired_dedupe_records_are_swept_by_later_operations() -> None:
     for i in range(1_000):
         await dedupe.first_seen(f"new-{i}")
     assert state.size()[1] == 1_000
-    assert not state._heap or len(state._heap) <= 1_000
+    assert not state._table.heap or len(state._table.heap) <= 1_000
 
 
 async def test_expired_locks_are_swept_and_the_heap_stays_bounded() -> None:
@@ -37,7 +37,7 @@ async def test_expired_locks_are_swept_and_the_heap_stays_bounded() -> None:
         async with AsyncLock(state, "busy", ttl=1.0):
             pass
     assert state.size()[0] == 0
-    assert len(state._heap) < 100  # 200 acquisitions of one key left no pile of deadlines
+    assert len(state._table.heap) < 100  # 200 acquisitions of one key left no pile of deadlines
     for lock in leaked:
         with pytest.raises(LockNotOwnedError):
             await lock.release()

@@ -20,6 +20,11 @@ connection of its own waiting in a ``SLEEP`` that a procedure interrupts with ``
 ``_ear.py``): each serving worker has one, which an accept for a free key interrupts; each state
 whose semaphore waiters wait has one, which a release interrupts when it makes one of them
 eligible (``_semaphore_ear.py``).
+
+Size: just over 500 lines: the driver's part of a SQL state (answers, errors, the pool), its
+URL options, and the wiring of the bell, the ears and the semaphore ear into the state's
+lifecycle; each mechanism itself is a module of its own (``_wake.py``, ``_ear.py``,
+``_semaphore_ear.py``, ``_supersede.py``), and what is left is one class's glue.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ connection. Pooled connections
 never LISTEN and never hold session state, so they stay safe behind PgBouncer in transaction
 mode (the listener needs a direct or session-mode connection).
 
-Size: over 500 lines on purpose: the driver's part of a SQL state (answers, errors, pools)
-and the LISTEN connection that serves wake-ups; the options parsing for poolers lives in
-``_pooler.py``.
+Size: over 500 lines on purpose: the driver's part of a SQL state (answers, errors, pools),
+its URL options, and the wiring of the wake-ups (release, supersede, inbox hand-out) into the
+state; the LISTEN connection itself is ``_listener.py``, the ear ``_ear.py``, the options
+parsing for poolers ``_pooler.py``.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 import asyncpg  # type: ignore[import-untyped]
 from asyncpg import exceptions as pg_errors
 
-from asynclock._compat import deadline_after
 from asynclock._validate import check_key, check_ttl, ttl_ms
 from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
@@ -43,6 +44,7 @@ from asynclock.state._watch import EventWatch, TokenWatch
 from asynclock.state.postgres._connection import Connection as _Connection
 from asynclock.state.postgres._connection import Record as _Record
 from asynclock.state.postgres._ear import PostgresEar
+from asynclock.state.postgres._listener import Listener, ListenerHooks
 from asynclock.state.postgres._pooler import pooler_options
 from asynclock.state.sql._handout import HintWatch
 from asynclock.state.sql._inbox import SQLInboxState
@@ -60,9 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["PostgresState"]
 
 logger = logging.getLogger("asynclock")
-
-_FIRST_RECONNECT_DELAY = 0.01
-_MAX_RECONNECT_DELAY = 1.0
 
 
 class _AsyncpgPool(Protocol):
@@ -146,13 +145,17 @@ class PostgresState(
     )
 
     def __init__(self, pool: object, **options: Unpack[SQLOptions]) -> None:
-        source = _UserPool(pool) if pool is not None else _NoSource()
-        super().__init__(source, where="PostgreSQL (given pool)", **options)
-        self._connect_listener: Callable[[], Awaitable[_Connection]] = self._listener_from_pool(
-            pool
-        )
-        self._release_listener: Callable[[_Connection], Awaitable[None]] = self._give_back(pool)
-        self._listener: _Listener | None = None
+        self._connect_listener: Callable[[], Awaitable[_Connection]]
+        self._release_listener: Callable[[_Connection], Awaitable[None]]
+        if isinstance(pool, _OwnConnections):  # from_url's
+            super().__init__(pool.source, where=pool.where, **options)
+            self._connect_listener, self._release_listener = pool.connect_listener, _close
+        else:
+            source = _UserPool(pool) if pool is not None else _NoSource()
+            super().__init__(source, where="PostgreSQL (given pool)", **options)
+            self._connect_listener = self._listener_from_pool(pool)
+            self._release_listener = self._give_back(pool)
+        self._listener: Listener | None = None
         #: SupersedeSignals: NOTIFY channel, and the holders' watches by the key's id in hex
         self._supersede_channel = f"{self._table_prefix}supersede"
         self._supersede_watches: dict[str, set[TokenWatch]] = {}
@@ -230,16 +233,15 @@ class PostgresState(
 
             return open_connection
 
-        open_connection = connector(pooler.dsn, **cache)
-        state = cls(None, **options)
-        state._source = ConnectionPool(
-            open_connection, _terminate, _close, max_connections, alive=_alive
+        own = _OwnConnections(
+            ConnectionPool(
+                connector(pooler.dsn, **cache), _terminate, _close, max_connections, alive=_alive
+            ),
+            f"PostgreSQL at {redact(pooler.dsn)}",
+            # the listener keeps asyncpg's statement cache: LISTEN is its only statement
+            connector(pooler.listen_dsn),
         )
-        # the listener keeps asyncpg's statement cache: LISTEN is its only statement
-        state._connect_listener = connector(pooler.listen_dsn)
-        state._release_listener = _close
-        state._guard.where = f"PostgreSQL at {redact(pooler.dsn)}"
-        return state
+        return cls(own, **options)
 
     # -- the driver's part ------------------------------------------------------------------
 
@@ -401,10 +403,27 @@ class PostgresState(
         unheard meanwhile). Until then a watcher waits at most the holder's remaining TTL.
         """
         if self._listener is None:
-            self._listener = _Listener(self)
+            self._listener = Listener(
+                ListenerHooks(
+                    connect=self._connect_listener,
+                    release=self._release_listener,
+                    channels={
+                        self._channel: self._wake,
+                        self._supersede_channel: self._superseded,
+                    },
+                    worker_watches=self._worker_watches,
+                    watched=self._watched,
+                    wake_all=self._wake_all,
+                    op_timeout=self._op_timeout,
+                )
+            )
         async with self._guard():
             await self._listener.ensure()
             await self._listener.listen()
+
+    def _watched(self) -> bool:
+        """Whether any key, worker or supersede signal is watched (the listener is needed)."""
+        return bool(self._watches or self._worker_watches or self._supersede_watches)
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
@@ -524,6 +543,16 @@ class PostgresState(
         return release
 
 
+@dataclass(frozen=True, slots=True)
+class _OwnConnections:
+    """The connections :meth:`PostgresState.from_url` opens, handed to the constructor as its
+    ``pool``: the statements' pool, how errors name the server, the listener's connector."""
+
+    source: ConnectionPool[_Connection]
+    where: str
+    connect_listener: Callable[[], Awaitable[_Connection]]
+
+
 class _UserPool(ConnectionSource["_Connection"]):
     """A user's ``asyncpg.Pool`` as a source: connections go back to it; it is never closed."""
 
@@ -567,132 +596,6 @@ class _NoSource(ConnectionSource["_Connection"]):
 
     async def aclose(self) -> None:
         pass
-
-
-class _Listener:
-    """One LISTENing connection per state; wakes the watchers of the key a NOTIFY names."""
-
-    def __init__(self, state: PostgresState) -> None:
-        self._state = state
-        self._conn: _Connection | None = None
-        #: the worker channels LISTENed on by the connection
-        self._heard: set[str] = set()
-        self._connecting = asyncio.Lock()
-        self._reconnect: asyncio.Task[None] | None = None
-        self._closed = False
-
-    async def ensure(self) -> None:
-        """Connected and LISTENing (the subscription is active when this returns)."""
-        if self._conn is not None:
-            return
-        async with self._connecting:
-            if self._conn is not None or self._closed:
-                return
-            conn = await self._state._connect_listener()
-            try:
-                conn.add_termination_listener(self._on_terminated)
-                await conn.add_listener(self._state._channel, self._on_notify)
-                await conn.add_listener(self._state._supersede_channel, self._on_supersede)
-                for channel in tuple(self._state._worker_watches):
-                    await conn.add_listener(channel, self._on_wake)
-                    self._heard.add(channel)
-            except BaseException:
-                conn.terminate()
-                raise
-            self._adopt(conn)
-
-    def _adopt(self, conn: _Connection) -> None:
-        """Keep the new LISTEN connection, unless :meth:`aclose` ran while it was opened."""
-        if self._closed:
-            conn.terminate()  # nobody would ever close it
-        else:
-            self._conn = conn
-
-    def _on_notify(self, conn: object, pid: object, channel: object, payload: object) -> None:
-        self._state._wake(str(payload))
-
-    def _on_supersede(self, conn: object, pid: object, channel: object, payload: object) -> None:
-        self._state._superseded(str(payload))
-
-    def _on_wake(self, conn: object, pid: object, channel: object, payload: object) -> None:
-        watch = self._state._worker_watches.get(str(channel))
-        if watch is not None:
-            try:
-                hint: bytes | None = bytes.fromhex(str(payload))
-            except ValueError:
-                hint = None
-            watch.wake(hint)
-
-    async def listen(self) -> None:
-        """LISTEN on the state's worker channels not heard yet (a new worker's)."""
-        conn = self._conn
-        if conn is None:
-            return  # the reconnect LISTENs on all of them
-        for channel in tuple(self._state._worker_watches):
-            if channel not in self._heard:
-                await conn.add_listener(channel, self._on_wake)
-                self._heard.add(channel)
-
-    async def unlisten(self, channel: str) -> None:
-        """Stop hearing ``channel`` (its worker stopped)."""
-        if channel not in self._heard:
-            return
-        self._heard.discard(channel)
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(Exception):  # the worker is gone either way
-                async with deadline_after(self._state._op_timeout):
-                    await conn.remove_listener(channel, self._on_wake)
-
-    def _on_terminated(self, conn: object) -> None:
-        if conn is not self._conn or self._closed:
-            return
-        self._conn = None
-        self._heard.clear()
-        # A release may have gone unheard: every watcher re-checks its key, but only once the
-        # listener LISTENs again (the reconnect loop wakes them). Woken now, they would retry
-        # when the state's other connections were most likely cut too (a restart, the
-        # application's sessions terminated): on a pooled connection whose termination is
-        # half-read (asyncpg: "cannot switch to state 12; another operation (2) is in
-        # progress"), or against a server that is down, and fail a blocking acquire with
-        # StateUnavailableError; and a release before the new LISTEN would still go unheard.
-        if self._reconnect is None:
-            self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
-
-    async def _reconnect_loop(self) -> None:
-        delay = _FIRST_RECONNECT_DELAY
-        try:
-            state = self._state
-            while (
-                not self._closed
-                and (state._watches or state._worker_watches or state._supersede_watches)
-                and self._conn is None
-            ):
-                try:
-                    async with deadline_after(self._state._op_timeout):
-                        await self.ensure()
-                except Exception as exc:  # noqa: BLE001, PERF203 - retried with back-off
-                    logger.debug("asynclock: PostgreSQL listener reconnect failed: %r", exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, _MAX_RECONNECT_DELAY)
-                else:
-                    state._wake_all()  # releases and accepts during the gap were not heard
-        finally:
-            self._reconnect = None
-
-    async def aclose(self) -> None:
-        self._closed = True
-        task, self._reconnect = self._reconnect, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait((task,))
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                async with deadline_after(1.0):
-                    await self._state._release_listener(conn)
-            except Exception:  # noqa: BLE001 - closing anyway
-                conn.terminate()
 
 
 def _terminate(conn: _Connection) -> None:
