@@ -6,6 +6,14 @@ import asyncio
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    #: ``(event, outcome, lock_key, error)``: how the outcome of a drained inbox entry is
+    #: recorded (the dispatcher's counters, log line and metrics)
+    Recorder = Callable[["Event", "Outcome", str, BaseException | None], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)

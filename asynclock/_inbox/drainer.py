@@ -29,9 +29,10 @@ import logging
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from asynclock import metrics as _metrics
+from asynclock._backoff import Backoff
 from asynclock._errors import LockLostError, LockNotOwnedError, StateUnavailableError
 from asynclock._events.codec import decode
-from asynclock._events.event import Event, HandlerContext, Outcome
+from asynclock._events.event import HandlerContext, Outcome
 from asynclock._events.handlers import call_all
 from asynclock._inbox.retry import RetryPlan
 from asynclock._lock.acquisition import Acquisition
@@ -42,6 +43,7 @@ from asynclock.metrics._active import active
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
+    from asynclock._events.event import Recorder
     from asynclock._events.handlers import HandlerTable
     from asynclock.state._protocol import (
         InboxEntry,
@@ -51,8 +53,6 @@ if TYPE_CHECKING:
         State,
     )
 
-    #: ``(event, outcome, lock_key, error)``: how a drained entry's outcome is recorded
-    Recorder = Callable[[Event, Outcome, str, BaseException | None], Awaitable[object]]
 
 logger = logging.getLogger("asynclock")
 
@@ -60,8 +60,6 @@ T = TypeVar("T")
 
 #: seconds between two rescans of the keys with work (also bounded by ``lock_ttl / 2``)
 RESCAN = 5.0
-#: the longest pause between two deliveries of an entry whose handler failed
-MAX_RETRY_PAUSE = 5.0
 #: keys one ``serve()`` drains at once by default (``serve(max_keys=...)``)
 MAX_KEYS = 64
 #: the lock key whose holder rescans for the deployment this interval (a name no thread key of
@@ -327,7 +325,7 @@ class Drainer:
         """
         done: int | None = None
         dead: str | None = None
-        failures = 0
+        backoff = Backoff()
         while True:
             if entry is None:
                 take = not stopping.is_set()
@@ -347,15 +345,14 @@ class Drainer:
                     await self._inbox.inbox_step(key, lock.owner, done=entry.id, retry_in=retry_in)
                     lock.released_by_step()
                     return retry_in
-                failures += 1
-                await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
+                await backoff.failed()
             elif dead is not None and self._retry.park:
                 # the key stops at its poison: parked, the lock released in this step
                 await self._inbox.inbox_step(key, lock.owner, done=done, dead=dead, park=True)
                 lock.released_by_step()
                 return None
             else:
-                failures = 0
+                backoff.succeeded()
             entry = None
 
     async def _handle(

@@ -32,21 +32,21 @@ import logging
 from typing import TYPE_CHECKING
 
 from asynclock import metrics as _metrics
+from asynclock._backoff import Backoff
 from asynclock._events.codec import decode
 from asynclock._events.event import HandlerContext, Outcome
 from asynclock._events.folding import fold
 from asynclock._events.handlers import call_all
-from asynclock._inbox.drainer import MAX_RETRY_PAUSE, PARKED
+from asynclock._inbox.drainer import PARKED
 from asynclock._inbox.retry import RetryPlan
 from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from asynclock._events.event import Event
+    from asynclock._events.event import Event, Recorder
     from asynclock._events.folding import BatchCall
     from asynclock._events.handlers import HandlerTable
-    from asynclock._inbox.drainer import Recorder
     from asynclock._lock.acquisition import Acquisition
     from asynclock.state._protocol import InboxBatch, InboxEntry, InboxState
 
@@ -105,7 +105,7 @@ class FoldingDrain:
         Returns the seconds the key waits for a retry in the state (the step that set the wait
         released the lock), else ``None``.
         """
-        failures = 0
+        backoff = Backoff()
         while True:
             if self._debounce is not None and not await self._settle(key, lock, stopping):
                 return None
@@ -123,10 +123,9 @@ class FoldingDrain:
                 await self._take(key, lock, limit=0, done=ids, retry_in=retry_in)
                 return retry_in
             if failed:
-                failures += 1
-                await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
+                await backoff.failed()
             else:
-                failures = 0
+                backoff.succeeded()
 
     async def _take(
         self,

@@ -32,11 +32,11 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from asynclock._backoff import Backoff
 from asynclock._errors import LockAcquisitionError
 from asynclock._events.codec import decode
 from asynclock._events.event import HandlerContext, Outcome
 from asynclock._events.handlers import call_all
-from asynclock._inbox.drainer import MAX_RETRY_PAUSE
 from asynclock._lock.acquisition import Acquisition
 from asynclock._supersede.line import Running
 from asynclock.state._protocol import SupersedeSignals
@@ -44,9 +44,8 @@ from asynclock.state._protocol import SupersedeSignals
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from asynclock._events.event import Event
+    from asynclock._events.event import Event, Recorder
     from asynclock._events.handlers import HandlerTable
-    from asynclock._inbox.drainer import Recorder
     from asynclock.state._protocol import (
         InboxBatch,
         InboxEntry,
@@ -142,7 +141,7 @@ class SupersedingDrain:
     ) -> str:
         """Drain under ``lock`` until the inbox is empty (``"released"``), ``stopping``
         (``"stopped"``) or a call is interrupted (``"interrupted"``)."""
-        failures = 0
+        backoff = Backoff()
         async with _subscribed(self._state, key) as watch:
             if watch is not None:
                 assert lock.token is not None
@@ -158,10 +157,9 @@ class SupersedingDrain:
                 if outcome in ("released", "interrupted"):
                     return outcome
                 if outcome == "failed":
-                    failures += 1
-                    await asyncio.sleep(min(0.05 * 2 ** (failures - 1), MAX_RETRY_PAUSE))
+                    await backoff.failed()
                 else:
-                    failures = 0
+                    backoff.succeeded()
 
     async def _take(
         self,
