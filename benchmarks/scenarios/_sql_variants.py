@@ -1,0 +1,487 @@
+"""The timed rows of the ``sql`` scenario: raw-statement floors and asynclock states.
+
+Each ``Variant`` is set up once, runs ``loop(n)`` once a round (timed) and is torn down once;
+``interleave`` runs a list of them round-robin and divides each by its same-round references.
+"""
+
+from __future__ import annotations
+
+import gc
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio
+
+from benchmarks.harness.env import (
+    RELEASE_SCRIPT,
+    Asynclock,
+    log,
+)
+from benchmarks.harness.pairs import redis_floor_pairs
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.sql_server import (
+    CHANNEL,
+    DEDUPE_NAMESPACE,
+    DEDUPE_TTL,
+    LABEL,
+    MYSQL_URL,
+    PG_URL,
+    RESERVATION_MS,
+    TTL_MS,
+    commit_label,
+    dollar,
+    key_id,
+    load_statements,
+    mysql_connect,
+    owner_base,
+    pg_connect,
+)
+from benchmarks.harness.states import STATE_CLASSES, open_state, warm_state
+
+if TYPE_CHECKING:
+    from benchmarks.harness.report import Rounds
+
+DUPLICATE_IDS = 100
+WARMUP = 30
+
+
+class Variant:
+    """One row of a table: ``setup`` once, ``loop(n)`` per round (timed), ``teardown`` once."""
+
+    name = ""
+    backend = ""
+    #: ratio tag -> the variant (of the same round) this one is divided by
+    refs: dict[str, str]
+
+    def __init__(self) -> None:
+        self.refs = {}
+
+    async def setup(self) -> None:
+        pass
+
+    async def loop(self, n: int) -> None:
+        raise NotImplementedError
+
+    async def before_round(self) -> None:
+        """Untimed, before each timed ``loop``."""
+
+    async def after_round(self) -> None:
+        """Untimed, after each timed ``loop``."""
+
+    async def teardown(self) -> None:
+        pass
+
+
+class PgSelect(Variant):
+    backend = "postgres"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "PostgreSQL floor: 2 x `SELECT 1` (asyncpg)"
+        self.conn: Any = None
+
+    async def setup(self) -> None:
+        self.conn = await pg_connect(PG_URL)
+
+    async def loop(self, n: int) -> None:
+        fetchval = self.conn.fetchval
+        for _ in range(n):
+            await fetchval("SELECT 1")
+            await fetchval("SELECT 1")
+
+    async def teardown(self) -> None:
+        await self.conn.close()
+
+
+#: the statements' claim parameters set to "no claim" (PostgresState is a ClaimingState: its
+#: acquire and release can also record an event's dedupe claim; the floor records none)
+NO_CLAIM: dict[str, object] = {"claim_id": None, "claim_name": None, "claim_ttl_ms": 0}
+
+
+class PgRaw(Variant):
+    """PostgresState's ``acquire`` + ``release`` statements on one asyncpg connection."""
+
+    backend = "postgres"
+
+    def __init__(self, prefix: str, key: str, synchronous_commit: str | None) -> None:
+        super().__init__()
+        self.name = "PostgreSQL raw floor: state's acquire + release statements, " + commit_label(
+            synchronous_commit
+        )
+        self.sync = synchronous_commit
+        self.full = prefix + key
+        self.conn: Any = None
+        stmts = load_statements("postgres")
+        self.acquire_sql, self.acquire_names = dollar(stmts["acquire"])
+        self.release_sql, self.release_names = dollar(stmts["release"])
+
+    async def setup(self) -> None:
+        self.conn = await pg_connect(PG_URL, self.sync)
+
+    async def loop(self, n: int) -> None:
+        fetch, ident, full = self.conn.fetch, key_id(self.full), self.full
+        base, misses = owner_base(), 0
+        for _ in range(n):
+            owner = f"{base}:{secrets.token_hex(8)}"
+            acquire = {
+                **NO_CLAIM,
+                "id": ident,
+                "name": full,
+                "owner": owner,
+                "mark": f"\n{owner}\n",
+                "ttl_ms": TTL_MS,
+                "waiter": None,
+            }
+            rows = await fetch(self.acquire_sql, *[acquire[k] for k in self.acquire_names])
+            if not isinstance(rows[0][0], int):
+                misses += 1
+            release = {
+                **NO_CLAIM,
+                "id": ident,
+                "owner": owner,
+                "successor": None,
+                "successor_mark": None,
+                "successor_ttl_ms": 0,
+                "reservation_ms": RESERVATION_MS,
+                "channel": CHANNEL,
+                "payload": ident.hex(),
+            }
+            if not await fetch(self.release_sql, *[release[k] for k in self.release_names]):
+                misses += 1
+        if misses:
+            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
+
+    async def teardown(self) -> None:
+        await self.conn.close()
+
+
+class MySelect(Variant):
+    backend = "mysql"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "MariaDB floor: 2 x `SELECT 1` (aiomysql)"
+        self.conn: Any = None
+
+    async def setup(self) -> None:
+        self.conn = await mysql_connect(MYSQL_URL)
+
+    async def loop(self, n: int) -> None:
+        cursor = await self.conn.cursor()
+        for _ in range(n):
+            await cursor.execute("SELECT 1")
+            await cursor.fetchall()
+            await cursor.execute("SELECT 1")
+            await cursor.fetchall()
+        await cursor.close()
+
+    async def teardown(self) -> None:
+        self.conn.close()
+
+
+class MyRaw(Variant):
+    """MySQLState's ``acquire`` + ``release`` statements on one aiomysql connection."""
+
+    backend = "mysql"
+
+    def __init__(self, prefix: str, key: str) -> None:
+        super().__init__()
+        self.name = "MariaDB raw floor: state's acquire + release statements"
+        self.full = prefix + key
+        self.conn: Any = None
+        stmts = load_statements("mysql")
+        self.acquire_sql, self.release_sql = stmts["acquire"], stmts["release"]
+
+    async def setup(self) -> None:
+        self.conn = await mysql_connect(MYSQL_URL)
+
+    async def loop(self, n: int) -> None:
+        cursor = await self.conn.cursor()
+        ident, full = key_id(self.full).hex(), self.full
+        base, misses = owner_base(), 0
+        for _ in range(n):
+            owner = f"{base}:{secrets.token_hex(8)}"
+            await cursor.execute(
+                self.acquire_sql,
+                {
+                    "id": ident,
+                    "name": full,
+                    "owner": owner,
+                    "mark": f"\n{owner}\n",
+                    "ttl_ms": TTL_MS,
+                    "waiter": None,
+                },
+            )
+            if (cursor.lastrowid or 0) < 10**15:
+                misses += 1
+            await cursor.execute(
+                self.release_sql,
+                {
+                    "id": ident,
+                    "owner": owner,
+                    "successor": None,
+                    "successor_mark": None,
+                    "successor_ttl_ms": 0,
+                    "reservation_ms": RESERVATION_MS,
+                },
+            )
+            if cursor.rowcount != 1:
+                misses += 1
+        await cursor.close()
+        if misses:
+            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
+
+    async def teardown(self) -> None:
+        self.conn.close()
+
+
+class RedisRaw(Variant):
+    backend = "redis"
+
+    def __init__(self, url: str, key: str) -> None:
+        super().__init__()
+        self.name = "Redis raw floor: redis.asyncio SET NX PX + EVALSHA"
+        self.client = redis.asyncio.Redis.from_url(url)
+        self.key, self.sha = key, ""
+
+    async def setup(self) -> None:
+        self.sha = await self.client.script_load(RELEASE_SCRIPT)
+
+    async def loop(self, n: int) -> None:
+        misses = await redis_floor_pairs(self.client, self.sha, self.key, n)
+        if misses:
+            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
+
+    async def teardown(self) -> None:
+        await self.client.aclose()
+
+
+class StateVariant(Variant):
+    """Opens an asynclock state of ``backend`` in setup, closes it in teardown."""
+
+    def __init__(
+        self, api: Asynclock, backend: str, url: str, prefix: str, key: str, **options: Any
+    ) -> None:
+        super().__init__()
+        self.api, self.backend, self.url, self.prefix, self.key = api, backend, url, prefix, key
+        self.options = options
+        self.state: Any = None
+
+    async def setup(self) -> None:
+        # No watch(): a state that never waited has no LISTEN connection (PostgreSQL); a
+        # listening one receives every release NOTIFY of the table (see AsynclockListening).
+        self.state = open_state(self.api, self.backend, self.url, self.prefix, **self.options)
+
+    async def teardown(self) -> None:
+        if self.state is not None:
+            await self.state.aclose()
+            self.state = None
+
+
+class AsynclockPairs(StateVariant):
+    def __init__(
+        self, api: Asynclock, backend: str, url: str, prefix: str, key: str, **options: Any
+    ) -> None:
+        super().__init__(api, backend, url, prefix, key, **options)
+        shown = "".join(f", {k}={v!r}" for k, v in options.items())
+        cls = STATE_CLASSES[backend]
+        self.name = f"**asynclock** `async with AsyncLock` ({cls}{shown})"
+
+    async def loop(self, n: int) -> None:
+        lock_cls, state, key = self.api.lock_factory(), self.state, self.key
+        for _ in range(n):
+            async with lock_cls(state, key, ttl=30.0):
+                pass
+
+
+class AsynclockListening(AsynclockPairs):
+    """PostgresState whose LISTEN connection is open (it has waited once), fresh every round.
+
+    Opened and closed outside the timed loop, so that its listener hears only the NOTIFYs sent
+    while it is timed (its own, and other clients' of the same tables), not other rows'.
+    """
+
+    def __init__(self, api: Asynclock, url: str, prefix: str, key: str) -> None:
+        super().__init__(api, "postgres", url, prefix, key)
+        self.name = "**asynclock** `async with AsyncLock` (PostgresState, LISTEN connection open)"
+
+    async def setup(self) -> None:
+        await self.before_round()
+
+    async def before_round(self) -> None:
+        await self.teardown()
+        await super().setup()
+        await warm_state(self.state, self.key)
+        await self.loop(10)
+
+    async def after_round(self) -> None:
+        await self.teardown()
+
+
+# -- dedupe ----------------------------------------------------------------------------------------
+
+
+class DedupeAsynclock(StateVariant):
+    def __init__(
+        self, api: Asynclock, backend: str, url: str, prefix: str, tag: str, duplicate: bool
+    ) -> None:
+        super().__init__(api, backend, url, prefix, tag)
+        what = "duplicates" if duplicate else "new ids"
+        self.name = f"**asynclock** `Deduper.first_seen`, {what} ({LABEL[backend]})"
+        self.tag, self.duplicate, self.seq = tag, duplicate, 0
+        self.deduper: Any = None
+
+    async def setup(self) -> None:
+        await super().setup()
+        self.deduper = self.api.module.Deduper(self.state, ttl=DEDUPE_TTL)
+        if self.duplicate:
+            for i in range(DUPLICATE_IDS):
+                await self.deduper.first_seen(f"{self.tag}:{i}")
+
+    async def loop(self, n: int) -> None:
+        first_seen, tag, wrong = self.deduper.first_seen, self.tag, 0
+        if self.duplicate:
+            for i in range(n):
+                if await first_seen(f"{tag}:{i % DUPLICATE_IDS}"):
+                    wrong += 1
+        else:
+            start, self.seq = self.seq, self.seq + n
+            for i in range(start, start + n):
+                if not await first_seen(f"{tag}:{i}"):
+                    wrong += 1
+        if wrong:
+            raise RuntimeError(f"{self.name}: {wrong} wrong answers")
+
+
+class DedupeRaw(Variant):
+    """The state's ``dedupe_add`` statement on one connection, parameters as the state's."""
+
+    def __init__(
+        self, backend: str, prefix: str, tag: str, duplicate: bool, commit: str | None
+    ) -> None:
+        super().__init__()
+        self.commit = commit
+        self.backend, self.tag, self.duplicate, self.seq = backend, tag, duplicate, 0
+        what = "duplicates" if duplicate else "new ids"
+        self.name = f"{LABEL[backend]} raw floor: state's dedupe_add statement, {what}"
+        self.base = f"{prefix}{DEDUPE_NAMESPACE}:{tag}:"
+        sql = load_statements(backend)["dedupe_add"]
+        self.sql, self.names = dollar(sql) if backend == "postgres" else (sql, ())
+        self.conn: Any = None
+        self.ttl_ms = round(DEDUPE_TTL * 1000)
+
+    async def setup(self) -> None:
+        if self.backend == "postgres":
+            self.conn = await pg_connect(PG_URL, self.commit)
+        else:
+            self.conn = await mysql_connect(MYSQL_URL)
+        if self.duplicate:
+            await self._run(0, DUPLICATE_IDS)
+
+    async def _run(self, start: int, n: int, *, modulo: int = 0) -> int:
+        """``dedupe_add`` of ids ``start .. start+n`` (mod ``modulo``); returns how many claimed."""
+        claimed, base, ttl = 0, self.base, self.ttl_ms
+        if self.backend == "postgres":
+            fetch, sql, names = self.conn.fetch, self.sql, self.names
+            for i in range(start, start + n):
+                full = f"{base}{i % modulo if modulo else i}"
+                params = {"id": key_id(full), "name": full, "ttl_ms": ttl}
+                if await fetch(sql, *[params[k] for k in names]):
+                    claimed += 1
+            return claimed
+        cursor = await self.conn.cursor()
+        for i in range(start, start + n):
+            full = f"{base}{i % modulo if modulo else i}"
+            await cursor.execute(self.sql, {"id": key_id(full).hex(), "name": full, "ttl_ms": ttl})
+            if (cursor.lastrowid or 0) > 0:
+                claimed += 1
+        await cursor.close()
+        return claimed
+
+    async def loop(self, n: int) -> None:
+        if self.duplicate:
+            wrong = await self._run(0, n, modulo=DUPLICATE_IDS)
+        else:
+            start, self.seq = self.seq, self.seq + n
+            wrong = n - await self._run(start, n)
+        if wrong:
+            raise RuntimeError(f"{self.name}: {wrong} wrong answers")
+
+    async def teardown(self) -> None:
+        if self.backend == "postgres":
+            await self.conn.close()
+        else:
+            self.conn.close()
+
+
+# -- running interleaved rounds ------------------------------------------------------------------
+
+
+async def _setup_all(variants: list[Variant], rounds: Rounds, part: str) -> list[Variant]:
+    live: list[Variant] = []
+    for variant in variants:
+        rounds.declare(variant.name)
+        try:
+            await variant.setup()
+            await variant.loop(WARMUP)
+        except Exception as exc:  # noqa: BLE001 (reported, never fatal)
+            rounds.skip(variant.name, f"{type(exc).__name__}: {exc}".splitlines()[0])
+            log(f"sql {part}: {variant.name} skipped: {exc!r}")
+            await _teardown(variant)
+        else:
+            live.append(variant)
+    return live
+
+
+async def _teardown(variant: Variant) -> None:
+    try:
+        await variant.teardown()
+    except Exception as exc:  # noqa: BLE001 (reported, never fatal)
+        log(f"sql: teardown of {variant.name} failed: {exc!r}")
+
+
+async def interleave(
+    variants: list[Variant], rounds: Rounds, n: int, rounds_n: int, part: str, unit: str
+) -> None:
+    live = await _setup_all(variants, rounds, part)
+    try:
+        for r in range(rounds_n):
+            per_round: dict[str, dict[str, float]] = {}
+            for variant in rotated(live, r):
+                try:
+                    await variant.before_round()
+                    gc.collect()
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    await variant.loop(n)
+                    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                    await variant.after_round()
+                except Exception as exc:  # noqa: BLE001 (reported, never fatal)
+                    rounds.skip(variant.name, f"{type(exc).__name__}: {exc}".splitlines()[0])
+                    log(f"sql {part}: {variant.name} failed, dropped: {exc!r}")
+                    live.remove(variant)
+                    await _teardown(variant)
+                    continue
+                per_round[variant.name] = {
+                    "rate": n / wall,
+                    "us": wall / n * 1e6,
+                    "cpu_us": cpu / n * 1e6,
+                }
+            for variant in live:
+                metrics = per_round.get(variant.name)
+                if metrics is None:
+                    continue
+                for tag, ref in variant.refs.items():
+                    if ref in per_round:
+                        metrics[f"x_{tag}"] = metrics["rate"] / per_round[ref]["rate"]
+                rounds.add(variant.name, metrics)
+            summary = ", ".join(f"{short(k)}: {m['rate']:,.0f}" for k, m in per_round.items())
+            log(f"sql {part} round {r + 1}/{rounds_n} ({unit}): {summary}")
+    finally:
+        for variant in live:
+            await _teardown(variant)
+
+
+def short(label: str) -> str:
+    """A row's label for progress lines: no markdown."""
+    return label.replace("**", "").replace("`", "").replace("asynclock async with AsyncLock", "lib")
