@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+import redis.asyncio
+
+from benchmarks.harness.env import RELEASE_SCRIPT
+from benchmarks.harness.scenario import Variant
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-
-    import redis.asyncio
 
 
 async def lock_pairs(lock_cls: Any, state: Any, key: str, n: int) -> int:
@@ -41,3 +44,21 @@ async def redis_floor_pairs(client: redis.asyncio.Redis, sha: str, key: str, n: 
         if not await evalsha(sha, 1, key, token):
             misses += 1
     return misses
+
+
+class RedisFloor(Variant):
+    """The raw floor of a Redis lock as a row: :func:`redis_floor_pairs` on one plain client."""
+
+    def __init__(self, name: str, url: str, key: str) -> None:
+        super().__init__()
+        self.name, self.key, self.sha = name, key, ""
+        self.client = redis.asyncio.Redis.from_url(url)
+
+    async def setup(self) -> None:
+        self.sha = await self.client.script_load(RELEASE_SCRIPT)
+
+    async def loop(self, n: int) -> None:
+        self.passed(await redis_floor_pairs(self.client, self.sha, self.key, n))
+
+    async def teardown(self) -> None:
+        await self.client.aclose()

@@ -40,6 +40,16 @@ class Variant:
     """
 
     name = ""
+    #: ratio tag -> the name of the variant (of the same round) this one is divided by
+    refs: dict[str, str]
+
+    def __init__(self) -> None:
+        self.refs = {}
+
+    def passed(self, misses: int) -> None:
+        """Raise if ``misses`` of a loop's operations failed (a broken loop is not timed)."""
+        if misses:
+            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
 
     async def setup(self) -> None:
         """Untimed, once before the first round."""

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
-from benchmarks.scenarios.dispatcher import ADAPTER, POOL, SendCounter
+from benchmarks.harness.dispatching import ADAPTER, POOL, SendCounter
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -1,25 +1,16 @@
 """The timed rows of the ``sql`` scenario: raw-statement floors and asynclock states.
 
-Each ``Variant`` is set up once, runs ``loop(n)`` once a round (timed) and is torn down once;
-``interleave`` runs a list of them round-robin and divides each by its same-round references.
+Each is a harness ``Variant``; ``interleave`` runs a list of them round-robin (the harness's
+rounds) and divides each by its same-round references.
 """
 
 from __future__ import annotations
 
-import gc
 import secrets
-import time
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio
-
-from benchmarks.harness.env import (
-    RELEASE_SCRIPT,
-    Asynclock,
-    log,
-)
-from benchmarks.harness.pairs import redis_floor_pairs
-from benchmarks.harness.rounds import rotated
+from benchmarks.harness.rounds import interleave as _interleave
+from benchmarks.harness.scenario import Variant
 from benchmarks.harness.sql_server import (
     CHANNEL,
     DEDUPE_NAMESPACE,
@@ -40,37 +31,13 @@ from benchmarks.harness.sql_server import (
 from benchmarks.harness.states import STATE_CLASSES, open_state, warm_state
 
 if TYPE_CHECKING:
+    from benchmarks.harness.env import (
+        Asynclock,
+    )
     from benchmarks.harness.report import Rounds
 
 DUPLICATE_IDS = 100
 WARMUP = 30
-
-
-class Variant:
-    """One row of a table: ``setup`` once, ``loop(n)`` per round (timed), ``teardown`` once."""
-
-    name = ""
-    backend = ""
-    #: ratio tag -> the variant (of the same round) this one is divided by
-    refs: dict[str, str]
-
-    def __init__(self) -> None:
-        self.refs = {}
-
-    async def setup(self) -> None:
-        pass
-
-    async def loop(self, n: int) -> None:
-        raise NotImplementedError
-
-    async def before_round(self) -> None:
-        """Untimed, before each timed ``loop``."""
-
-    async def after_round(self) -> None:
-        """Untimed, after each timed ``loop``."""
-
-    async def teardown(self) -> None:
-        pass
 
 
 class PgSelect(Variant):
@@ -236,27 +203,6 @@ class MyRaw(Variant):
         self.conn.close()
 
 
-class RedisRaw(Variant):
-    backend = "redis"
-
-    def __init__(self, url: str, key: str) -> None:
-        super().__init__()
-        self.name = "Redis raw floor: redis.asyncio SET NX PX + EVALSHA"
-        self.client = redis.asyncio.Redis.from_url(url)
-        self.key, self.sha = key, ""
-
-    async def setup(self) -> None:
-        self.sha = await self.client.script_load(RELEASE_SCRIPT)
-
-    async def loop(self, n: int) -> None:
-        misses = await redis_floor_pairs(self.client, self.sha, self.key, n)
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
-
-    async def teardown(self) -> None:
-        await self.client.aclose()
-
-
 class StateVariant(Variant):
     """Opens an asynclock state of ``backend`` in setup, closes it in teardown."""
 
@@ -418,68 +364,14 @@ class DedupeRaw(Variant):
 # -- running interleaved rounds ------------------------------------------------------------------
 
 
-async def _setup_all(variants: list[Variant], rounds: Rounds, part: str) -> list[Variant]:
-    live: list[Variant] = []
-    for variant in variants:
-        rounds.declare(variant.name)
-        try:
-            await variant.setup()
-            await variant.loop(WARMUP)
-        except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-            rounds.skip(variant.name, f"{type(exc).__name__}: {exc}".splitlines()[0])
-            log(f"sql {part}: {variant.name} skipped: {exc!r}")
-            await _teardown(variant)
-        else:
-            live.append(variant)
-    return live
-
-
-async def _teardown(variant: Variant) -> None:
-    try:
-        await variant.teardown()
-    except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-        log(f"sql: teardown of {variant.name} failed: {exc!r}")
-
-
 async def interleave(
-    variants: list[Variant], rounds: Rounds, n: int, rounds_n: int, part: str, unit: str
+    variants: list[Variant], rounds: Rounds, n: int, rounds_n: int, part: str
 ) -> None:
-    live = await _setup_all(variants, rounds, part)
-    try:
-        for r in range(rounds_n):
-            per_round: dict[str, dict[str, float]] = {}
-            for variant in rotated(live, r):
-                try:
-                    await variant.before_round()
-                    gc.collect()
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    await variant.loop(n)
-                    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                    await variant.after_round()
-                except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-                    rounds.skip(variant.name, f"{type(exc).__name__}: {exc}".splitlines()[0])
-                    log(f"sql {part}: {variant.name} failed, dropped: {exc!r}")
-                    live.remove(variant)
-                    await _teardown(variant)
-                    continue
-                per_round[variant.name] = {
-                    "rate": n / wall,
-                    "us": wall / n * 1e6,
-                    "cpu_us": cpu / n * 1e6,
-                }
-            for variant in live:
-                metrics = per_round.get(variant.name)
-                if metrics is None:
-                    continue
-                for tag, ref in variant.refs.items():
-                    if ref in per_round:
-                        metrics[f"x_{tag}"] = metrics["rate"] / per_round[ref]["rate"]
-                rounds.add(variant.name, metrics)
-            summary = ", ".join(f"{short(k)}: {m['rate']:,.0f}" for k, m in per_round.items())
-            log(f"sql {part} round {r + 1}/{rounds_n} ({unit}): {summary}")
-    finally:
-        for variant in live:
-            await _teardown(variant)
+    """The harness's interleaved rounds, warmed with :data:`WARMUP` operations."""
+    scenario = f"sql {part}"
+    await _interleave(
+        variants, rounds, n=n, rounds_n=rounds_n, scenario=scenario, warmup=WARMUP, label=short
+    )
 
 
 def short(label: str) -> str:

@@ -11,8 +11,8 @@ import redis.asyncio
 from benchmarks.harness import progress as _progress
 from benchmarks.harness.env import Asynclock, CommandCounter, Config, StateLike, log, now_utc, short
 from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
-from benchmarks.harness.rounds import rotated
-from benchmarks.harness.scenario import Scenario
+from benchmarks.harness.rounds import rotated, teardown
+from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.stats import fmt
 
 if TYPE_CHECKING:
@@ -30,13 +30,18 @@ def label(variant: str, phase: str) -> str:
     return f"{variant}, {phase}"
 
 
-class _Variant:
+class Checker(Variant):
     """One way of asking "first time?": ``check(id)`` answers True for a new id."""
 
     def __init__(self, name: str, n: int, redis_side: bool) -> None:
+        super().__init__()
         self.name, self.n, self.redis_side = name, n, redis_side
         self.check: Callable[[str], Awaitable[bool]] | None = None
         self.close: Callable[[], Awaitable[None]] | None = None
+
+    async def teardown(self) -> None:
+        if self.close is not None:
+            await self.close()
 
 
 def _plain() -> Callable[[str], Awaitable[bool]]:
@@ -80,10 +85,10 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     rounds_n = cfg.rounds_or(5, 3)
     rounds = Rounds()
     variants = [
-        _Variant(PLAIN, mem_n, False),
-        _Variant(MEMORY, mem_n, False),
-        _Variant(FLOOR, red_n, True),
-        _Variant(REDIS, red_n, True),
+        Checker(PLAIN, mem_n, False),
+        Checker(MEMORY, mem_n, False),
+        Checker(FLOOR, red_n, True),
+        Checker(REDIS, red_n, True),
     ]
     for v in variants:
         for phase in (NEW, DUP):
@@ -171,8 +176,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             bar.advance()
     await monitor.aclose()
     for v in variants:
-        if v.close is not None:
-            await v.close()
+        await teardown(v, "dedupe")
     try:
         for state in states:
             await state.aclose()

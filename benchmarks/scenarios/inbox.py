@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
+from benchmarks.harness.dispatching import SendCounter, chat_sdk
 from benchmarks.harness.env import Config, _dist_version, _git, log, now_utc
 from benchmarks.harness.report import Section
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import Spread, fmt, fmt_spread
 from benchmarks.scenarios import _inbox_peer as peer
-from benchmarks.scenarios.dispatcher import SendCounter, _chat_sdk
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -268,7 +268,7 @@ def _table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
 async def run(cfg: Config, api: Asynclock | str) -> Section:
     if isinstance(api, str):
         return Section("inbox", f"skipped: {api}\n")
-    sdk = _chat_sdk()
+    sdk = chat_sdk()
     if isinstance(sdk, str):
         return Section("inbox", f"skipped: the peer is missing: {sdk}\n")
     n = 500 if cfg.quick else 2000

@@ -25,14 +25,14 @@ import math
 import time
 import uuid
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
 from benchmarks.harness.env import Asynclock, CommandCounter, Config, log, now_utc, short
 from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
 from benchmarks.harness.rounds import rotated
-from benchmarks.harness.scenario import Scenario
+from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.stats import percentile
 
 if TYPE_CHECKING:
@@ -60,17 +60,23 @@ return 0
 GIVE = "return redis.call('ZREM', KEYS[1], ARGV[1])"
 
 
-class Variant(Protocol):
-    name: str
+class Permits(Variant):
+    """A row of this scenario: a semaphore's blocking take and its give-back."""
 
-    async def acquire(self) -> Any: ...
-    async def release(self, handle: Any) -> None: ...
+    async def acquire(self) -> Any:
+        """Take a permit, waiting for one; a handle for :meth:`release`."""
+        raise NotImplementedError
+
+    async def release(self, handle: Any) -> None:
+        """Give the permit of ``handle`` back."""
+        raise NotImplementedError
 
 
-class AsynclockVariant:
+class AsynclockVariant(Permits):
     name = ASYNCLOCK
 
     def __init__(self, api: Asynclock, state: Any, key: str) -> None:
+        super().__init__()
         self.cls, self.state, self.key = api.module.Semaphore, state, key
 
     async def acquire(self) -> Any:
@@ -82,10 +88,11 @@ class AsynclockVariant:
         await handle.release()
 
 
-class PyRedisSemaphoreVariant:
+class PyRedisSemaphoreVariant(Permits):
     name = PY_REDIS_SEMAPHORE
 
     def __init__(self, module: Any, client: redis.asyncio.Redis, key: str) -> None:
+        super().__init__()
         self.module, self.client, self.key = module, client, key
 
     async def acquire(self) -> Any:
@@ -100,10 +107,11 @@ class PyRedisSemaphoreVariant:
         await handle.arelease()
 
 
-class RedisLimitersVariant:
+class RedisLimitersVariant(Permits):
     name = REDIS_LIMITERS
 
     def __init__(self, module: Any, client: redis.asyncio.Redis, key: str) -> None:
+        super().__init__()
         self.module, self.client, self.key = module, client, key
 
     async def acquire(self) -> Any:
@@ -117,10 +125,11 @@ class RedisLimitersVariant:
         await handle.__aexit__(None, None, None)
 
 
-class FloorVariant:
+class FloorVariant(Permits):
     name = FLOOR
 
     def __init__(self, client: redis.asyncio.Redis, key: str) -> None:
+        super().__init__()
         self.client, self.key = client, key
         self.take = client.register_script(TAKE)
         self.give = client.register_script(GIVE)
@@ -139,12 +148,12 @@ class FloorVariant:
 # -- the workloads -------------------------------------------------------------------------------
 
 
-async def pairs(variant: Variant, n: int) -> None:
+async def pairs(variant: Permits, n: int) -> None:
     for _ in range(n):
         await variant.release(await variant.acquire())
 
 
-async def contend(variant: Variant, cycles: int, timeout: float) -> dict[str, float]:
+async def contend(variant: Permits, cycles: int, timeout: float) -> dict[str, float]:
     """``TASKS`` tasks x ``cycles`` acquire / one yield inside / release; the metrics."""
     events: list[tuple[int, float, float, float]] = []  # task, called, acquired, left
     inside = most = 0
@@ -211,9 +220,9 @@ def analyze(
 # -- the scenario --------------------------------------------------------------------------------
 
 
-def _peers(cfg: Config, client: redis.asyncio.Redis, tag: str) -> tuple[list[Variant], list[str]]:
+def _peers(cfg: Config, client: redis.asyncio.Redis, tag: str) -> tuple[list[Permits], list[str]]:
     """The peer variants on keys of ``tag``, and why any is missing."""
-    variants: list[Variant] = [FloorVariant(client, cfg.key("semaphore", tag, "floor"))]
+    variants: list[Permits] = [FloorVariant(client, cfg.key("semaphore", tag, "floor"))]
     missing = []
     try:
         import redis_semaphore

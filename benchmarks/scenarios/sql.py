@@ -30,6 +30,7 @@ from benchmarks.harness.env import (
     log,
     now_utc,
 )
+from benchmarks.harness.pairs import RedisFloor
 from benchmarks.harness.report import (
     Column,
     Headlines,
@@ -39,7 +40,7 @@ from benchmarks.harness.report import (
     table,
     violations,
 )
-from benchmarks.harness.scenario import Scenario
+from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.sql_server import (
     LABEL,
     MYSQL_URL,
@@ -74,12 +75,13 @@ from benchmarks.scenarios._sql_variants import (
     MySelect,
     PgRaw,
     PgSelect,
-    RedisRaw,
-    Variant,
     interleave,
 )
 
 # -- the scenario ----------------------------------------------------------------------------------
+
+
+RAW_FLOOR = "Redis raw floor: redis.asyncio SET NX PX + EVALSHA"
 
 
 async def run(cfg: Config, api: Asynclock | str) -> Section:
@@ -113,10 +115,10 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                 r.skip("asynclock", api)
         else:
             variants = _pair_variants(api, cfg, prefix)
-            await interleave(variants, uncontended, n, rounds_n, "uncontended", "pairs/s")
+            await interleave(variants, uncontended, n, rounds_n, "uncontended")
             contention = await run_contention(cfg, api, prefix, urls, cfg.rounds_or(5, 3))
             dedupe_variants = _dedupe_variants(api, prefix)
-            await interleave(dedupe_variants, dedupe, n, rounds_n, "dedupe", "ops/s")
+            await interleave(dedupe_variants, dedupe, n, rounds_n, "dedupe")
     finally:
         cleaned = await cleanup(prefix)
         log(f"sql: deleted this run's rows: {cleaned}")
@@ -147,7 +149,7 @@ def _pair_variants(api: Asynclock, cfg: Config, prefix: str) -> list[Variant]:
         pg_fast.refs.update(raw=pg_raw_other.name, select=pg_sel.name)
     my_sel, my_raw = MySelect(), MyRaw(prefix, "mysql:raw")
     my = AsynclockPairs(api, "mysql", MYSQL_URL, prefix, "mysql:uncontended")
-    rd_raw = RedisRaw(cfg.url, prefix + "redis:raw")
+    rd_raw = RedisFloor(RAW_FLOOR, cfg.url, prefix + "redis:raw")
     rd = AsynclockPairs(api, "redis", cfg.url, prefix, "redis:uncontended")
     for v, raw, sel in ((pg, pg_raw, pg_sel), (my, my_raw, my_sel), (rd, rd_raw, None)):
         v.refs["raw"] = raw.name

@@ -23,22 +23,21 @@ import contextlib
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.harness.env import Asynclock, Config, _dist_version, _git, log, now_utc
+from benchmarks.harness.dispatching import (
+    AsynclockDispatcher,
+    ChatSdk,
+    Dispatching,
+    chat_sdk,
+    drive,
+    events,
+    time_variant,
+)
+from benchmarks.harness.env import Asynclock, Config, _dist_version, _git, log, now_utc, short
 from benchmarks.harness.report import Column, Rounds, Section, table
+from benchmarks.harness.rounds import teardown
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.sql_server import MYSQL_URL, PG_URL, pg_connect
 from benchmarks.harness.sql_server import cleanup as sql_cleanup
-from benchmarks.scenarios.dispatcher import (
-    AsynclockDispatcher,
-    ChatSdk,
-    Variant,
-    _chat_sdk,
-    _drive,
-    _events,
-    _plain,
-    _teardown,
-    time_variant,
-)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -107,7 +106,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     for name in ROWS:
         rounds.declare(name)
     prefix = cfg.key("sql-dispatcher") + ":"
-    variants: list[Variant] = []
+    variants: list[Dispatching] = []
     if isinstance(api, str):
         rounds.skip(P_ASYNCLOCK, api)
         rounds.skip(M_ASYNCLOCK, api)
@@ -124,7 +123,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             AsynclockDispatcher(P_ASYNCLOCK, api, pg_state, burst=False, redis=False),
             AsynclockDispatcher(M_ASYNCLOCK, api, mysql_state, burst=False, redis=False),
         ]
-    sdk = _chat_sdk()
+    sdk = chat_sdk()
     try:
         adapter = importlib.import_module("chat_sdk.state.postgres").PostgresStateAdapter
     except Exception as exc:  # noqa: BLE001 (reported, never fatal)
@@ -134,15 +133,15 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     else:
         variants.append(ChatSdkPostgres(sdk, cfg, adapter, prefix))
 
-    live: list[Variant] = []
+    live: list[Dispatching] = []
     for index, variant in enumerate(variants):
         try:
             await variant.setup()
-            await _drive(variant, _events(variant, f"warmup-v{index}", min(n, 200), keys))
+            await drive(variant, events(variant, f"warmup-v{index}", min(n, 200), keys))
         except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
             rounds.skip(variant.name, f"{type(exc).__name__}: {exc}")
-            log(f"sql-dispatcher: {_plain(variant.name)} skipped: {exc!r}")
-            await _teardown(variant)
+            log(f"sql-dispatcher: {short(variant.name)} skipped: {exc!r}")
+            await teardown(variant, "sql-dispatcher")
         else:
             live.append(variant)
 
@@ -152,7 +151,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         counts = await _count_statements(live, n, keys)
     finally:
         for variant in live:
-            await _teardown(variant)
+            await teardown(variant, "sql-dispatcher")
         await _cleanup(prefix)
     dirty = _git("status", "--porcelain", "--", "asynclock")
     commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes" if dirty else "")
@@ -161,7 +160,12 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
 
 
 async def _timed_rounds(
-    live: list[Variant], variants: list[Variant], rounds: Rounds, n: int, keys: int, rounds_n: int
+    live: list[Dispatching],
+    variants: list[Dispatching],
+    rounds: Rounds,
+    n: int,
+    keys: int,
+    rounds_n: int,
 ) -> None:
     for r in range(rounds_n):
         per_round: dict[str, dict[str, float]] = {}
@@ -171,7 +175,7 @@ async def _timed_rounds(
                 metrics = await time_variant(variant, f"r{r}v{variants.index(variant)}", n, keys)
             except Exception as exc:  # noqa: BLE001 (reported, never fatal)
                 rounds.skip(variant.name, f"{type(exc).__name__}: {exc}")
-                log(f"sql-dispatcher: {_plain(variant.name)} failed, dropped: {exc!r}")
+                log(f"sql-dispatcher: {short(variant.name)} failed, dropped: {exc!r}")
                 live.remove(variant)
                 continue
             per_round[variant.name] = metrics
@@ -180,22 +184,22 @@ async def _timed_rounds(
             mine["x_chat"] = mine["events_s"] / peer["events_s"]
         for name, metrics in per_round.items():
             rounds.add(name, metrics)
-        summary = ", ".join(f"{_plain(k)}: {m['events_s']:,.0f}/s" for k, m in per_round.items())
+        summary = ", ".join(f"{short(k)}: {m['events_s']:,.0f}/s" for k, m in per_round.items())
         log(f"sql-dispatcher round {r + 1}/{rounds_n}: {summary}")
 
 
-async def _count_statements(live: list[Variant], n: int, keys: int) -> Rounds:
+async def _count_statements(live: list[Dispatching], n: int, keys: int) -> Rounds:
     counts = Rounds()
     for name in ROWS:
         counts.declare(name)
     counter = StatementCounter()
     for index, variant in enumerate(live):
-        per_key = _events(variant, f"count-v{index}", n, keys)
+        per_key = events(variant, f"count-v{index}", n, keys)
         variant.reset()
         statements, resets = counter.statements, counter.resets
         try:
             with counter.counting():
-                await _drive(variant, per_key)
+                await drive(variant, per_key)
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
             counts.skip(variant.name, f"{type(exc).__name__}: {exc}")
             continue
@@ -204,7 +208,7 @@ async def _count_statements(live: list[Variant], n: int, keys: int) -> Rounds:
             "resets_event": (counter.resets - resets) / n,
         }
         counts.add(variant.name, metrics)
-        log(f"sql-dispatcher: {_plain(variant.name)}: {metrics['statements_event']:.2f}/event")
+        log(f"sql-dispatcher: {short(variant.name)}: {metrics['statements_event']:.2f}/event")
     return counts
 
 

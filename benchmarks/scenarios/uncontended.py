@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gc
-import time
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 import redis.asyncio
@@ -15,14 +13,12 @@ from benchmarks.harness.env import (
     CommandCounter,
     Config,
     StateLike,
-    log,
     now_utc,
-    short,
 )
-from benchmarks.harness.pairs import lock_pairs, redis_floor_pairs
+from benchmarks.harness.pairs import RedisFloor, lock_pairs
 from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
-from benchmarks.harness.rounds import rotated
-from benchmarks.harness.scenario import Scenario
+from benchmarks.harness.rounds import Timed, interleave
+from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.stats import fmt
 
 if TYPE_CHECKING:
@@ -37,39 +33,11 @@ POTTERY = "pottery Redlock (sync, 1 master, one object reused, own loop)"
 WARMUP = 50
 
 
-class Variant(Protocol):
-    name: str
-
-    async def setup(self) -> None: ...
-    async def loop(self, n: int) -> None: ...
-    async def teardown(self) -> None: ...
-
-
-class AsyncFloor:
-    name = FLOOR
-
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.key = cfg.key("uncontended", "floor")
-        self.client = redis.asyncio.Redis.from_url(cfg.url)
-        self.sha = ""
-
-    async def setup(self) -> None:
-        self.sha = await self.client.script_load(RELEASE_SCRIPT)
-
-    async def loop(self, n: int) -> None:
-        misses = await redis_floor_pairs(self.client, self.sha, self.key, n)
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
-
-    async def teardown(self) -> None:
-        await self.client.aclose()
-
-
-class SyncFloor:
+class SyncFloor(Variant):
     name = SYNC_FLOOR
 
     def __init__(self, cfg: Config) -> None:
+        super().__init__()
         self.key = cfg.key("uncontended", "sync-floor")
         self.client = redis.Redis.from_url(cfg.url)
         self.sha = ""
@@ -87,22 +55,19 @@ class SyncFloor:
                 misses += 1
             if not evalsha(sha, 1, key, token):
                 misses += 1
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
+        self.passed(misses)
 
     async def teardown(self) -> None:
         self.client.close()
 
 
-class RedisPyLock:
+class RedisPyLock(Variant):
     name = REDISPY
 
     def __init__(self, cfg: Config) -> None:
+        super().__init__()
         self.key = cfg.key("uncontended", "redis-py")
         self.client = redis.asyncio.Redis.from_url(cfg.url)
-
-    async def setup(self) -> None:
-        pass
 
     async def loop(self, n: int) -> None:
         client, key, misses = self.client, self.key, 0
@@ -111,43 +76,36 @@ class RedisPyLock:
             if not await lock.acquire():
                 misses += 1
             await lock.release()
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires")
+        self.passed(misses)
 
     async def teardown(self) -> None:
         await self.client.aclose()
 
 
-class AsynclockRedis:
+class AsynclockRedis(Variant):
     name = ASYNCLOCK
 
     def __init__(self, cfg: Config, api: Asynclock) -> None:
+        super().__init__()
         self.key = cfg.key("uncontended", "asynclock")
         self.state: StateLike = api.redis_state(cfg.url, cfg.prefix)
         self.lock_cls = api.lock_factory()
 
-    async def setup(self) -> None:
-        pass
-
     async def loop(self, n: int) -> None:
-        misses = await lock_pairs(self.lock_cls, self.state, self.key, n)
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires")
+        self.passed(await lock_pairs(self.lock_cls, self.state, self.key, n))
 
     async def teardown(self) -> None:
         await self.state.aclose()
 
 
-class PythonRedisLock:
+class PythonRedisLock(Variant):
     name = PRL
 
     def __init__(self, cfg: Config, module: Any) -> None:
+        super().__init__()
         self.key = cfg.key("uncontended", "python-redis-lock")
         self.client = redis.Redis.from_url(cfg.url)
         self.lock_cls = module.Lock
-
-    async def setup(self) -> None:
-        pass
 
     async def loop(self, n: int) -> None:  # sync library: its own blocking loop
         lock_cls, client, key, misses = self.lock_cls, self.client, self.key, 0
@@ -156,14 +114,13 @@ class PythonRedisLock:
             if not lock.acquire():
                 misses += 1
             lock.release()
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires")
+        self.passed(misses)
 
     async def teardown(self) -> None:
         self.client.close()
 
 
-class PotteryRedlock:
+class PotteryRedlock(Variant):
     """pottery's documented usage: one ``Redlock`` per resource, reused for every acquire.
 
     pottery is sync and, even with one master, runs each acquire and release through a new
@@ -173,12 +130,10 @@ class PotteryRedlock:
     name = POTTERY
 
     def __init__(self, cfg: Config, module: Any) -> None:
+        super().__init__()
         self.client = redis.Redis.from_url(cfg.url)
         key = cfg.key("uncontended", "pottery")
         self.lock = module.Redlock(key=key, masters={self.client}, auto_release_time=30)
-
-    async def setup(self) -> None:
-        pass
 
     async def loop(self, n: int) -> None:  # sync library: its own blocking loop
         lock, misses = self.lock, 0
@@ -186,8 +141,7 @@ class PotteryRedlock:
             if not lock.acquire():
                 misses += 1
             lock.release()
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires")
+        self.passed(misses)
 
     async def teardown(self) -> None:
         self.client.close()
@@ -213,7 +167,8 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     n = 1000 if cfg.quick else 5000
     rounds_n = cfg.rounds_or(7, 3)
     rounds = Rounds()
-    variants: list[Variant] = [AsyncFloor(cfg), SyncFloor(cfg), RedisPyLock(cfg)]
+    floor = RedisFloor(FLOOR, cfg.url, cfg.key("uncontended", "floor"))
+    variants: list[Variant] = [floor, SyncFloor(cfg), RedisPyLock(cfg)]
     for name in (FLOOR, SYNC_FLOOR, REDISPY, ASYNCLOCK, PRL, POTTERY):
         rounds.declare(name)
     if isinstance(api, str):
@@ -231,69 +186,25 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     else:
         variants.append(PotteryRedlock(cfg, pottery))
 
-    live: list[Variant] = []
+    refs = {"redispy": REDISPY, "floor": FLOOR, "sync_floor": SYNC_FLOOR, "prl": PRL}
     for variant in variants:
-        try:
-            await variant.setup()
-            await variant.loop(WARMUP)
-        except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
-            rounds.skip(variant.name, f"{type(exc).__name__}: {exc}")
-            log(f"uncontended: {variant.name} skipped: {exc!r}")
-            await _teardown(variant)
-        else:
-            live.append(variant)
-
-    monitor = redis.asyncio.Redis.from_url(cfg.url)
-    counter = CommandCounter(monitor)
+        variant.refs = {**refs, "pottery": POTTERY}
     started = now_utc()
-    for r in range(rounds_n):
-        per_round: dict[str, dict[str, float]] = {}
-        order = rotated(live, r)
-        for variant in order:
-            gc.collect()
-            await counter.start()
-            t0, c0 = time.perf_counter(), time.process_time()
-            try:
-                await variant.loop(n)
-            except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-                rounds.skip(variant.name, f"{type(exc).__name__}: {exc}")
-                log(f"uncontended: {variant.name} failed, dropped: {exc!r}")
-                live.remove(variant)  # a variant that failed once is not run again
-                continue
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            commands = await counter.stop()
-            per_round[variant.name] = {
-                "pairs_s": n / wall,
-                "us_pair": wall / n * 1e6,
-                "cpu_us_pair": cpu / n * 1e6,
-                "cmds_pair": commands / n,
-            }
-        for metrics in per_round.values():
-            for ref, tag in (
-                (REDISPY, "redispy"),
-                (FLOOR, "floor"),
-                (SYNC_FLOOR, "sync_floor"),
-                (PRL, "prl"),
-                (POTTERY, "pottery"),
-            ):
-                if ref in per_round:
-                    metrics[f"x_{tag}"] = metrics["pairs_s"] / per_round[ref]["pairs_s"]
-                    metrics[f"t_{tag}"] = metrics["us_pair"] / per_round[ref]["us_pair"]
-        for name, metrics in per_round.items():
-            rounds.add(name, metrics)
-        summary = ", ".join(f"{short(k)}: {m['pairs_s']:,.0f}/s" for k, m in per_round.items())
-        log(f"uncontended round {r + 1}/{rounds_n}: {summary}")
-    for variant in live:
-        await _teardown(variant)
-    await monitor.aclose()
-    return _section(cfg, rounds, n, rounds_n, started)
-
-
-async def _teardown(variant: Variant) -> None:
+    monitor = redis.asyncio.Redis.from_url(cfg.url)
     try:
-        await variant.teardown()
-    except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-        log(f"uncontended: teardown of {variant.name} failed: {exc!r}")
+        await interleave(
+            variants,
+            rounds,
+            n=n,
+            rounds_n=rounds_n,
+            scenario="uncontended",
+            warmup=WARMUP,
+            names=Timed("pairs_s", "us_pair", "cpu_us_pair", "cmds_pair", time_ratios=True),
+            counter=CommandCounter(monitor),
+        )
+    finally:
+        await monitor.aclose()
+    return _section(cfg, rounds, n, rounds_n, started)
 
 
 def _section(cfg: Config, rounds: Rounds, n: int, rounds_n: int, started: str) -> Section:
