@@ -47,7 +47,7 @@ rounds. The machine is small and shared (the Redis server and the client run on 
 vCPUs), so single runs vary by ±30%: **compare the ratios taken within one run, not absolute
 numbers**, and do not carry the absolute numbers to other hardware.
 
-Regenerate everything (every table, `benchmarks/summary.json`, the targets table and
+Regenerate everything (every table, `benchmarks/summary/medians.json`, the targets table and
 the PNG plots in `docs/img/`) with one command:
 
 ```
@@ -89,7 +89,7 @@ python -m benchmarks aiogram --write    # ~2 min: EventIsolation vs aiogram's Re
 
 Each scenario's block below is replaced only when that scenario runs again; the notes block is
 hand-written and kept. `--write` also stores the run's numbers per scenario: the median, min and
-max of every metric in `benchmarks/summary.json` (committed; the targets table and the plots are
+max of every metric in `benchmarks/summary/medians.json` (committed; the targets table and the plots are
 drawn from it) and every round in `benchmarks/results/` (ignored by git); scenarios that did not
 run keep their entry. Long runs show a progress bar on stderr when it
 is a terminal (rich), plain lines otherwise. `--private-server` starts a throwaway `redis-server` on a free loopback
@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         "scenario",
         choices=[*SCENARIOS, "all", "plots"],
         help="a scenario, all of them, or plots: only redraw docs/img/*.png (and with --write "
-        "the targets and plots blocks) from benchmarks/summary.json",
+        "the targets and plots blocks) from benchmarks/summary/medians.json",
     )
     parser.add_argument("--state", default=DEFAULT_URL, help=f"Redis URL (default {DEFAULT_URL})")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and pairs (< 1 min)")

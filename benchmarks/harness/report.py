@@ -50,7 +50,7 @@ class Column:
     median_only: bool = False
 
 
-# what the running scenario tabulated, for benchmarks/results/ and the plots (``_results``)
+# what the running scenario tabulated, for the stored results and the plots (``results``)
 _RECORDED: list[Rounds] = []
 _RECORDED_DATA: dict[str, Any] = {}
 

@@ -7,7 +7,7 @@ with ``--write`` the command line stores them per scenario, next to the scenario
 
 * ``benchmarks/results/last-run.json``: every round (git ignores ``benchmarks/results/``: a run's
   output, for whoever wants to look at the rounds);
-* ``benchmarks/summary.json`` (committed): per scenario, table, variant and metric only
+* ``benchmarks/summary/medians.json`` (committed): per scenario, table, variant and metric only
   ``[median, min, max, rounds]``. The targets block and the plots are drawn from it, so running
   one scenario alone redraws them with the other scenarios' stored numbers.
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from benchmarks.harness.report import Rounds
 
 RESULTS = REPO / "benchmarks" / "results" / "last-run.json"
-SUMMARY = REPO / "benchmarks" / "summary.json"
+SUMMARY = REPO / "benchmarks" / "summary" / "medians.json"
 FORMAT = 2
 
 
@@ -102,17 +102,17 @@ def merge(
     return merged
 
 
-def _dump(value: Any, depth: int, pad: str = "") -> str:
+def dump(value: Any, depth: int, pad: str = "") -> str:
     """JSON expanded ``depth`` levels deep, compact below: one line per variant's metrics, so
     the summary stays small and reads well in a diff."""
     compact = depth == 0 or not isinstance(value, (dict, list)) or not value
     if compact:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     inner = pad + " "
     if isinstance(value, dict):
-        items = [f"{inner}{json.dumps(k)}: {_dump(v, depth - 1, inner)}" for k, v in value.items()]
+        items = [f"{inner}{json.dumps(k)}: {dump(v, depth - 1, inner)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-    items = [inner + _dump(v, depth - 1, inner) for v in value]
+    items = [inner + dump(v, depth - 1, inner) for v in value]
     return "[\n" + ",\n".join(items) + f"\n{pad}]"
 
 
@@ -124,7 +124,7 @@ def save(
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(raw, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     summary = merge(load(), {k: summarize(v) for k, v in snapshots.items()}, environment)
-    SUMMARY.write_text(_dump(summary, 6) + "\n", encoding="utf-8")
+    SUMMARY.write_text(dump(summary, 6) + "\n", encoding="utf-8")
     return summary
 
 

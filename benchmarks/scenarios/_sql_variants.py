@@ -40,16 +40,35 @@ DUPLICATE_IDS = 100
 WARMUP = 30
 
 
-class PgSelect(Variant):
-    backend = "postgres"
+class OnPostgres(Variant):
+    """A row on one asyncpg connection (``sync``: its synchronous_commit, None: the server's)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.name = "PostgreSQL floor: 2 x `SELECT 1` (asyncpg)"
-        self.conn: Any = None
+    backend = "postgres"
+    sync: str | None = "off"
+    conn: Any = None
 
     async def setup(self) -> None:
-        self.conn = await pg_connect(PG_URL)
+        self.conn = await pg_connect(PG_URL, self.sync)
+
+    async def teardown(self) -> None:
+        await self.conn.close()
+
+
+class OnMariaDB(Variant):
+    """A row on one aiomysql connection."""
+
+    backend = "mysql"
+    conn: Any = None
+
+    async def setup(self) -> None:
+        self.conn = await mysql_connect(MYSQL_URL)
+
+    async def teardown(self) -> None:
+        self.conn.close()
+
+
+class PgSelect(OnPostgres):
+    name = "PostgreSQL floor: 2 x `SELECT 1` (asyncpg)"
 
     async def loop(self, n: int) -> None:
         fetchval = self.conn.fetchval
@@ -57,19 +76,14 @@ class PgSelect(Variant):
             await fetchval("SELECT 1")
             await fetchval("SELECT 1")
 
-    async def teardown(self) -> None:
-        await self.conn.close()
-
 
 #: the statements' claim parameters set to "no claim" (PostgresState is a ClaimingState: its
 #: acquire and release can also record an event's dedupe claim; the floor records none)
 NO_CLAIM: dict[str, object] = {"claim_id": None, "claim_name": None, "claim_ttl_ms": 0}
 
 
-class PgRaw(Variant):
+class PgRaw(OnPostgres):
     """PostgresState's ``acquire`` + ``release`` statements on one asyncpg connection."""
-
-    backend = "postgres"
 
     def __init__(self, prefix: str, key: str, synchronous_commit: str | None) -> None:
         super().__init__()
@@ -78,13 +92,9 @@ class PgRaw(Variant):
         )
         self.sync = synchronous_commit
         self.full = prefix + key
-        self.conn: Any = None
         stmts = load_statements("postgres")
         self.acquire_sql, self.acquire_names = dollar(stmts["acquire"])
         self.release_sql, self.release_names = dollar(stmts["release"])
-
-    async def setup(self) -> None:
-        self.conn = await pg_connect(PG_URL, self.sync)
 
     async def loop(self, n: int) -> None:
         fetch, ident, full = self.conn.fetch, key_id(self.full), self.full
@@ -116,23 +126,11 @@ class PgRaw(Variant):
             }
             if not await fetch(self.release_sql, *[release[k] for k in self.release_names]):
                 misses += 1
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
-
-    async def teardown(self) -> None:
-        await self.conn.close()
+        self.passed(misses)
 
 
-class MySelect(Variant):
-    backend = "mysql"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.name = "MariaDB floor: 2 x `SELECT 1` (aiomysql)"
-        self.conn: Any = None
-
-    async def setup(self) -> None:
-        self.conn = await mysql_connect(MYSQL_URL)
+class MySelect(OnMariaDB):
+    name = "MariaDB floor: 2 x `SELECT 1` (aiomysql)"
 
     async def loop(self, n: int) -> None:
         cursor = await self.conn.cursor()
@@ -143,25 +141,16 @@ class MySelect(Variant):
             await cursor.fetchall()
         await cursor.close()
 
-    async def teardown(self) -> None:
-        self.conn.close()
 
-
-class MyRaw(Variant):
+class MyRaw(OnMariaDB):
     """MySQLState's ``acquire`` + ``release`` statements on one aiomysql connection."""
-
-    backend = "mysql"
 
     def __init__(self, prefix: str, key: str) -> None:
         super().__init__()
         self.name = "MariaDB raw floor: state's acquire + release statements"
         self.full = prefix + key
-        self.conn: Any = None
         stmts = load_statements("mysql")
         self.acquire_sql, self.release_sql = stmts["acquire"], stmts["release"]
-
-    async def setup(self) -> None:
-        self.conn = await mysql_connect(MYSQL_URL)
 
     async def loop(self, n: int) -> None:
         cursor = await self.conn.cursor()
@@ -196,11 +185,7 @@ class MyRaw(Variant):
             if cursor.rowcount != 1:
                 misses += 1
         await cursor.close()
-        if misses:
-            raise RuntimeError(f"{self.name}: {misses} failed acquires/releases")
-
-    async def teardown(self) -> None:
-        self.conn.close()
+        self.passed(misses)
 
 
 class StateVariant(Variant):

@@ -21,9 +21,9 @@ until its last one closed, minus the same cell run without the measured events (
 warm-up and shutdown cancel out). Beside them, on PostgreSQL: accepts/s from 8 producer
 processes while 4 workers drain, and one worker draining 1,000 events over 20 keys.
 
-``--write`` stores the run in ``benchmarks/results/inbox-scale.json`` under the commit of the
-last change to ``asynclock/`` (so before and after a change stay side by side), redraws
-``docs/img/inbox-scale.png`` and the doc block from every stored run.
+``--write`` stores the run in ``benchmarks/summary/inbox-scale.json`` under the commit of the
+last change to ``asynclock/`` (so before and after a change stay side by side) and redraws the
+doc block from every stored run (``--plots`` also ``docs/img/inbox-scale.png``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import redis.asyncio
 
 from benchmarks.harness.env import REPO, _git, log, now_utc
 from benchmarks.harness.report import Section, kv_table
+from benchmarks.harness.results import dump
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.servers import configured_url
 from benchmarks.harness.spawn import Children
@@ -79,7 +80,8 @@ WARM = 20
 #: seconds after the last handling before a window closes (the last steps and blocking waits)
 SETTLE = 0.3
 PRODUCERS, LISTENING = 8, 4
-RESULTS = REPO / "benchmarks" / "results" / "inbox-scale.json"
+#: every stored run, one per commit of asynclock/ (committed: the doc block shows them side by side)
+RESULTS = REPO / "benchmarks" / "summary" / "inbox-scale.json"
 #: a comma-separated list of series to run (default: all); with ``--write`` they replace their
 #: cells in the stored run of the same commit
 SERIES_ENV = "ASYNCLOCK_BENCH_SCALE_SERIES"
@@ -438,13 +440,8 @@ def _save(record: dict[str, Any]) -> None:
             merged["extras"] = record["extras"] or same[0].get("extras", [])
             merged["started"] = min(same[0]["started"], record["started"])
         runs = [*_others(record), merged]
-        text = json.dumps({"format": 1, "runs": runs}, indent=1, allow_nan=True)
-        RESULTS.write_text(text + "\n")
+        RESULTS.write_text(dump({"format": 1, "runs": runs}, 4) + "\n")
     log(f"inbox-scale: wrote {RESULTS}")
-    from benchmarks.harness import results as _results  # _plots draws from this module's record
-    from benchmarks.views import plots as _plots
-
-    _plots.render(_results.View(_results.load()), only="inbox-scale.png")
 
 
 def _asynclock_commit() -> str:

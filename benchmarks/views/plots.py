@@ -1,4 +1,4 @@
-"""PNG charts of the stored results (``benchmarks/results/last-run.json``) into ``docs/img/``.
+"""PNG charts of the stored summary (``benchmarks/summary/``) into ``docs/img/``.
 
 matplotlib with the Agg backend (no display needed). Every chart shows the median over the
 rounds with a min-max whisker, so a chart says what the tables say. A chart whose scenario has
@@ -410,9 +410,8 @@ CHARTS: dict[str, tuple[str, Callable[[View, Any], Any]]] = {
 }
 
 
-def render(view: View, out: Path = IMG, only: str | None = None) -> list[tuple[str, str]]:
-    """Write every chart that has data (``only``: that one); returns (file name, caption) of
-    those written."""
+def render(view: View, out: Path = IMG) -> list[tuple[str, str]]:
+    """Write every chart that has data; returns (file name, caption) of those written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,8 +420,6 @@ def render(view: View, out: Path = IMG, only: str | None = None) -> list[tuple[s
     out.mkdir(parents=True, exist_ok=True)
     written: list[tuple[str, str]] = []
     for filename, (caption, draw) in CHARTS.items():
-        if only is not None and filename != only:
-            continue
         try:
             fig = draw(view, plt)
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
@@ -446,8 +443,8 @@ def markdown(written: list[tuple[str, str]]) -> str:
         "",
         (
             "Drawn by `python -m benchmarks plots` (or `--plots` on a run) from "
-            "`benchmarks/results/last-run.json`, the raw per-round numbers that `--write` stores "
-            "with the tables below. Bars are medians over the rounds, whiskers min-max; red is "
+            "`benchmarks/summary/`, the medians and ranges that `--write` stores with the "
+            "tables below. Bars are medians over the rounds, whiskers min-max; red is "
             "asynclock, grey its peers, blue the raw redis.asyncio floor, green the in-process "
             "ideal."
         ),

@@ -1,6 +1,6 @@
 """The ``targets`` block of docs/benchmarks.md: issues #6 and #16 against the stored results.
 
-Every verdict is computed here from ``benchmarks/results/last-run.json``, never written by hand;
+Every verdict is computed here from ``benchmarks/summary/medians.json``, never written by hand;
 a scenario that has not stored its numbers yet gives ``n/a``. #16's targets have a floor (what
 the issue requires) and some a goal beyond it: the verdict is on the floor and says whether the
 goal is reached too.
@@ -450,7 +450,7 @@ def markdown(view: View) -> str:
         "",
         (
             "The targets of issues #6 and #16 against the stored results of the last run of "
-            "each scenario (`benchmarks/results/last-run.json`; cells are median (min-max) over "
+            "each scenario (`benchmarks/summary/medians.json`; cells are median (min-max) over "
             "the rounds). Written by `--write` from the numbers, not by hand."
         ),
         "",
