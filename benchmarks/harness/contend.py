@@ -35,6 +35,7 @@ class Outcome:
     counter_violations: int
     started: float
     timed_out: bool = False
+    most_inside: int = 0  # the most tasks seen in the critical section at once
 
 
 async def contend(
@@ -46,29 +47,31 @@ async def contend(
     first_worker: int = 0,
     timeout: float = 120.0,
     start: Callable[[], float] | None = None,
+    limit: int = 1,
 ) -> Outcome:
     """``workers`` tasks each do ``cycles`` acquire / critical section / release cycles.
 
     The critical section increments an in-section counter, yields once with
-    ``await asyncio.sleep(0)`` and decrements it; seeing the counter above 1 is a violation.
+    ``await asyncio.sleep(0)`` and decrements it; seeing the counter above ``limit`` (1 for a
+    lock, the permits for a semaphore) is a violation.
     All tasks are created and parked before the clock starts. ``start`` (if given) is called
     once every task is parked, and returns the start time (it may block, for processes).
     """
     events: list[Event] = []
-    inside = 0
-    violations = 0
+    inside = most = violations = 0
     gate = asyncio.Event()
     perf = time.perf_counter
 
     async def worker(wid: int) -> None:
-        nonlocal inside, violations
+        nonlocal inside, most, violations
         await gate.wait()
         for _ in range(cycles):
             t_call = perf()
             handle = await contender.acquire()
             t_acq = perf()
             inside += 1
-            if inside > 1:
+            most = max(most, inside)
+            if inside > limit:
                 violations += 1
             await asyncio.sleep(0)
             inside -= 1
@@ -85,7 +88,7 @@ async def contend(
         await asyncio.wait_for(asyncio.gather(*tasks), timeout)
     except asyncio.TimeoutError:
         timed_out = True
-    return Outcome(events, violations, started, timed_out)
+    return Outcome(events, violations, started, timed_out, most)
 
 
 def contend_threads(

@@ -230,6 +230,14 @@ def _mem_total() -> str:
     return "unknown"
 
 
+def optional(module: str, package: str) -> Any | str:
+    """``module`` imported, or why not (a peer library this run has not installed)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        return f"{package} not installed ({exc}); pip install {package}"
+
+
 def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

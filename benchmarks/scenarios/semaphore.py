@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
+from benchmarks.harness.contend import contend as harness_contend
 from benchmarks.harness.env import Asynclock, CommandCounter, Config, log, now_utc, short
 from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
 from benchmarks.harness.rounds import rotated
@@ -155,32 +156,11 @@ async def pairs(variant: Permits, n: int) -> None:
 
 async def contend(variant: Permits, cycles: int, timeout: float) -> dict[str, float]:
     """``TASKS`` tasks x ``cycles`` acquire / one yield inside / release; the metrics."""
-    events: list[tuple[int, float, float, float]] = []  # task, called, acquired, left
-    inside = most = 0
-    gate = asyncio.Event()
-    perf = time.perf_counter
-
-    async def worker(wid: int) -> None:
-        nonlocal inside, most
-        await gate.wait()
-        for _ in range(cycles):
-            called = perf()
-            handle = await variant.acquire()
-            acquired = perf()
-            inside += 1
-            most = max(most, inside)
-            await asyncio.sleep(0)
-            inside -= 1
-            left = perf()
-            await variant.release(handle)
-            events.append((wid, called, acquired, left))
-
-    tasks = [asyncio.create_task(worker(w)) for w in range(TASKS)]
-    await asyncio.sleep(0)
-    started = perf()
-    gate.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout)
-    return analyze(events, started, most)
+    run = await harness_contend(variant, workers=TASKS, cycles=cycles, timeout=timeout, limit=LIMIT)
+    if run.timed_out:
+        raise TimeoutError(f"{variant.name}: not done within {timeout:.0f} s")
+    events = [(wid, called, acquired, left) for wid, _, called, acquired, left, _ in run.events]
+    return analyze(events, run.started, run.most_inside)
 
 
 def analyze(

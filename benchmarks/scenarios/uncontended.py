@@ -14,6 +14,7 @@ from benchmarks.harness.env import (
     Config,
     StateLike,
     now_utc,
+    optional,
 )
 from benchmarks.harness.pairs import RedisFloor, lock_pairs
 from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
@@ -147,22 +148,6 @@ class PotteryRedlock(Variant):
         self.client.close()
 
 
-def _pottery() -> Any | str:
-    try:
-        import pottery
-    except ImportError as exc:
-        return f"pottery not installed ({exc}); pip install pottery"
-    return pottery
-
-
-def _python_redis_lock() -> Any | str:
-    try:
-        import redis_lock
-    except ImportError as exc:
-        return f"python-redis-lock not installed ({exc}); pip install python-redis-lock"
-    return redis_lock
-
-
 async def run(cfg: Config, api: Asynclock | str) -> Section:
     n = 1000 if cfg.quick else 5000
     rounds_n = cfg.rounds_or(7, 3)
@@ -171,20 +156,16 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     variants: list[Variant] = [floor, SyncFloor(cfg), RedisPyLock(cfg)]
     for name in (FLOOR, SYNC_FLOOR, REDISPY, ASYNCLOCK, PRL, POTTERY):
         rounds.declare(name)
-    if isinstance(api, str):
-        rounds.skip(ASYNCLOCK, api)
-    else:
-        variants.append(AsynclockRedis(cfg, api))
-    prl = _python_redis_lock()
-    if isinstance(prl, str):
-        rounds.skip(PRL, prl)
-    else:
-        variants.append(PythonRedisLock(cfg, prl))
-    pottery = _pottery()
-    if isinstance(pottery, str):
-        rounds.skip(POTTERY, pottery)
-    else:
-        variants.append(PotteryRedlock(cfg, pottery))
+    peers = (
+        (ASYNCLOCK, AsynclockRedis, api),
+        (PRL, PythonRedisLock, optional("redis_lock", "python-redis-lock")),
+        (POTTERY, PotteryRedlock, optional("pottery", "pottery")),
+    )
+    for name, row, module in peers:
+        if isinstance(module, str):
+            rounds.skip(name, module)
+        else:
+            variants.append(row(cfg, module))
 
     refs = {"redispy": REDISPY, "floor": FLOOR, "sync_floor": SYNC_FLOOR, "prl": PRL}
     for variant in variants:
