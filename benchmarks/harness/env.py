@@ -129,7 +129,7 @@ def require_asynclock() -> Asynclock:
     module = importlib.import_module("asynclock")
     for name in ("AsyncLock", "RedisState", "MemoryState"):
         getattr(module, name)
-    version = getattr(module, "__version__", None) or _dist_version("asynclock")
+    version = getattr(module, "__version__", None) or dist_version("asynclock")
     return Asynclock(module, str(version))
 
 
@@ -192,14 +192,14 @@ async def delete_run_keys(client: redis.asyncio.Redis, run_id: str) -> int:
 # --- versions -----------------------------------------------------------------------------------
 
 
-def _dist_version(name: str) -> str:
+def dist_version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
     try:
         out = subprocess.run(
             ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
@@ -207,6 +207,12 @@ def _git(*args: str) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip()
+
+
+def commit(changed: str = " + uncommitted changes") -> str:
+    """HEAD's short hash, and ``changed`` when asynclock/ has uncommitted changes."""
+    dirty = git("status", "--porcelain", "--", "asynclock")
+    return git("rev-parse", "--short", "HEAD") + (changed if dirty else "")
 
 
 def _cpu_model() -> str:
@@ -253,8 +259,6 @@ async def environment_facts(
             server = f"{info.get('redis_version')} ({info.get('multiplexing_api')})"
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
             server = f"unknown ({type(exc).__name__})"
-    commit = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "--", "asynclock")
     if isinstance(api, str):
         lock_version = api
     else:
@@ -269,16 +273,15 @@ async def environment_facts(
         ),
         ("python", f"{platform.python_implementation()} {platform.python_version()}"),
         ("event loop", "asyncio default (selector); no uvloop"),
-        ("state", _redact(url)),
+        ("state", redact(url)),
         ("redis-server", server),
-        ("redis-py", _dist_version("redis")),
-        ("hiredis", _dist_version("hiredis")),
-        ("python-redis-lock", _dist_version("python-redis-lock")),
-        ("pottery", _dist_version("pottery")),
+        ("redis-py", dist_version("redis")),
+        ("hiredis", dist_version("hiredis")),
+        ("python-redis-lock", dist_version("python-redis-lock")),
+        ("pottery", dist_version("pottery")),
         (
             "asynclock",
-            f"{lock_version}, git {commit}"
-            + (" + uncommitted changes in asynclock/" if dirty else ""),
+            f"{lock_version}, git {commit(' + uncommitted changes in asynclock/')}",
         ),
     ]
 
@@ -293,10 +296,10 @@ async def general_facts(cfg: Config, api: Asynclock | str) -> list[tuple[str, st
         await client.aclose()
     wanted = {"machine", "python", "event loop", "asynclock", "redis-server"}
     out = [(k, v) for k, v in general if k in wanted]
-    return [*out, ("Redis server URL", _redact(cfg.url))]
+    return [*out, ("Redis server URL", redact(cfg.url))]
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 from benchmarks.harness.env import (
     Asynclock,
-    _redact,
+    redact,
 )
 
 PG_URL = os.environ.get("ASYNCLOCK_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -174,7 +174,7 @@ async def pg_facts(url: str, commit: str | None) -> list[tuple[str, str]]:
         f"{r['name']}={r['setting']}{' x ' + r['unit'] if r['unit'] else ''}" for r in rows
     )
     return [
-        ("PostgreSQL server", f"{version} at `{_redact(url)}`"),
+        ("PostgreSQL server", f"{version} at `{redact(url)}`"),
         ("PostgreSQL server settings (pg_settings)", settings),
         ("PostgreSQL session settings", pg_session_text(commit)),
     ]
@@ -210,7 +210,7 @@ async def mysql_facts(url: str) -> list[tuple[str, str]]:
         conn.close()
     settings = ", ".join(f"{name}={value}" for name, value in sorted(rows))
     return [
-        ("MariaDB/MySQL server", f"{version} at `{_redact(url)}`"),
+        ("MariaDB/MySQL server", f"{version} at `{redact(url)}`"),
         ("MariaDB/MySQL global variables", settings),
         (
             "MariaDB/MySQL session settings",

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
 import time
 import traceback
 from dataclasses import dataclass
@@ -31,9 +30,9 @@ import redis.asyncio
 
 from benchmarks.harness import progress as _progress
 from benchmarks.harness.env import (
-    REPO,
     Asynclock,
     Config,
+    commit,
     log,
     now_utc,
     require_asynclock,
@@ -214,7 +213,7 @@ async def _run(
         SINGLE: [redis.asyncio.Redis.from_url(cfg.url)]
     }
     urls = {SINGLE: cfg.url}
-    facts["asynclock"] = _commit()
+    facts["asynclock"] = "git " + commit(" + uncommitted changes in asynclock/")
     if cluster_url is not None:
         try:
             servers[CLUSTER] = await masters(cluster_url)
@@ -272,24 +271,6 @@ async def _run(
                 await client.aclose()
     record_data("setup", {"tasks": TASKS, "keys": KEYS, "window_s": window, **facts})
     return _section(cfg, rounds, rounds_n, window, cluster_url, private, facts, started)
-
-
-def _commit() -> str:
-    """The commit the run measured (and whether asynclock/ had uncommitted changes)."""
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
-            )
-        except (OSError, subprocess.SubprocessError):
-            return "unknown"
-        return done.stdout.strip()
-
-    dirty = git("status", "--porcelain", "--", "asynclock")
-    return f"git {git('rev-parse', '--short', 'HEAD')}" + (
-        " + uncommitted changes in asynclock/" if dirty else ""
-    )
 
 
 async def _round(

@@ -39,8 +39,8 @@ from benchmarks.harness.env import (
     Asynclock,
     CommandCounter,
     Config,
-    _dist_version,
-    _git,
+    commit,
+    dist_version,
     log,
     now_utc,
     short,
@@ -186,9 +186,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     trips = await _count_round_trips(cfg, redis_live, n, keys)
     for variant in live:
         await teardown(variant, "dispatcher")
-    dirty = _git("status", "--porcelain", "--", "asynclock")
-    commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes" if dirty else "")
-    versions = {"chat-sdk": _dist_version("chat-sdk"), "git": commit}
+    versions = {"chat-sdk": dist_version("chat-sdk"), "git": commit()}
     return _section(cfg, mem, red, trips, n, keys, rounds_n, started, versions)
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 
 from benchmarks.harness.dispatching import SendCounter, chat_sdk
-from benchmarks.harness.env import Config, _dist_version, _git, log, now_utc
+from benchmarks.harness.env import Config, dist_version, git, log, now_utc
 from benchmarks.harness.report import Section
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import Spread, fmt, fmt_spread
@@ -429,8 +429,8 @@ def _body(
             )
         )
     facts = (
-        f"Run {started} against {cfg.url} (chat-sdk {_dist_version('chat-sdk')}, "
-        f"redis-py {_dist_version('redis')}, git {_git('rev-parse', '--short', 'HEAD')}, "
+        f"Run {started} against {cfg.url} (chat-sdk {dist_version('chat-sdk')}, "
+        f"redis-py {dist_version('redis')}, git {git('rev-parse', '--short', 'HEAD')}, "
         f"1-minute load average {load:.1f} on 2 cores when it started); {rounds} rounds, "
         "interleaved; cells are median (min-max) over the rounds."
     )

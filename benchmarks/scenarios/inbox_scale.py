@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
 
-from benchmarks.harness.env import REPO, _git, log, now_utc
+from benchmarks.harness.env import REPO, git, log, now_utc
 from benchmarks.harness.report import Section, kv_table
 from benchmarks.harness.results import dump
 from benchmarks.harness.scenario import Scenario
@@ -446,8 +446,8 @@ def _save(record: dict[str, Any]) -> None:
 
 def _asynclock_commit() -> str:
     """The last commit that changed ``asynclock/`` (and whether it has uncommitted changes)."""
-    commit = _git("log", "-1", "--format=%h", "--", "asynclock")
-    dirty = _git("status", "--porcelain", "--", "asynclock")
+    commit = git("log", "-1", "--format=%h", "--", "asynclock")
+    dirty = git("status", "--porcelain", "--", "asynclock")
     return commit + ("+changes" if dirty else "")
 
 

@@ -25,7 +25,7 @@ from benchmarks.harness.env import (
     KEY_ROOT,
     Asynclock,
     Config,
-    _dist_version,
+    dist_version,
     general_facts,
     log,
     now_utc,
@@ -81,6 +81,9 @@ from benchmarks.scenarios._sql_variants import (
 # -- the scenario ----------------------------------------------------------------------------------
 
 
+#: what the targets view reads besides the scenario (the contended rows' names and shape)
+__all__ = ["PROCESSES", "RAW_FLOOR", "SCENARIO", "TASKS_PER_PROCESS", "multi_name", "run"]
+
 RAW_FLOOR = "Redis raw floor: redis.asyncio SET NX PX + EVALSHA"
 
 
@@ -130,7 +133,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
 
 def _drivers() -> str:
     return ", ".join(
-        f"{name} {_dist_version(name)}" for name in ("asyncpg", "aiomysql", "PyMySQL", "redis")
+        f"{name} {dist_version(name)}" for name in ("asyncpg", "aiomysql", "PyMySQL", "redis")
     )
 
 

@@ -32,7 +32,15 @@ from benchmarks.harness.dispatching import (
     events,
     time_variant,
 )
-from benchmarks.harness.env import Asynclock, Config, _dist_version, _git, log, now_utc, short
+from benchmarks.harness.env import (
+    Asynclock,
+    Config,
+    commit,
+    dist_version,
+    log,
+    now_utc,
+    short,
+)
 from benchmarks.harness.report import Column, Rounds, Section, table
 from benchmarks.harness.rounds import teardown
 from benchmarks.harness.scenario import Scenario
@@ -153,9 +161,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         for variant in live:
             await teardown(variant, "sql-dispatcher")
         await _cleanup(prefix)
-    dirty = _git("status", "--porcelain", "--", "asynclock")
-    commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes" if dirty else "")
-    versions = {"chat-sdk": _dist_version("chat-sdk"), "git": commit}
+    versions = {"chat-sdk": dist_version("chat-sdk"), "git": commit()}
     return _section(rounds, counts, n, keys, rounds_n, started, versions)
 
 

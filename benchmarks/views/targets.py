@@ -12,12 +12,12 @@ import math
 from typing import TYPE_CHECKING
 
 from benchmarks.harness.stats import Spread, fmt, fmt_spread
-from benchmarks.scenarios import _sql_contention
 from benchmarks.scenarios import contended as _contended
 from benchmarks.scenarios import dispatcher as _dispatcher
 from benchmarks.scenarios import held as _held
 from benchmarks.scenarios import memory as _memory
 from benchmarks.scenarios import memory_growth as _growth
+from benchmarks.scenarios import sql as _sql
 from benchmarks.scenarios import sql_dispatcher as _sql_dispatcher
 from benchmarks.scenarios import uncontended as _uncontended
 
@@ -349,17 +349,17 @@ def _sql_dispatcher_rows(view: View) -> list[list[str]]:
 
 
 def _mysql_handoff_row(view: View) -> list[str]:
-    sc, me = "sql", _sql_contention.multi_name("mysql")
+    sc, me = "sql", _sql.multi_name("mysql")
     target = (
         "MySQL/MariaDB cross-process handoff p50 <= 5 ms, p99 <= 20 ms "
-        f"({_sql_contention.PROCESSES} processes x {_sql_contention.TASKS_PER_PROCESS} tasks)"
+        f"({_sql.PROCESSES} processes x {_sql.TASKS_PER_PROCESS} tasks)"
     )
     p50 = view.spread(sc, me, "xg_p50")
     p99 = view.spread(sc, me, "xg_p99")
     if not p50.count:
         return [target, "n/a", NOT_RUN]
     measured = f"p50 {_s(p50, 2)} ms, p99 {_s(p99, 2)} ms"
-    pg = view.spread(sc, _sql_contention.multi_name("postgres"), "xg_p50")
+    pg = view.spread(sc, _sql.multi_name("postgres"), "xg_p50")
     if pg.count:
         measured += f" (PostgresState p50 {_s(pg, 2)} ms)"
     return [target, measured, MET if p50.median <= 5.0 and p99.median <= 20.0 else NOT_MET]
