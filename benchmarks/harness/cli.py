@@ -39,6 +39,8 @@ SCENARIOS: dict[str, Scenario] = {}
 #: PNGs too); set by :func:`main`
 _VIEWS: list[Callable[[View, bool], list[Section]]] = []
 
+#: the top of a new docs/benchmarks.md and of the stdout report; the doc's own text above its
+#: environment block (how to run what, hand-written) is kept by ``--write``
 PREAMBLE = """# Benchmarks
 
 asynclock against its peers, measured in one process on one machine and one Redis server, with
@@ -46,55 +48,6 @@ the variants interleaved round-robin in every round. Cells show **median (min-ma
 rounds. The machine is small and shared (the Redis server and the client run on the same two
 vCPUs), so single runs vary by ±30%: **compare the ratios taken within one run, not absolute
 numbers**, and do not carry the absolute numbers to other hardware.
-
-Regenerate everything (every table, `benchmarks/summary/medians.json`, the targets table and
-the PNG plots in `docs/img/`) with one command:
-
-```
-python -m benchmarks all --private-server --write --plots   # as below, own redis-server
-```
-
-Parts of it:
-
-```
-python -m benchmarks plots --write                  # plots + targets from the stored results
-python -m benchmarks memory-growth --write          # ~1 min: 1,000,000 keys, child processes
-python -m benchmarks dedupe --private-server        # ~30 s: Deduper checks/s
-python -m benchmarks all --quick                    # ~1 min, stdout only, shared server
-python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
-python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
-python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
-python -m benchmarks sql --quick     # ~20 s, stdout only
-python -m benchmarks inbox-sql --quick  # ~30 s: the durable inbox on PostgreSQL and MariaDB
-python -m benchmarks inbox-growth       # ~30 min (--quick ~8 min): 100,000 events per server
-                                        # backend, keys/rows left and a worker's RSS
-python -m benchmarks sql-dispatcher     # ~1 min: EventDispatcher on PostgreSQL vs chat-sdk's
-python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
-                                       # single Redis vs a private 3-master Redis Cluster
-python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
-python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
-                                        # every backend and redis-py's Lock
-python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox with 1-16
-                                          # worker processes on every backend, beside
-                                          # procrastinate and a Redis Streams group
-python -m benchmarks semaphore --write  # ~1 min: Semaphore vs py-redis-semaphore, redis-limiters
-python -m benchmarks supersede --write  # ~40 s: newer event -> ctx.superseded in another process,
-                                        # every backend, beside polling a flag every 250 ms
-python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
-                                        # each server (its own redis-server, database, user)
-python -m benchmarks aiogram --write    # ~2 min: EventIsolation vs aiogram's RedisEventIsolation,
-                                        # a burst and a 70 s handler (--quick: the burst only);
-                                        # not part of `all`
-```
-
-Each scenario's block below is replaced only when that scenario runs again; the notes block is
-hand-written and kept. `--write` also stores the run's numbers per scenario: the median, min and
-max of every metric in `benchmarks/summary/medians.json` (committed; the targets table and the plots are
-drawn from it) and every round in `benchmarks/results/` (ignored by git); scenarios that did not
-run keep their entry. Long runs show a progress bar on stderr when it
-is a terminal (rich), plain lines otherwise. `--private-server` starts a throwaway `redis-server` on a free loopback
-port, so the command counts are this run's own (a shared server also counts its other clients). The peer numbers these are compared with come from the same kind of
-machine (`shared/research/peer-lock-benchmarks.md`).
 """
 
 
@@ -233,7 +186,7 @@ async def _amain(args: argparse.Namespace) -> int:
     environment = "## Environment\n\n" + kv_table(facts) + "\n"
     headlines = [h for s in sections for h in s.headlines]
     extra = _finish(args, snapshots, facts)
-    report = [PREAMBLE.split("\nRegenerate")[0], environment]
+    report = [PREAMBLE, environment]
     if headlines:
         report.append("## Headline ratios\n\n" + kv_table(headlines) + "\n")
     report += [s.body + "\n" for s in [*extra, *sections]]

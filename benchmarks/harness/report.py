@@ -183,8 +183,9 @@ def write_doc(
     """Write ``docs/benchmarks.md``, block by block.
 
     Every block sits between ``<!-- name:start -->`` and ``<!-- name:end -->`` markers. Blocks of
-    scenarios that did not run this time keep their previous text, and the hand-written
-    ``notes`` block is never overwritten.
+    scenarios that did not run this time keep their previous text; the hand-written ``notes``
+    blocks and the text above the environment block (``preamble`` starts a new doc) are never
+    overwritten.
     """
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     fresh: dict[str, str] = {}
@@ -209,7 +210,9 @@ def write_doc(
 
     notes = _extract(old, "notes") or _DEFAULT_NOTES
     start, end = _markers("notes")
-    parts = [preamble.rstrip() + "\n", block("environment"), "## Headline ratios\n"]
+    top = _markers("environment")[0]
+    kept = old.split(top)[0].rstrip() if top in old else ""
+    parts = [(kept or preamble.rstrip()) + "\n", block("environment"), "## Headline ratios\n"]
     parts += [b for n in order if (b := block(f"headlines-{n}"))]
     parts.append(f"## Reading the numbers\n\n{start}\n{notes}{end}\n")
     # a scenario's hand-written "notes-<scenario>" block (if the doc has one) is kept below it
