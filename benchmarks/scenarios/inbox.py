@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import secrets
 import time
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio
@@ -95,21 +95,23 @@ async def _accepts(api: Any, cfg: Config, n: int, tag: str) -> tuple[float, floa
 async def _floor(cfg: Config, n: int, tag: str) -> float:
     """Accepts per second of the raw EVALSHA of the same script on one connection."""
     client = redis.asyncio.Redis.from_url(cfg.url, single_connection_client=True)
-    folder = resources.files("asynclock.state.redis")
-    text = "\n".join(
-        folder.joinpath(name).read_text(encoding="utf-8")
-        for name in ("_value.lua", "_listed.lua", "inbox_accept.lua")
-    )
-    script = client.register_script(text)
+    # asynclock's own composition of the script (its preludes change with the package)
+    from asynclock.state.redis._scripts import load_scripts
+
+    script = client.register_script(load_scripts()["inbox_accept"].text)
     prefix = cfg.key("inbox-floor", tag)
     ready, mark, wake = f"{prefix}:ready", f"{prefix}:listed", f"{prefix}:wake"
     t0 = time.perf_counter()
     for i in range(n):
         lock = f"{prefix}:{{k{i % KEYS}}}"
         base = f"{lock}:inbox"
-        keys = [base, f"{base}:seq", ready, f"{base}:claim:{i}", mark, lock]
-        # listing '': one server has one set of keys with work, always listed (_listed.lua)
-        args: list[str | int] = [f'{{"n":{i}}}', 10**6, 600_000, f"k{i % KEYS}", "1", "", wake]
+        claim, attempts, hold = f"{base}:claim:{i}", f"{base}:attempts", f"{base}:hold"
+        keys = [base, f"{base}:seq", ready, claim, mark, lock, attempts, hold]
+        # listing '': one server has one set of keys with work, always listed (_listed.lua);
+        # then the hand-out (_handout.lua): the lane, a fresh owner, its ttl_ms, the entry along
+        owner = f"inbox-handout:{secrets.token_hex(8)}"
+        args: list[str | int] = [f'{{"n":{i}}}', 10**6, 600_000, f"k{i % KEYS}", "1", ""]
+        args += [wake, owner, 30_000, "1"]
         await script(keys=keys, args=args)
     elapsed = time.perf_counter() - t0
     await client.aclose()
