@@ -22,6 +22,7 @@ from benchmarks.harness.env import (
     Asynclock,
     Config,
 )
+from benchmarks.harness.report import Column
 from benchmarks.harness.scenario import Variant
 
 if TYPE_CHECKING:
@@ -409,3 +410,12 @@ def chat_sdk() -> Any | str:
         LockError = errors.LockError
 
     return Sdk
+
+
+def rate_columns(rate: str = "events/s (dispatch calls)") -> list[Column]:
+    """The timing columns of every dispatcher table (what :func:`time_variant` measures)."""
+    return [
+        Column(rate, "events_s"),
+        Column("µs per event", "us_event", 1),
+        Column("client CPU µs per event", "cpu_us_event", 1),
+    ]

@@ -40,6 +40,25 @@ DUPLICATE_IDS = 100
 WARMUP = 30
 
 
+def acquire_args(ident: Any, full: str, owner: str) -> dict[str, Any]:
+    """The ``acquire`` statement's parameters of both backends: a fresh ``owner`` takes ``full``."""
+    mark = f"\n{owner}\n"
+    return {
+        "id": ident,
+        "name": full,
+        "owner": owner,
+        "mark": mark,
+        "ttl_ms": TTL_MS,
+        "waiter": None,
+    }
+
+
+def release_args(ident: Any, owner: str) -> dict[str, Any]:
+    """The ``release`` statement's parameters of both backends: no successor."""
+    release = {"id": ident, "owner": owner, "successor": None, "successor_mark": None}
+    return {**release, "successor_ttl_ms": 0, "reservation_ms": RESERVATION_MS}
+
+
 class OnPostgres(Variant):
     """A row on one asyncpg connection (``sync``: its synchronous_commit, None: the server's)."""
 
@@ -101,29 +120,12 @@ class PgRaw(OnPostgres):
         base, misses = owner_base(), 0
         for _ in range(n):
             owner = f"{base}:{secrets.token_hex(8)}"
-            acquire = {
-                **NO_CLAIM,
-                "id": ident,
-                "name": full,
-                "owner": owner,
-                "mark": f"\n{owner}\n",
-                "ttl_ms": TTL_MS,
-                "waiter": None,
-            }
+            acquire = {**NO_CLAIM, **acquire_args(ident, full, owner)}
             rows = await fetch(self.acquire_sql, *[acquire[k] for k in self.acquire_names])
             if not isinstance(rows[0][0], int):
                 misses += 1
-            release = {
-                **NO_CLAIM,
-                "id": ident,
-                "owner": owner,
-                "successor": None,
-                "successor_mark": None,
-                "successor_ttl_ms": 0,
-                "reservation_ms": RESERVATION_MS,
-                "channel": CHANNEL,
-                "payload": ident.hex(),
-            }
+            release = {**NO_CLAIM, **release_args(ident, owner), "channel": CHANNEL}
+            release["payload"] = ident.hex()
             if not await fetch(self.release_sql, *[release[k] for k in self.release_names]):
                 misses += 1
         self.passed(misses)
@@ -158,30 +160,10 @@ class MyRaw(OnMariaDB):
         base, misses = owner_base(), 0
         for _ in range(n):
             owner = f"{base}:{secrets.token_hex(8)}"
-            await cursor.execute(
-                self.acquire_sql,
-                {
-                    "id": ident,
-                    "name": full,
-                    "owner": owner,
-                    "mark": f"\n{owner}\n",
-                    "ttl_ms": TTL_MS,
-                    "waiter": None,
-                },
-            )
+            await cursor.execute(self.acquire_sql, acquire_args(ident, full, owner))
             if (cursor.lastrowid or 0) < 10**15:
                 misses += 1
-            await cursor.execute(
-                self.release_sql,
-                {
-                    "id": ident,
-                    "owner": owner,
-                    "successor": None,
-                    "successor_mark": None,
-                    "successor_ttl_ms": 0,
-                    "reservation_ms": RESERVATION_MS,
-                },
-            )
+            await cursor.execute(self.release_sql, release_args(ident, owner))
             if cursor.rowcount != 1:
                 misses += 1
         await cursor.close()

@@ -33,6 +33,7 @@ from benchmarks.harness.dispatching import (
     chat_sdk,
     drive,
     events,
+    rate_columns,
     time_variant,
 )
 from benchmarks.harness.env import (
@@ -246,17 +247,13 @@ def _section(
     versions: dict[str, str],
 ) -> Section:
     mem_cols = [
-        Column("events/s (dispatch calls)", "events_s"),
-        Column("µs per event", "us_event", 1),
-        Column("client CPU µs per event", "cpu_us_event", 1),
+        *rate_columns(),
         Column("÷ plain (throughput)", "x_plain", 2),
         Column("÷ chat-sdk (throughput)", "x_chat", 2),
         *_outcome_columns(),
     ]
     red_cols = [
-        Column("events/s (dispatch calls)", "events_s"),
-        Column("µs per event", "us_event", 1),
-        Column("client CPU µs per event", "cpu_us_event", 1),
+        *rate_columns(),
         Column("÷ floor, 1 connection", "x_floor1", 2),
         Column("÷ floor, per-key producers", "x_floork", 2),
         Column("÷ chat-sdk (throughput)", "x_chat", 2),

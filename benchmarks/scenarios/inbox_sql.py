@@ -76,6 +76,7 @@ async def _accepts(api: Asynclock, url: str, prefix: str, n: int) -> tuple[float
 
 async def _floor(backend: str, url: str, prefix: str, n: int) -> float:
     """Accepts per second of the raw ``inbox_accept`` statement sent by the driver."""
+    from asynclock.state.sql._inbox import WAKE_GAP_MS
     from asynclock.state.sql._queries import key_id, load_queries
 
     query = load_queries(f"asynclock.state.{backend}", "asynclock_")["inbox_accept"]
@@ -96,8 +97,7 @@ async def _floor(backend: str, url: str, prefix: str, n: int) -> float:
             "claim_name": claim,
             "claim_ttl_ms": 600_000,
             "max_pending": 10**6,
-            "channel": "asynclock_inbox",
-            "wake": key_id(prefix).hex(),
+            "wake_gap_ms": WAKE_GAP_MS,  # the statement's parameters are the state's own
         }
 
     if backend == "postgres":

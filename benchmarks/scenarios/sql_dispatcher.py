@@ -30,6 +30,7 @@ from benchmarks.harness.dispatching import (
     chat_sdk,
     drive,
     events,
+    rate_columns,
     time_variant,
 )
 from benchmarks.harness.env import (
@@ -242,9 +243,7 @@ def _section(
     versions: dict[str, str],
 ) -> Section:
     cols = [
-        Column("events/s", "events_s"),
-        Column("µs per event", "us_event", 1),
-        Column("client CPU µs per event", "cpu_us_event", 1),
+        *rate_columns("events/s"),
         Column("÷ chat-sdk (throughput)", "x_chat", 2),
         Column("handler calls", "handled"),
     ]
