@@ -21,12 +21,17 @@ from benchmarks.harness.env import (
     RELEASE_SCRIPT,
     Asynclock,
     Config,
+    log,
+    short,
 )
 from benchmarks.harness.report import Column
+from benchmarks.harness.rounds import rotated, teardown
 from benchmarks.harness.scenario import Variant
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+
+    from benchmarks.harness.report import Rounds
 
 ADAPTER = "slack"
 # connections: asynclock's RedisState.from_url default; the floor and chat-sdk get the same
@@ -419,3 +424,65 @@ def rate_columns(rate: str = "events/s (dispatch calls)") -> list[Column]:
         Column("µs per event", "us_event", 1),
         Column("client CPU µs per event", "cpu_us_event", 1),
     ]
+
+
+async def set_up_rows(
+    variants: list[Dispatching],
+    rows_of: Callable[[Dispatching], Rounds],
+    *,
+    warmup: int,
+    keys: int,
+    scenario: str,
+) -> list[Dispatching]:
+    """Set every row up and warm it with ``warmup`` events; the ones that work."""
+    live: list[Dispatching] = []
+    for index, variant in enumerate(variants):
+        try:
+            await variant.setup()
+            await drive(variant, events(variant, f"warmup-v{index}", warmup, keys))
+        except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
+            rows_of(variant).skip(variant.name, f"{type(exc).__name__}: {exc}")
+            log(f"{scenario}: {short(variant.name)} skipped: {exc!r}")
+            await teardown(variant, scenario)
+        else:
+            live.append(variant)
+    return live
+
+
+async def dispatch_rounds(
+    live: list[Dispatching],
+    variants: list[Dispatching],
+    rows_of: Callable[[Dispatching], Rounds],
+    *,
+    n: int,
+    keys: int,
+    rounds_n: int,
+    refs: dict[str, dict[str, str]],
+    scenario: str,
+) -> None:
+    """Time every live row once a round (:func:`time_variant`), round-robin; a row that fails
+    is dropped. ``refs``: per row, tag -> the row its ``x_<tag>`` (dispatch calls/s) and
+    ``xh_<tag>`` (handler calls/s) ratios divide by, within the round."""
+    for r in range(rounds_n):
+        per_round: dict[str, dict[str, float]] = {}
+        for variant in rotated(live, r):
+            try:
+                metrics = await time_variant(variant, f"r{r}v{variants.index(variant)}", n, keys)
+            except Exception as exc:  # noqa: BLE001 (reported, never fatal)
+                rows_of(variant).skip(variant.name, f"{type(exc).__name__}: {exc}")
+                log(f"{scenario}: {short(variant.name)} failed, dropped: {exc!r}")
+                live.remove(variant)  # a variant that failed once is not run again
+                continue
+            per_round[variant.name] = metrics
+        for name, metrics in per_round.items():
+            for tag, ref in refs.get(name, {}).items():
+                if ref in per_round:
+                    metrics[f"x_{tag}"] = metrics["events_s"] / per_round[ref]["events_s"]
+                    handled_ref = per_round[ref]["handled_s"]
+                    if handled_ref:
+                        metrics[f"xh_{tag}"] = metrics["handled_s"] / handled_ref
+        for variant in variants:
+            if variant.name in per_round:
+                rows_of(variant).add(variant.name, per_round[variant.name])
+        summary = ", ".join(f"{short(k)}: {m['events_s']:,.0f}/s" for k, m in per_round.items())
+        log(f"{scenario} round {r + 1}/{rounds_n}: {summary}")

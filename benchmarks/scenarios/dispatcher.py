@@ -31,10 +31,11 @@ from benchmarks.harness.dispatching import (
     Plain,
     SendCounter,
     chat_sdk,
+    dispatch_rounds,
     drive,
     events,
     rate_columns,
-    time_variant,
+    set_up_rows,
 )
 from benchmarks.harness.env import (
     Asynclock,
@@ -47,7 +48,7 @@ from benchmarks.harness.env import (
     short,
 )
 from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
-from benchmarks.harness.rounds import rotated, teardown
+from benchmarks.harness.rounds import teardown
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import fmt, fmt_spread
 
@@ -144,44 +145,12 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     def rows(variant: Dispatching) -> Rounds:
         return red if variant.redis else mem
 
-    live: list[Dispatching] = []
-    for variant in variants:
-        try:
-            await variant.setup()
-            tag = f"warmup-v{variants.index(variant)}"
-            await drive(variant, events(variant, tag, min(n, 500), keys))
-        except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
-            rows(variant).skip(variant.name, f"{type(exc).__name__}: {exc}")
-            log(f"dispatcher: {short(variant.name)} skipped: {exc!r}")
-            await teardown(variant, "dispatcher")
-        else:
-            live.append(variant)
-
+    warmup = min(n, 500)
+    live = await set_up_rows(variants, rows, warmup=warmup, keys=keys, scenario="dispatcher")
     started = now_utc()
-    for r in range(rounds_n):
-        per_round: dict[str, dict[str, float]] = {}
-        order = rotated(live, r)
-        for variant in order:
-            try:
-                metrics = await time_variant(variant, f"r{r}v{variants.index(variant)}", n, keys)
-            except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-                rows(variant).skip(variant.name, f"{type(exc).__name__}: {exc}")
-                log(f"dispatcher: {short(variant.name)} failed, dropped: {exc!r}")
-                live.remove(variant)  # a variant that failed once is not run again
-                continue
-            per_round[variant.name] = metrics
-        for name, metrics in per_round.items():
-            for tag, ref in REFS.get(name, {}).items():
-                if ref in per_round:
-                    metrics[f"x_{tag}"] = metrics["events_s"] / per_round[ref]["events_s"]
-                    handled_ref = per_round[ref]["handled_s"]
-                    if handled_ref:
-                        metrics[f"xh_{tag}"] = metrics["handled_s"] / handled_ref
-        for variant in variants:
-            if variant.name in per_round:
-                rows(variant).add(variant.name, per_round[variant.name])
-        summary = ", ".join(f"{short(k)}: {m['events_s']:,.0f}/s" for k, m in per_round.items())
-        log(f"dispatcher round {r + 1}/{rounds_n}: {summary}")
+    await dispatch_rounds(
+        live, variants, rows, n=n, keys=keys, rounds_n=rounds_n, refs=REFS, scenario="dispatcher"
+    )
 
     redis_live = [v for v in live if v.redis]
     trips = await _count_round_trips(cfg, redis_live, n, keys)

@@ -28,10 +28,11 @@ from benchmarks.harness.dispatching import (
     ChatSdk,
     Dispatching,
     chat_sdk,
+    dispatch_rounds,
     drive,
     events,
     rate_columns,
-    time_variant,
+    set_up_rows,
 )
 from benchmarks.harness.env import (
     Asynclock,
@@ -142,21 +143,17 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     else:
         variants.append(ChatSdkPostgres(sdk, cfg, adapter, prefix))
 
-    live: list[Dispatching] = []
-    for index, variant in enumerate(variants):
-        try:
-            await variant.setup()
-            await drive(variant, events(variant, f"warmup-v{index}", min(n, 200), keys))
-        except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
-            rounds.skip(variant.name, f"{type(exc).__name__}: {exc}")
-            log(f"sql-dispatcher: {short(variant.name)} skipped: {exc!r}")
-            await teardown(variant, "sql-dispatcher")
-        else:
-            live.append(variant)
+    def rows(variant: Dispatching) -> Rounds:
+        return rounds
 
+    scenario = "sql-dispatcher"
+    live = await set_up_rows(variants, rows, warmup=min(n, 200), keys=keys, scenario=scenario)
     started = now_utc()
     try:
-        await _timed_rounds(live, variants, rounds, n, keys, rounds_n)
+        refs = {P_ASYNCLOCK: {"chat": P_CHAT}}
+        await dispatch_rounds(
+            live, variants, rows, n=n, keys=keys, rounds_n=rounds_n, refs=refs, scenario=scenario
+        )
         counts = await _count_statements(live, n, keys)
     finally:
         for variant in live:
@@ -164,35 +161,6 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         await _cleanup(prefix)
     versions = {"chat-sdk": dist_version("chat-sdk"), "git": commit()}
     return _section(rounds, counts, n, keys, rounds_n, started, versions)
-
-
-async def _timed_rounds(
-    live: list[Dispatching],
-    variants: list[Dispatching],
-    rounds: Rounds,
-    n: int,
-    keys: int,
-    rounds_n: int,
-) -> None:
-    for r in range(rounds_n):
-        per_round: dict[str, dict[str, float]] = {}
-        order = live[r % len(live) :] + live[: r % len(live)] if live else []
-        for variant in order:
-            try:
-                metrics = await time_variant(variant, f"r{r}v{variants.index(variant)}", n, keys)
-            except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-                rounds.skip(variant.name, f"{type(exc).__name__}: {exc}")
-                log(f"sql-dispatcher: {short(variant.name)} failed, dropped: {exc!r}")
-                live.remove(variant)
-                continue
-            per_round[variant.name] = metrics
-        mine, peer = per_round.get(P_ASYNCLOCK), per_round.get(P_CHAT)
-        if mine is not None and peer is not None:
-            mine["x_chat"] = mine["events_s"] / peer["events_s"]
-        for name, metrics in per_round.items():
-            rounds.add(name, metrics)
-        summary = ", ".join(f"{short(k)}: {m['events_s']:,.0f}/s" for k, m in per_round.items())
-        log(f"sql-dispatcher round {r + 1}/{rounds_n}: {summary}")
 
 
 async def _count_statements(live: list[Dispatching], n: int, keys: int) -> Rounds:
