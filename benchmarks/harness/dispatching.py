@@ -25,7 +25,7 @@ from benchmarks.harness.env import (
     short,
 )
 from benchmarks.harness.report import Column
-from benchmarks.harness.rounds import rotated, teardown
+from benchmarks.harness.rounds import rotated, set_up
 from benchmarks.harness.scenario import Variant
 
 if TYPE_CHECKING:
@@ -435,18 +435,11 @@ async def set_up_rows(
     scenario: str,
 ) -> list[Dispatching]:
     """Set every row up and warm it with ``warmup`` events; the ones that work."""
-    live: list[Dispatching] = []
-    for index, variant in enumerate(variants):
-        try:
-            await variant.setup()
-            await drive(variant, events(variant, f"warmup-v{index}", warmup, keys))
-        except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
-            rows_of(variant).skip(variant.name, f"{type(exc).__name__}: {exc}")
-            log(f"{scenario}: {short(variant.name)} skipped: {exc!r}")
-            await teardown(variant, scenario)
-        else:
-            live.append(variant)
-    return live
+
+    async def warm(index: int, variant: Dispatching) -> None:
+        await drive(variant, events(variant, f"warmup-v{index}", warmup, keys))
+
+    return await set_up(variants, rows_of, scenario, warm)
 
 
 async def dispatch_rounds(

@@ -127,19 +127,23 @@ async def teardown(variant: Variant, scenario: str) -> None:
         log(f"{scenario}: teardown of {variant.name} failed: {exc!r}")
 
 
-async def set_up(variants: list[V], rounds: Rounds, scenario: str, warmup: int) -> list[V]:
-    """Declare every variant, set it up and warm it with ``loop(warmup)``; the ones that work
-    (a failing one is skipped in ``rounds`` with the first line of why)."""
+async def set_up(
+    variants: list[V],
+    rows_of: Callable[[V], Rounds],
+    scenario: str,
+    warm: Callable[[int, V], Awaitable[None]],
+) -> list[V]:
+    """Declare every variant in its table, set it up and ``warm(index, variant)`` it; the ones
+    that work (a failing one is skipped in its table with the first line of why)."""
     live: list[V] = []
-    for variant in variants:
-        rounds.declare(variant.name)
+    for index, variant in enumerate(variants):
+        rows_of(variant).declare(variant.name)
         try:
             await variant.setup()
-            if warmup:
-                await variant.loop(warmup)
+            await warm(index, variant)
         except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-            rounds.skip(variant.name, _first_line(exc))
-            log(f"{scenario}: {variant.name} skipped: {exc!r}")
+            rows_of(variant).skip(variant.name, _first_line(exc))
+            log(f"{scenario}: {short(variant.name)} skipped: {exc!r}")
             await teardown(variant, scenario)
         else:
             live.append(variant)
@@ -164,7 +168,12 @@ async def interleave(
     (skipped in ``rounds``) and not run again. Within a round each variant is divided by its
     ``refs`` (tag -> variant name): ``x_<tag>`` is the rate ratio.
     """
-    live = await set_up(variants, rounds, scenario, warmup)
+
+    async def warm(_: int, variant: V) -> None:
+        if warmup:
+            await variant.loop(warmup)
+
+    live = await set_up(variants, lambda _: rounds, scenario, warm)
     try:
         for r in range(rounds_n):
             per_round: dict[str, Metrics] = {}
