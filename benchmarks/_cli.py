@@ -1,336 +1,72 @@
-"""Command line: ``python -m benchmarks <scenario> [--state URL] [--quick] [--rounds N]``."""
+"""The command line's composition: which scenarios exist, in the doc's order, and the views.
+
+``asynclock bench`` recognises a source checkout by this file. The harness
+(``benchmarks/harness/``) knows no scenario; the scenarios (``benchmarks/scenarios/``) know only
+the harness; the views (``benchmarks/views/``: the targets table and the plots) read what the
+scenarios stored.
+"""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import redis.asyncio
-
-from benchmarks import (
-    _aiogram,
-    _cluster,
-    _contended,
-    _dashboard,
-    _dedupe,
-    _dispatcher,
-    _growth,
-    _held,
-    _inbox,
-    _inbox_growth,
-    _inbox_scale,
-    _memory,
-    _plots,
-    _progress,
-    _results,
-    _semaphore,
-    _sql,
-    _sql_dispatcher,
-    _sql_inbox,
-    _supersede,
-    _targets,
-    _uncontended,
+from benchmarks.harness import cli
+from benchmarks.harness.report import Section
+from benchmarks.scenarios import (
+    aiogram,
+    cluster,
+    contended,
+    dashboard,
+    dedupe,
+    dispatcher,
+    held,
+    inbox,
+    inbox_growth,
+    inbox_scale,
+    inbox_sql,
+    memory,
+    memory_growth,
+    semaphore,
+    sql,
+    sql_dispatcher,
+    supersede,
+    uncontended,
 )
-from benchmarks._env import (
-    DEFAULT_URL,
-    REPO,
-    Config,
-    PrivateServer,
-    background_rate,
-    delete_run_keys,
-    environment_facts,
-    is_loopback_url,
-    load_asynclock,
-    log,
-    now_utc,
-)
-from benchmarks._report import Section, kv_table, take_recorded, write_doc
+from benchmarks.views import plots, targets
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from benchmarks.harness.results import View
 
-    from benchmarks._env import Asynclock
-
-SCENARIOS: dict[str, Callable[[Config, Asynclock | str], Awaitable[Section]]] = {
-    "uncontended": _uncontended.run,
-    "contended": _contended.run,
-    "memory": _memory.run,
-    "dispatcher": _dispatcher.run,
-    "memory-growth": _growth.run,
-    "dedupe": _dedupe.run,
-    "sql": _sql.run,
-    "cluster": _cluster.run,
-    "inbox": _inbox.run,
-    "inbox-sql": _sql_inbox.run,
-    "inbox-growth": _inbox_growth.run,
-    "sql-dispatcher": _sql_dispatcher.run,
-    "held": _held.run,
-    "inbox-scale": _inbox_scale.run,
-    "semaphore": _semaphore.run,
-    "supersede": _supersede.run,
-    "dashboard": _dashboard.run,
-    "aiogram": _aiogram.run,
-}
-#: scenarios that `all` leaves out: run them on their own (``aiogram``: its children import
-#: aiogram, seconds of CPU each, and its long handler runs 70 s; ``inbox-growth``: a soak)
-NOT_IN_ALL = {"aiogram", "inbox-growth"}
-NEEDS_REDIS = {
-    "uncontended",
-    "contended",
-    "dispatcher",
-    "sql",
-    "dedupe",
-    "cluster",
-    "inbox",
-    "held",
-    "inbox-scale",
-    "semaphore",
-    "supersede",
-    "aiogram",
-}
-
-PREAMBLE = """# Benchmarks
-
-asynclock against its peers, measured in one process on one machine and one Redis server, with
-the variants interleaved round-robin in every round. Cells show **median (min-max)** over the
-rounds. The machine is small and shared (the Redis server and the client run on the same two
-vCPUs), so single runs vary by ±30%: **compare the ratios taken within one run, not absolute
-numbers**, and do not carry the absolute numbers to other hardware.
-
-Regenerate everything (every table, `benchmarks/results/last-run.json`, the targets table and
-the PNG plots in `docs/img/`) with one command:
-
-```
-python -m benchmarks all --private-server --write --plots   # as below, own redis-server
-```
-
-Parts of it:
-
-```
-python -m benchmarks plots --write                  # plots + targets from the stored results
-python -m benchmarks memory-growth --write          # ~1 min: 1,000,000 keys, child processes
-python -m benchmarks dedupe --private-server        # ~30 s: Deduper checks/s
-python -m benchmarks all --quick                    # ~1 min, stdout only, shared server
-python -m benchmarks contended --rounds 3 --state redis://127.0.0.1:6379/0
-python -m benchmarks dispatcher --quick --private-server  # ~35 s, EventDispatcher only
-python -m benchmarks sql --write     # ~1-2 min: PostgresState / MySQLState vs raw SQL floors
-python -m benchmarks sql --quick     # ~20 s, stdout only
-python -m benchmarks inbox-sql --quick  # ~30 s: the durable inbox on PostgreSQL and MariaDB
-python -m benchmarks inbox-growth       # ~30 min (--quick ~8 min): 100,000 events per server
-                                        # backend, keys/rows left and a worker's RSS
-python -m benchmarks sql-dispatcher     # ~1 min: EventDispatcher on PostgreSQL vs chat-sdk's
-python -m benchmarks cluster --private-server --write  # ~2 min (more on a busy machine):
-                                       # single Redis vs a private 3-master Redis Cluster
-python -m benchmarks cluster --quick --cluster redis+cluster://127.0.0.1:7000  # ~30 s
-python -m benchmarks held --write       # ~3 min (--quick ~30 s): a pair alone vs with 10,000 held,
-                                        # every backend and redis-py's Lock
-python -m benchmarks inbox-scale --write  # ~15 min (--quick ~1 min): the inbox with 1-16
-                                          # worker processes on every backend, beside
-                                          # procrastinate and a Redis Streams group
-python -m benchmarks semaphore --write  # ~1 min: Semaphore vs py-redis-semaphore, redis-limiters
-python -m benchmarks supersede --write  # ~40 s: newer event -> ctx.superseded in another process,
-                                        # every backend, beside polling a flag every 250 ms
-python -m benchmarks dashboard --write  # ~2 min: one refresh of the web dashboard, counted on
-                                        # each server (its own redis-server, database, user)
-python -m benchmarks aiogram --write    # ~2 min: EventIsolation vs aiogram's RedisEventIsolation,
-                                        # a burst and a 70 s handler (--quick: the burst only);
-                                        # not part of `all`
-```
-
-Each scenario's block below is replaced only when that scenario runs again; the notes block is
-hand-written and kept. `--write` also stores the run's raw per-round numbers, per scenario, in
-`benchmarks/results/last-run.json` (scenarios that did not run keep their entry); the targets
-table and the plots are drawn from that file. Long runs show a progress bar on stderr when it
-is a terminal (rich), plain lines otherwise. `--private-server` starts a throwaway `redis-server` on a free loopback
-port, so the command counts are this run's own (a shared server also counts its other clients). The peer numbers these are compared with come from the same kind of
-machine (`shared/research/peer-lock-benchmarks.md`).
-"""
+MODULES = (
+    uncontended,
+    contended,
+    memory,
+    dispatcher,
+    sql,
+    sql_dispatcher,
+    memory_growth,
+    dedupe,
+    cluster,
+    inbox,
+    inbox_sql,
+    inbox_growth,
+    held,
+    inbox_scale,
+    semaphore,
+    supersede,
+    dashboard,
+    aiogram,
+)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks",
-        description="asynclock benchmarks against redis-py's Lock, python-redis-lock, pottery, the raw "
-        "redis.asyncio floor, asyncio.Lock and (dispatcher) chat-sdk. Markdown report on stdout.",
-    )
-    parser.add_argument(
-        "scenario",
-        choices=[*SCENARIOS, "all", "plots"],
-        help="a scenario, all of them, or plots: only redraw docs/img/*.png (and with --write "
-        "the targets and plots blocks) from benchmarks/results/last-run.json",
-    )
-    parser.add_argument("--state", default=DEFAULT_URL, help=f"Redis URL (default {DEFAULT_URL})")
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and pairs (< 1 min)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per scenario")
-    parser.add_argument("--write", action="store_true", help="also write docs/benchmarks.md")
-    parser.add_argument(
-        "--doc", default=str(REPO / "docs" / "benchmarks.md"), help="where --write writes"
-    )
-    parser.add_argument(
-        "--plots",
-        action="store_true",
-        help="after the run, draw docs/img/*.png from the stored results merged with this run's",
-    )
-    parser.add_argument(
-        "--private-server",
-        action="store_true",
-        help="start a throwaway redis-server on a free loopback port for this run (clean "
-        "command counts; the shared server's other clients are not counted)",
-    )
-    parser.add_argument(
-        "--cluster",
-        default=None,
-        metavar="URL",
-        help="the Redis Cluster of the cluster scenario (default: a private throwaway 3-master "
-        f"cluster with --private-server, else {_cluster.DEFAULT_CLUSTER_URL})",
-    )
-    parser.add_argument(
-        "--allow-remote",
-        action="store_true",
-        help="allow a Redis server that is not on a loopback address",
-    )
-    return parser
-
-
-def _finish(
-    args: argparse.Namespace,
-    snapshots: dict[str, dict[str, Any]],
-    facts: list[tuple[str, str]],
-) -> list[Section]:
-    """Store this run's raw numbers (with --write), draw plots (--plots); the extra blocks."""
-    results = _results.merge(_results.load(), snapshots, facts)
-    if args.write:
-        _results.save(results)
-        log(f"wrote {_results.RESULTS}")
-    view = _results.View(results)
-    extra = [Section("targets", _targets.markdown(view))]
-    if args.plots or args.scenario == "plots":
-        written = _plots.render(view)
-        extra.append(Section("plots", _plots.markdown(written)))
+def views(view: View, draw: bool) -> list[Section]:
+    """The targets block and, with ``draw``, the plots (PNGs written to docs/img/)."""
+    extra = [Section("targets", targets.markdown(view))]
+    if draw:
+        extra.append(Section("plots", plots.markdown(plots.render(view))))
     return extra
 
 
-def _plots_only(args: argparse.Namespace) -> int:
-    stored = _results.load()
-    if not stored.get("scenarios"):
-        log(f"no stored results in {_results.RESULTS}: run a scenario with --write first")
-        return 2
-    extra = _finish(args, {}, [])
-    print("\n".join(s.body + "\n" for s in extra))
-    if args.write:
-        path = Path(args.doc)
-        facts = [(str(k), str(v)) for k, v in stored.get("environment", [])]
-        environment = "## Environment\n\n" + kv_table(facts) + "\n"
-        write_doc(path, preamble=PREAMBLE, environment=environment, sections=extra)
-        log(f"wrote {path}")
-    return 0
-
-
-async def _amain(args: argparse.Namespace) -> int:
-    if args.scenario == "plots":
-        return _plots_only(args)
-    cfg = Config(url=args.state, quick=args.quick, rounds=args.rounds, write=args.write)
-    names = (
-        [n for n in SCENARIOS if n not in NOT_IN_ALL] if args.scenario == "all" else [args.scenario]
-    )
-    if cfg.rounds is not None and cfg.rounds < 1:
-        log("--rounds must be at least 1")
-        return 2
-    client: redis.asyncio.Redis | None = None
-    if any(n in NEEDS_REDIS for n in names):
-        if not is_loopback_url(cfg.url) and not args.allow_remote:
-            log(f"refusing {cfg.url}: not a loopback address (use --allow-remote if you mean it)")
-            return 2
-        client = redis.asyncio.Redis.from_url(cfg.url)
-        try:
-            await client.ping()
-        except Exception as exc:  # noqa: BLE001 (reported, never fatal)
-            log(f"cannot reach Redis at {cfg.url}: {exc!r}")
-            await client.aclose()
-            return 2
-    api = load_asynclock()
-    log(f"asynclock: {api if isinstance(api, str) else 'version ' + api.version}")
-    background = await background_rate(client) if client is not None else 0.0
-    where = cfg.url if client else "memory:// only"
-    if client is not None and args.private_server:
-        where += ' (a private throwaway redis-server: --save "" --appendonly no)'
-    facts = await environment_facts(client, where, api)
-    sections: list[Section] = []
-    snapshots: dict[str, dict[str, Any]] = {}
-    t0 = time.monotonic()
-    try:
-        with _progress.run_display(len(names)):
-            for index, name in enumerate(names):
-                _progress.scenario(name, index)
-                log(f"--- {name}")
-                started, started_at = time.monotonic(), now_utc()
-                take_recorded()
-                sections.append(await SCENARIOS[name](cfg, api))
-                rounds, data = take_recorded()
-                snapshots[name] = _results.snapshot(
-                    rounds, data, run=cfg.run_id, started=started_at, quick=cfg.quick
-                )
-                log(f"--- {name} took {time.monotonic() - started:.1f} s")
-            _progress.finished(len(names))
-    finally:
-        if client is not None:
-            deleted = await delete_run_keys(client, cfg.run_id)
-            log(f"deleted {deleted} key(s) of run {cfg.run_id}")
-            await client.aclose()
-    if client is not None:
-        where = "private throwaway server" if args.private_server else "shared server"
-        facts.append(("server load before the run", f"{background:,.0f} commands/s ({where})"))
-    kind = "quick" if cfg.quick else "full"
-    facts.append(("run", f"{cfg.run_id}, {kind}, {time.monotonic() - t0:.0f} s"))
-    environment = "## Environment\n\n" + kv_table(facts) + "\n"
-    headlines = [h for s in sections for h in s.headlines]
-    extra = _finish(args, snapshots, facts)
-    report = [PREAMBLE.split("\nRegenerate")[0], environment]
-    if headlines:
-        report.append("## Headline ratios\n\n" + kv_table(headlines) + "\n")
-    report += [s.body + "\n" for s in [*extra, *sections]]
-    sections = [*extra, *sections]
-    print("\n".join(report))
-    if args.write:
-        path = Path(args.doc)
-        # these blocks carry their own environment (servers, drivers, commit): a run of one of
-        # them alone keeps the others' above
-        own = (
-            "sql",
-            "cluster",
-            "inbox",
-            "held",
-            "inbox-scale",
-            "semaphore",
-            "supersede",
-            "dashboard",
-            "aiogram",
-            "inbox-growth",
-        )
-        kept = len(names) == 1 and names[0] in own
-        write_doc(
-            path, preamble=PREAMBLE, environment=None if kept else environment, sections=sections
-        )
-        log(f"wrote {path}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    _cluster.configure(url=args.cluster, private=args.private_server)
-    if not args.private_server:
-        return asyncio.run(_amain(args))
-    if args.state != DEFAULT_URL:
-        parser.error("--private-server and --state are exclusive")
-    try:
-        with PrivateServer() as server:
-            log(f"private redis-server on {server.url}")
-            args.state = server.url
-            return asyncio.run(_amain(args))
-    except (OSError, RuntimeError) as exc:
-        log(f"cannot start a private redis-server: {exc}")
-        return 2
+    """``python -m benchmarks``."""
+    return cli.main([m.SCENARIO for m in MODULES], views, argv)

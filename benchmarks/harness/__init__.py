@@ -1,0 +1,1 @@
+"""The one benchmark harness: command line, rounds, report, results, servers, the ``Variant``."""

@@ -1,0 +1,1 @@
+"""One module per ``python -m benchmarks`` scenario; each imports only ``benchmarks.harness``."""

@@ -1,0 +1,408 @@
+"""Scenario ``sql``: PostgresState and MySQLState against the raw floor of their own statements.
+
+Three parts, each interleaved round-robin (the starting variant rotates every round):
+
+1. uncontended acquire+release pairs (``async with AsyncLock(state, key, ttl=30.0)``) against
+   the same ``acquire`` and ``release`` statements of ``queries.sql`` issued directly by the
+   driver on one connection, the ``SELECT 1`` x2 round-trip floor, and RedisState for scale;
+2. contention on one key: 16 tasks in one process, and 3 spawned processes x 4 tasks;
+3. ``Deduper.first_seen`` (new ids and duplicates) against the raw ``dedupe_add`` statement.
+
+Rows are written to the states' default tables (``asynclock_locks``, ``asynclock_dedupe``) under
+a key prefix of this run, and deleted at the end; the tables themselves are never dropped.
+
+This module runs the parts and writes the report; the rows of parts 1 and 3 are in
+``_sql_variants``, part 2 in ``_sql_contention``, the servers (URLs, statements, connections,
+facts, clean-up) in ``_sql_server``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from benchmarks.harness.contend import columns
+from benchmarks.harness.env import (
+    KEY_ROOT,
+    Asynclock,
+    Config,
+    dist_version,
+    general_facts,
+    log,
+    now_utc,
+)
+from benchmarks.harness.pairs import RedisFloor
+from benchmarks.harness.report import (
+    Column,
+    Headlines,
+    Rounds,
+    Section,
+    kv_table,
+    table,
+    violations,
+)
+from benchmarks.harness.scenario import Scenario, Variant
+from benchmarks.harness.sql_server import (
+    LABEL,
+    MYSQL_URL,
+    PG_URL,
+    cleanup,
+    commit_label,
+    mysql_facts,
+    pg_facts,
+    pg_session_text,
+    pg_state_commit,
+    pg_supports_durable,
+)
+from benchmarks.harness.states import STATE_CLASSES
+from benchmarks.harness.stats import fmt
+from benchmarks.scenarios._sql_contention import (
+    PROCESSES,
+    TASKS_PER_PROCESS,
+    WORKERS,
+    Contention,
+    cycles_per_task,
+    multi_name,
+    run_contention,
+    single_name,
+)
+from benchmarks.scenarios._sql_variants import (
+    DUPLICATE_IDS,
+    AsynclockListening,
+    AsynclockPairs,
+    DedupeAsynclock,
+    DedupeRaw,
+    MyRaw,
+    MySelect,
+    PgRaw,
+    PgSelect,
+    interleave,
+)
+
+# -- the scenario ----------------------------------------------------------------------------------
+
+
+#: what the targets view reads besides the scenario (the contended rows' names and shape)
+__all__ = ["PROCESSES", "RAW_FLOOR", "SCENARIO", "TASKS_PER_PROCESS", "multi_name", "run"]
+
+RAW_FLOOR = "Redis raw floor: redis.asyncio SET NX PX + EVALSHA"
+
+
+async def run(cfg: Config, api: Asynclock | str) -> Section:
+    started = now_utc()
+    t0 = time.monotonic()
+    prefix = f"{KEY_ROOT}:{cfg.run_id}:"  # the states' key prefix; every row of this run has it
+    urls = {"postgres": PG_URL, "mysql": MYSQL_URL, "redis": cfg.url}
+    # many short rounds: a burst of other load on the shared machine hits one short round of
+    # a few variants, and the median over the rounds leaves it out
+    rounds_n = cfg.rounds_or(15, 4)
+    n = 400 if cfg.quick else 700
+    facts = await general_facts(cfg, api)
+    commit = pg_state_commit(api)
+    for name, url in (("postgres", PG_URL), ("mysql", MYSQL_URL)):
+        try:
+            facts += await (pg_facts(url, commit) if name == "postgres" else mysql_facts(url))
+        except Exception as exc:  # noqa: BLE001, PERF203 (reported, never fatal)
+            facts.append((url, f"not reached: {exc!r}"))
+    states = (
+        "`PostgresState.from_url(url, prefix=...)`, `MySQLState.from_url(url, prefix=...)`, "
+        "`RedisState.from_url(url, prefix=...)`, defaults otherwise (tables `asynclock_locks` "
+        "and `asynclock_dedupe`)"
+    )
+    facts += [("drivers", _drivers()), ("asynclock states", states)]
+
+    uncontended, dedupe = Rounds(), Rounds()
+    contention = Contention()
+    try:
+        if isinstance(api, str):
+            for r in (uncontended, dedupe, contention.single, contention.multi):
+                r.skip("asynclock", api)
+        else:
+            variants = _pair_variants(api, cfg, prefix)
+            await interleave(variants, uncontended, n, rounds_n, "uncontended")
+            contention = await run_contention(cfg, api, prefix, urls, cfg.rounds_or(5, 3))
+            dedupe_variants = _dedupe_variants(api, prefix)
+            await interleave(dedupe_variants, dedupe, n, rounds_n, "dedupe")
+    finally:
+        cleaned = await cleanup(prefix)
+        log(f"sql: deleted this run's rows: {cleaned}")
+    kind = "quick" if cfg.quick else "full"
+    took = time.monotonic() - t0
+    facts.append(("run", f"{cfg.run_id}, {kind}, {took:.0f} s, started {started}"))
+    return _section(cfg, commit, facts, uncontended, contention, dedupe, n, rounds_n)
+
+
+def _drivers() -> str:
+    return ", ".join(
+        f"{name} {dist_version(name)}" for name in ("asyncpg", "aiomysql", "PyMySQL", "redis")
+    )
+
+
+def _pair_variants(api: Asynclock, cfg: Config, prefix: str) -> list[Variant]:
+    commit = pg_state_commit(api)
+    pg_sel = PgSelect()
+    pg_raw = PgRaw(prefix, "postgres:raw", commit)  # the state's default session
+    pg_raw_other = PgRaw(prefix, "postgres:raw-other", "off" if commit is None else None)
+    pg = AsynclockPairs(api, "postgres", PG_URL, prefix, "postgres:uncontended")
+    pg_listening = AsynclockListening(api, PG_URL, prefix, "postgres:listening")
+    pg_fast: Variant | None = None
+    if pg_supports_durable(api):
+        pg_fast = AsynclockPairs(
+            api, "postgres", PG_URL, prefix, "postgres:not-durable", durable=False
+        )
+        pg_fast.refs.update(raw=pg_raw_other.name, select=pg_sel.name)
+    my_sel, my_raw = MySelect(), MyRaw(prefix, "mysql:raw")
+    my = AsynclockPairs(api, "mysql", MYSQL_URL, prefix, "mysql:uncontended")
+    rd_raw = RedisFloor(RAW_FLOOR, cfg.url, prefix + "redis:raw")
+    rd = AsynclockPairs(api, "redis", cfg.url, prefix, "redis:uncontended")
+    for v, raw, sel in ((pg, pg_raw, pg_sel), (my, my_raw, my_sel), (rd, rd_raw, None)):
+        v.refs["raw"] = raw.name
+        if sel is not None:
+            v.refs["select"] = sel.name
+            raw.refs["select"] = sel.name
+        v.refs["redis"] = rd.name
+        raw.refs["raw"] = raw.name
+    pg_raw_other.refs.update(raw=pg_raw.name, select=pg_sel.name)
+    pg_listening.refs.update(raw=pg_raw.name, select=pg_sel.name, redis=rd.name)
+    rd_raw.refs["redis"] = rd.name
+    pg_rows: list[Variant] = [pg_sel, pg_raw, pg, pg_listening, pg_raw_other]
+    if pg_fast is not None:
+        pg_fast.refs["redis"] = rd.name
+        pg_rows.append(pg_fast)
+    return [*pg_rows, my_sel, my_raw, my, rd_raw, rd]
+
+
+def _dedupe_variants(api: Asynclock, prefix: str) -> list[Variant]:
+    commit = pg_state_commit(api)
+    out: list[Variant] = []
+    for backend, url in (("postgres", PG_URL), ("mysql", MYSQL_URL)):
+        for duplicate in (False, True):
+            tag = f"{backend}-{'dup' if duplicate else 'new'}"
+            raw = DedupeRaw(backend, prefix, f"raw-{tag}", duplicate, commit)
+            lib = DedupeAsynclock(api, backend, url, prefix, f"lib-{tag}", duplicate)
+            lib.refs["raw"] = raw.name
+            raw.refs["raw"] = raw.name
+            out += [raw, lib]
+    return out
+
+
+def _section(
+    cfg: Config,
+    commit: str | None,
+    facts: list[tuple[str, str]],
+    pairs: Rounds,
+    contention: Contention,
+    dedupe: Rounds,
+    n: int,
+    rounds_n: int,
+) -> Section:
+    pair_cols = [
+        Column("acquire+release pairs/s", "rate"),
+        Column("µs per pair", "us"),
+        Column("client CPU µs per pair", "cpu_us"),
+        Column("÷ raw floor (same backend and commit setting)", "x_raw", 2),
+        Column("÷ 2 x SELECT 1 (same backend)", "x_select", 2),
+        Column("÷ asynclock RedisState", "x_redis", 2),
+    ]
+    single_cols = columns(
+        "cycles_s",
+        "xh_p50",
+        "xh_p99",
+        "w_p99",
+        "w_max",
+        "streak",
+        "violations",
+        "overlaps",
+        "cycles",
+    )
+    multi_cols = columns(
+        "cycles_s",
+        "xg_p50",
+        "xg_p99",
+        "xg_count",
+        "xh_p50",
+        "xh_p99",
+        "w_max",
+        "violations",
+        "overlaps",
+        "cycles",
+    )
+    dedupe_cols = [
+        Column("ops/s", "rate"),
+        Column("µs per op", "us"),
+        Column("client CPU µs per op", "cpu_us"),
+        Column("÷ raw floor (same statement, same ids)", "x_raw", 2),
+    ]
+    multi_cycles = cycles_per_task(cfg)[1]
+    body = [
+        "## SQL states: PostgresState and MySQLState (MariaDB)",
+        "",
+        (
+            f"Scenario `sql`, one process (plus spawned children for the multi-process rows), "
+            f"{rounds_n} rounds of the uncontended and dedupe parts and "
+            f"{cfg.rounds_or(5, 3)} of the contended part, variants interleaved round-robin "
+            "(the starting variant rotates). Cells: median (min-max) over the rounds; ratios "
+            "are taken within each round, then summarised. PostgreSQL, MariaDB, Redis and the "
+            "client share the machine's two vCPUs."
+        ),
+        "",
+        kv_table(facts),
+        "",
+        "### Uncontended acquire+release, 1 task, one key",
+        "",
+        f"{n:,} pairs per variant and round.",
+        "",
+        table(pairs, pair_cols),
+        "",
+        "What each row runs:",
+        (
+            "- **asynclock**: `async with AsyncLock(state, key, ttl=30.0): pass` (a new lock "
+            "object per pair) on a state from `from_url(url, prefix=...)`: acquire is one "
+            "`acquire` statement, release one `release` statement, each in autocommit."
+        ),
+        (
+            "- **PostgreSQL raw floor**: the `acquire` and `release` statements of "
+            "`asynclock/state/postgres/queries.sql`, placeholders numbered as the state numbers "
+            "them, sent with `asyncpg.Connection.fetch` on one autocommit connection with "
+            "PostgresState's session settings (see `synchronous_commit` below); parameters as "
+            "PostgresState passes them for an uncontended pair: key id = SHA-256 of the "
+            "prefixed key, a fresh owner id per pair (`<host>:<pid>:<task>:<16 hex>`, mark "
+            "`\\n<owner>\\n`), `ttl_ms=30000`, `waiter=NULL`; release with `successor=NULL`, "
+            "`successor_mark=NULL`, `successor_ttl_ms=0`, `reservation_ms=250`, channel "
+            "`asynclock_released`, payload = key id in hex (so it NOTIFYs, as the state's "
+            "release does). The lock row stays after release, so every acquire after the first "
+            "is the `ON CONFLICT DO UPDATE` path, as for the state. Checked: every acquire "
+            "returns a token, every release a row."
+        ),
+        (
+            "- the floor runs once with the server's `synchronous_commit` (`on`: each commit "
+            "waits for its WAL flush) and once with `off` (it does not). Each asynclock row's "
+            "ratio is taken against the floor with the same setting: "
+            + pg_session_text(commit)
+            + "."
+        ),
+        (
+            "- **MariaDB raw floor**: the `acquire` and `release` statements of "
+            "`asynclock/state/mysql/queries.sql` via `aiomysql` `cursor.execute(sql, params)` "
+            "on one connection opened with MySQLState's options (utf8mb4, autocommit, "
+            "`CLIENT_FOUND_ROWS`, `READ COMMITTED`, `innodb_lock_wait_timeout=5`, "
+            "`sql_notes=0`); parameters as MySQLState passes them: key id = SHA-256 hex (the "
+            "statement UNHEXes it), fresh owner per pair, `ttl_ms=30000`, `waiter=NULL`; "
+            "release with `successor=NULL`, `successor_mark=NULL`, `successor_ttl_ms=0`, "
+            "`reservation_ms=250`. Checked: `lastrowid` >= 10^15 (a token) after every acquire, "
+            "`rowcount` 1 after every release."
+        ),
+        (
+            "- **2 x SELECT 1**: two round trips that touch no table and commit nothing, on one "
+            "connection of the same driver: what any two-statement lock pair pays at least."
+        ),
+        (
+            "- **Redis raw floor**: `SET key token NX PX 30000` + `EVALSHA` compare-and-delete "
+            "on one redis.asyncio client, as in the `uncontended` scenario, with the RedisState "
+            "row, for scale across backends (same run, same machine)."
+        ),
+        "- client CPU is `time.process_time()` over the timed loop (the whole process).",
+        "",
+        f"### Contended: {WORKERS} tasks x {cycles_per_task(cfg)[0]} cycles on one key, one process",
+        "",
+        table(contention.single, single_cols),
+        "",
+        (
+            f"### {PROCESSES} processes x {TASKS_PER_PROCESS} tasks x {multi_cycles} cycles on "
+            "one key (multiprocessing, spawn)"
+        ),
+        "",
+        (
+            "Each child opens its own state, warms up on its own key (its PostgreSQL LISTEN "
+            "connection included), reports ready, and all start on one signal; the parent "
+            "merges their timestamped cycles."
+        ),
+        "",
+        table(contention.multi, multi_cols),
+        "",
+        "Definitions (as in `shared/research/peer-lock-benchmarks.md` and `contended`):",
+        (
+            "- **handoff**: the next successful `acquire()` return minus the moment the previous "
+            "holder left its critical section (just before `release()`), so it includes the "
+            "release statement. **Cross-worker** leaves out a task re-taking the lock it just "
+            "released; **cross-process** counts only handoffs to a task of another process."
+        ),
+        "- **acquire wait**: from the `acquire()` call to its return.",
+        (
+            "- the critical section increments an in-section counter, yields once "
+            "(`await asyncio.sleep(0)`) and decrements it; above 1 is a violation. Interval "
+            "overlaps: [acquired, left] intervals of different cycles that overlap on the merged "
+            "timeline (perf_counter, CLOCK_MONOTONIC). Both must be 0."
+        ),
+        (
+            "- Within one process, waiters queue in the state's FIFO line and a release hands "
+            "the lock to the next one in the same statement. Across processes PostgreSQL wakes "
+            "a waiting process by LISTEN/NOTIFY (the release NOTIFYs in its own transaction); "
+            "MySQL has no NOTIFY: **a waiting process blocks in `GET_LOCK` of the key's wake "
+            "name, which the holder's state holds on a connection of its own and frees after "
+            "the release** (from the second handoff of a key on; the first one, and any the "
+            "push misses, re-check after a back-off of 5 ms doubling to 100 ms, bounded by the "
+            "holder's remaining TTL). Redis uses pub/sub."
+        ),
+        "",
+        "### Dedupe: `Deduper.first_seen` against the raw statement, 1 task",
+        "",
+        (
+            f"{n:,} calls per variant and round. New ids: never seen before (the row is "
+            f"inserted). Duplicates: {DUPLICATE_IDS} ids recorded in setup, asked again in turn "
+            "(a live record: nothing is written)."
+        ),
+        "",
+        table(dedupe, dedupe_cols),
+        "",
+        (
+            "- asynclock: `Deduper(state, ttl=600.0).first_seen(event_id)` on a state from "
+            "`from_url`; one `dedupe_add` statement per call."
+        ),
+        (
+            "- raw floor: the state's `dedupe_add` statement on one connection of the same "
+            "driver with the state's session settings, parameters as the state passes them "
+            "(id = SHA-256 of `<prefix>dedupe:<event id>`, name, `ttl_ms=600000`); checked: "
+            "new ids claimed (PostgreSQL: a row back; MySQL: `lastrowid` > 0), duplicates not."
+        ),
+        (
+            f"- Rows are written under the key prefix `{KEY_ROOT}:<run id>:` in the default "
+            "tables and deleted at the end of the run."
+        ),
+    ]
+    headlines = Headlines()
+    add = headlines.metric
+    for backend in ("postgres", "mysql"):
+        cls = STATE_CLASSES[backend]
+        lib = f"**asynclock** `async with AsyncLock` ({cls})"
+        setting = f", {commit_label(commit)}" if backend == "postgres" else ""
+        label = f"{cls} uncontended pair ÷ raw floor of its statements{setting}"
+        add(label, pairs, lib, "x_raw", 2, note=_pairs_note(pairs, lib))
+        fast = f"**asynclock** `async with AsyncLock` ({cls}, durable=False)"
+        if fast in pairs.variants:
+            label = f"{cls}(durable=False) uncontended pair ÷ raw floor, synchronous_commit=off"
+            add(label, pairs, fast, "x_raw", 2, note=_pairs_note(pairs, fast))
+        add(f"{cls} uncontended pair ÷ 2 x SELECT 1", pairs, lib, "x_select", 2)
+        add(f"{cls} 16 tasks: cross-worker handoff p50 ms", contention.single,
+            single_name(backend), "xh_p50", 3)  # fmt: skip
+        add(f"{cls} 16 tasks: cross-worker handoff p99 ms", contention.single,
+            single_name(backend), "xh_p99", 3)  # fmt: skip
+        add(f"{cls} 3 processes: cross-process handoff p50 ms", contention.multi,
+            multi_name(backend), "xg_p50", 3)  # fmt: skip
+        add(f"{cls} 3 processes: cross-process handoff p99 ms", contention.multi,
+            multi_name(backend), "xg_p99", 3)  # fmt: skip
+        for dup in (False, True):
+            what = "duplicates" if dup else "new ids"
+            name = f"**asynclock** `Deduper.first_seen`, {what} ({LABEL[backend]})"
+            add(f"{cls} Deduper.first_seen {what} ÷ raw statement", dedupe, name, "x_raw", 2)
+    headlines.add(
+        "SQL mutual-exclusion violations, all variants and rounds",
+        fmt(float(violations([contention.single, contention.multi])), 0),
+    )
+    return Section("sql", "\n".join(body), headlines.rows)
+
+
+def _pairs_note(pairs: Rounds, variant: str) -> str:
+    return f" ({fmt(pairs.spread(variant, 'rate').median, 0)} pairs/s)"
+
+
+SCENARIO = Scenario("sql", run, own_environment=True)
