@@ -173,7 +173,7 @@ async def _warm(inbox: Inbox, key: str) -> list[str]:
     """Accept a key in another slot on the master of ``key`` and on that of its directory hash
     (the slot map read, connections opened, the script loaded); returns those keys."""
     masters = {inbox.master_of(inbox.state.lock_key(key)), inbox.master_of(inbox.directory(key))}
-    warm = {}
+    warm: dict[str, str] = {}
     for candidate in (f"slack:C1:warm{n}" for n in range(20_000)):
         master = inbox.master_of(inbox.state.lock_key(candidate))
         if master in masters and inbox.slot(candidate) != inbox.slot(key):
