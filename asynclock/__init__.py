@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from asynclock._dedupe.deduper import Deduper as Deduper
 from asynclock._dispatch.delivery import Delivery as Delivery
-from asynclock._dispatch.dispatcher import ConflictPolicy as ConflictPolicy
 from asynclock._dispatch.dispatcher import EventDispatcher as EventDispatcher
 from asynclock._dispatch.dispatcher import LockScope as LockScope
-from asynclock._dispatch.dispatcher import PolicyName as PolicyName
+from asynclock._dispatch.policies import ConflictPolicy as ConflictPolicy
+from asynclock._dispatch.policies import PolicyName as PolicyName
 from asynclock._errors import AsynclockError as AsynclockError
 from asynclock._errors import InboxFullError as InboxFullError
 from asynclock._errors import LockAcquisitionError as LockAcquisitionError

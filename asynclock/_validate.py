@@ -180,3 +180,17 @@ def check_inbox_finish(
             f"(key {key!r})"
         )
     return seconds
+
+
+def check_count(value: object, name: str) -> int:
+    """``value`` (a count such as ``max_attempts``) when it is an int >= 1.
+
+    Raises:
+        TypeError: ``value`` is not an int (a bool is refused too).
+        ValueError: ``value`` is below 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value

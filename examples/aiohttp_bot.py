@@ -44,7 +44,7 @@ from examples._slack import (
 )
 
 if TYPE_CHECKING:
-    from asynclock._dispatch.dispatcher import ConflictPolicy
+    from asynclock._dispatch.policies import ConflictPolicy
 
 log = logging.getLogger("examples.aiohttp_bot")
 

@@ -69,7 +69,7 @@ from examples._slack import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from asynclock._dispatch.dispatcher import ConflictPolicy
+    from asynclock._dispatch.policies import ConflictPolicy
 
 log = logging.getLogger("examples.fastapi_bot")
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from multiprocessing.synchronize import Barrier
     from multiprocessing.synchronize import Event as EventFlag
 
-    from asynclock._dispatch.dispatcher import PolicyName
+    from asynclock._dispatch.policies import PolicyName
 
 BARRIER_TIMEOUT = 60.0
 

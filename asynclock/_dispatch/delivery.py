@@ -4,14 +4,28 @@
 :meth:`~EventDispatcher.dispatch` would return, plus the two facts an endpoint needs to answer
 truthfully: whether a ``DUPLICATE`` is only *in progress* (the first delivery's claim is still
 leased, possibly by a worker that died), and how long the platform should wait before it
-delivers again.
+delivers again. :class:`DeliveryAnswers` works those two facts out after the dispatch: one read
+of the dedupe record for a duplicate, a retry slot promised for a busy key.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from asynclock._events.event import Outcome
+from asynclock._dedupe.claim import EventClaim
+from asynclock._events.event import Event, Outcome
+from asynclock._retry.slots import RetrySlots
+from asynclock.state._protocol import DedupeReading
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from asynclock._dispatch.context import DispatchContext
+
+# Enum members on the hot path as module constants (an enum descriptor lookup each otherwise)
+_DUPLICATE, _DROPPED = Outcome.DUPLICATE, Outcome.DROPPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +58,62 @@ class Delivery:
     def redeliver(self) -> bool:
         """Whether the platform must deliver the event again (answer it with a non-2xx)."""
         return self.outcome in (Outcome.DROPPED, Outcome.FAILED) or self.in_progress
+
+
+class DeliveryAnswers:
+    """What ``deliver()`` tells the platform beyond the outcome, and every ``Retry-After``.
+
+    Invariants: a retry is promised per busy key in this process's slot chain
+    (:class:`~asynclock._dispatch.freeing.FreeingEstimate`), and, when a slot within the cap is
+    free in the state (:class:`~asynclock._retry.slots.RetrySlots`), one no other worker
+    promises; nothing here runs a handler or changes a lock.
+    """
+
+    __slots__ = ("context", "slots")
+
+    def __init__(self, context: DispatchContext) -> None:
+        self.context = context
+        self.slots = RetrySlots(context.state)
+
+    async def answer(
+        self, event: Event, outcome: Outcome, key_of: Callable[[Event], str]
+    ) -> Delivery:
+        """The :class:`Delivery` of ``event``, dispatched with ``outcome`` on the key ``key_of``
+        gives it: an in-progress duplicate told from a done one, a retry promised when busy."""
+        context = self.context
+        if outcome is _DROPPED:
+            return Delivery(outcome, retry_after=await self.promise_retry(key_of(event)))
+        if outcome is not _DUPLICATE or not isinstance(context.state, DedupeReading):
+            return Delivery(outcome)
+        lock_key = key_of(event)
+        claim = EventClaim.of(event, lock_key)
+        if claim is None:  # not deduped: a DUPLICATE cannot come from a record
+            return Delivery(outcome)
+        remaining = await context.state.dedupe_remaining(claim.key)
+        if remaining is None:  # forgotten (not handled) or lapsed since: redeliver when it frees
+            retry_after = await self.promise_retry(lock_key)
+            return Delivery(outcome, in_progress=True, retry_after=retry_after)
+        if remaining > context.lock_ttl:
+            return Delivery(outcome)  # done: only a done record outlives a lease
+        # just past the lapse, so the redelivery finds the claim gone; jittered, so the retries
+        # of one burst do not land together
+        return Delivery(outcome, in_progress=True, retry_after=remaining + jitter())
+
+    def retry_after(self, lock_key: str) -> float:
+        """When a retry on busy ``lock_key`` should come, by this process's estimate alone."""
+        return self.context.freeing.retry_after(lock_key, cap=self.context.lock_ttl)
+
+    async def promise_retry(self, lock_key: str) -> float:
+        """When a retry on busy ``lock_key`` should come: this process's estimate, made a slot
+        that no other worker promises (claimed in the state) when one is free within the cap."""
+        estimate = self.retry_after(lock_key)
+        claimed = await self.slots.claim(lock_key, estimate, cap=self.context.lock_ttl)
+        if claimed is None:
+            return estimate
+        self.context.freeing.promised(lock_key, claimed)
+        return claimed
+
+
+def jitter() -> float:
+    """Up to half a second, to spread retries that would otherwise land together."""
+    return random.uniform(0.0, 0.5)

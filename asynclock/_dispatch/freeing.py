@@ -77,6 +77,14 @@ class FreeingEstimate:
         self._lapses[key] = self._clock() + max(lapses_in, 0.0)
         _trim(self._lapses)
 
+    def holder_left(self, key: str, left: float | None, ttl: float) -> None:
+        """The busy ``key``'s holder has ``left`` seconds on its lock of ``ttl`` (``None``:
+        unknown): a holder that stopped renewing it is :meth:`stalled`."""
+        # a live holder renews every ttl/3, so it never has under 2/3 of it left for long:
+        # less than half means it stopped (killed, stuck), and the key frees only at the lapse
+        if left is not None and left < ttl / 2:
+            self.stalled(key, left)
+
     def promised(self, key: str, after: float) -> None:
         """A retry on ``key`` was promised ``after`` seconds from now (a slot claimed elsewhere):
         the next promise comes a slot after it, if that is later than the chain says."""

@@ -14,10 +14,11 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from asynclock._dispatch.dispatcher import EventDispatcher, PolicyName
+from asynclock._dispatch.dispatcher import EventDispatcher
 from asynclock._events.event import Event, HandlerContext, Outcome
 
 if TYPE_CHECKING:
+    from asynclock._dispatch.policies import PolicyName
     from asynclock.state._protocol import State
 
 __all__ = ("DispatchTally", "format_dispatch", "run_dispatch_demo")

@@ -33,7 +33,7 @@ from tests.conformance.test_dispatcher import (
 
 if TYPE_CHECKING:
     from asynclock import Event, State
-    from asynclock._dispatch.dispatcher import PolicyName
+    from asynclock._dispatch.policies import PolicyName
     from tests.conftest import Target
 
 LEASE = 2.0

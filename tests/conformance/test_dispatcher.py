@@ -32,6 +32,8 @@ from asynclock import (
     Outcome,
     StateUnavailableError,
 )
+from asynclock._dispatch.fast_route import FastRoute
+from asynclock._dispatch.general_route import GeneralRoute
 from asynclock.state._protocol import ClaimingState, DedupeReading
 from tests._helpers import finish
 
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from asynclock import State
-    from asynclock._dispatch.dispatcher import PolicyName
+    from asynclock._dispatch.policies import PolicyName
 
 #: upper bound for anything that should happen "at once" (generous: a loaded CI box)
 SOON = 5.0
@@ -192,7 +194,9 @@ async def hold_key(bot: EventDispatcher, gate: Gate, event: Event) -> asyncio.Ta
 
 def backlog_size(bot: EventDispatcher, key: str) -> int:
     """Events waiting in the latest/debounce backlog of ``key`` (a peek at the dispatcher)."""
-    backlog = bot._backlogs.get(key)
+    route = bot._route
+    assert isinstance(route, (FastRoute, GeneralRoute))
+    backlog = route.backlogs.by_key.get(key)
     return 0 if backlog is None else sum(not f.done() for _, f in backlog.entries)
 
 

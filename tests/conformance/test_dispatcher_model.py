@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from asynclock import State
-    from asynclock._dispatch.dispatcher import PolicyName
+    from asynclock._dispatch.policies import PolicyName
     from tests._matrix import Backend
 
 TYPES = ("mention", "message", "reaction")

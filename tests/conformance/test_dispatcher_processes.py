@@ -25,7 +25,7 @@ from tests.support.processes import run_processes
 
 if TYPE_CHECKING:
     from asynclock import State
-    from asynclock._dispatch.dispatcher import PolicyName
+    from asynclock._dispatch.policies import PolicyName
     from tests.conftest import Target
 
 pytestmark = pytest.mark.processes

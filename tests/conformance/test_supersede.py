@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asynclock import Event, EventDispatcher, HandlerContext, MemoryState, Outcome
+from asynclock._supersede.route import SupersedeRoute
 from asynclock.state import SupersedeSignals
 
 if TYPE_CHECKING:
@@ -329,7 +330,8 @@ async def test_redeliveries_are_duplicates(state: State) -> None:
     assert await bot.dispatch(ev("m1")) is Outcome.DUPLICATE  # superseded counts as covered
     # nothing left behind per key once idle (a duplicate's place in the line went with it)
     await asyncio.wait_for(bot.aclose(), SOON)
-    assert bot._supersede_lines == {}
+    assert isinstance(bot._route, SupersedeRoute)
+    assert bot._route.lines == {}
 
 
 async def test_deliver_tells_the_platform_a_superseded_event_arrived(state: State) -> None:

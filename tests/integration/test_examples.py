@@ -24,7 +24,7 @@ from tests.integration._servers import bounded, serve_aiohttp, serve_fastapi
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from asynclock._dispatch.dispatcher import ConflictPolicy
+    from asynclock._dispatch.policies import ConflictPolicy
     from tests.integration._servers import Running
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
