@@ -69,23 +69,23 @@ class DeliveryAnswers:
     promises; nothing here runs a handler or changes a lock.
     """
 
-    __slots__ = ("context", "slots")
+    __slots__ = ("context", "key_of", "slots")
 
-    def __init__(self, context: DispatchContext) -> None:
+    def __init__(self, context: DispatchContext, key_of: Callable[[Event], str]) -> None:
         self.context = context
+        #: the event's lock key (``lock_scope``), asked only for the outcomes that need it
+        self.key_of = key_of
         self.slots = RetrySlots(context.state)
 
-    async def answer(
-        self, event: Event, outcome: Outcome, key_of: Callable[[Event], str]
-    ) -> Delivery:
-        """The :class:`Delivery` of ``event``, dispatched with ``outcome`` on the key ``key_of``
-        gives it: an in-progress duplicate told from a done one, a retry promised when busy."""
+    async def answer(self, event: Event, outcome: Outcome) -> Delivery:
+        """The :class:`Delivery` of ``event``, dispatched with ``outcome``: an in-progress
+        duplicate told from a done one, a retry promised when its key is busy."""
         context = self.context
         if outcome is _DROPPED:
-            return Delivery(outcome, retry_after=await self.promise_retry(key_of(event)))
+            return Delivery(outcome, retry_after=await self.promise_retry(self.key_of(event)))
         if outcome is not _DUPLICATE or not isinstance(context.state, DedupeReading):
             return Delivery(outcome)
-        lock_key = key_of(event)
+        lock_key = self.key_of(event)
         claim = EventClaim.of(event, lock_key)
         if claim is None:  # not deduped: a DUPLICATE cannot come from a record
             return Delivery(outcome)

@@ -208,7 +208,7 @@ class EventDispatcher:
         self._record = self._outcomes.record
         self._hooked = on_outcome is not None
         self._marks = DoneMarks(context)
-        self._answers = DeliveryAnswers(context)
+        self._answers = DeliveryAnswers(context, self.lock_key)
         #: claim keys of the dispatches running in this process now
         self._claims_here: set[str] = set()
         self._closed = False
@@ -328,7 +328,7 @@ class EventDispatcher:
         if not isinstance(event, Event):
             raise TypeError(f"deliver() takes an Event, got {type(event).__name__}")
         outcome = await self._dispatch_event(event, submitted=False)
-        return await self._answers.answer(event, outcome, self.lock_key)
+        return await self._answers.answer(event, outcome)
 
     async def _dispatch_event(self, event: Event, *, submitted: bool) -> Outcome:
         loop = asyncio.get_running_loop()
