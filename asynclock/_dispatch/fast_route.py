@@ -2,7 +2,8 @@
 
 :class:`FastRoute` is the route the dispatcher picks for a state whose steps need no await
 (:class:`~asynclock.state._immediate.ImmediateSteps`); what it cannot serve lean, it hands to
-the general route (``general_route.py``).
+the general route (``general_route.py``). (Just over 500 lines: :class:`LeanHold` and the
+route that drives it share one set of invariants, below, so they stay in one module.)
 
 The common case of an embedded dispatcher is a fresh event on a free key, handled in well under
 ``lock_ttl / 3``. For it, :meth:`FastRoute.route_lean` skips the lock's engine: it claims
