@@ -111,7 +111,6 @@ class GeneralRoute:
                 return _HANDLED
             policy = await conflict_policy(context.policy, lock_key, event, submitted=submitted)
             if policy == "queue":
-                loop = asyncio.get_running_loop()
                 timeout = context.queue_timeout
                 if not await lock.wait_turn(None if timeout is None else loop.time() + timeout):
                     return _DROPPED  # queue_timeout ran out

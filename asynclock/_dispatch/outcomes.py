@@ -77,7 +77,7 @@ class OutcomeLog:
             duration = asyncio.get_running_loop().time() - started
             _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
         level = LEVELS[outcome]
-        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of _record
+        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of record()
             log(event, outcome, lock_key, level, error)
         return outcome
 
