@@ -1,3 +1,4 @@
-"""The durable inbox's drain: the worker loop and one-entry drain (``drainer.py``), the
-batches of ``latest``/``debounce`` (``fold.py``) and retries that wait (``retry.py``).
+"""The durable inbox: the dispatcher's ``accept()`` and ``serve()`` (``service.py``), the worker
+loop and one-entry drain (``drainer.py``), the batches of ``latest``/``debounce`` (``fold.py``)
+and retries that wait (``retry.py``).
 """
