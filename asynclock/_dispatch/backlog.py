@@ -1,7 +1,7 @@
 """The ``latest`` / ``debounce`` backlogs of ``dispatch()``: busy keys' events, drained in batches.
 
 An event that finds its key busy under ``latest`` or ``debounce`` joins the key's backlog
-(:class:`~asynclock._events.folding.Backlog`) and waits for its outcome. One drainer task per
+(:class:`Backlog`) and waits for its outcome. One drainer task per
 backlog takes the key's lock, (``debounce``: waits until no event arrived for ``debounce``
 seconds,) folds the waiting events into handler calls (``_events/folding.py``: per thread and
 route the newest is handled, the older ones skipped) and concludes each event's outcome. The
@@ -15,13 +15,29 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from asynclock._events.event import HandlerContext, Outcome
-from asynclock._events.folding import Backlog, BatchCall, Waiting, conclude, fold, settle
+from asynclock._events.folding import BatchCall, Waiting, conclude, fold, settle
 from asynclock._events.handlers import call_all
 from asynclock._lock.lock import AsyncLock
 
 if TYPE_CHECKING:
+    from asynclock._dedupe.claim import WaitingClaims
     from asynclock._dispatch.context import DispatchContext
     from asynclock._events.event import Event
+
+
+class Backlog:
+    """Events of one busy key waiting under ``latest``/``debounce`` in this process."""
+
+    __slots__ = ("claims", "debounce", "drainer", "entries", "last_arrival")
+
+    def __init__(self, debounce: bool) -> None:
+        self.debounce = debounce
+        self.entries: list[Waiting] = []
+        self.drainer: asyncio.Task[object] | None = None
+        self.last_arrival = 0.0
+        #: the claims of the events that joined on MemoryState's lean path, until each has its
+        #: outcome (made by the first of them)
+        self.claims: WaitingClaims | None = None
 
 
 class Backlogs:

@@ -1,8 +1,9 @@
-"""latest/debounce: the events waiting for a busy key in this process, and how a batch is folded.
+"""latest/debounce: how a batch of one key's events is folded into handler calls.
 
-The dispatcher's drainer takes a key's backlog as one batch when the key frees; :func:`fold`
-splits it into handler calls so no skipped event goes unseen, and :func:`conclude` gives each
-waiting dispatch its outcome once the lock is released.
+Shared by the dispatcher's backlogs (``_dispatch/backlog.py``: the events waiting for a busy key
+in this process, taken as one batch when the key frees) and the inbox's batches
+(``_inbox/fold.py``): :func:`fold` splits a batch into handler calls so no skipped event goes
+unseen, and :func:`conclude` gives each waiting dispatch its outcome once the lock is released.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Sequence
 
-    from asynclock._dedupe.claim import WaitingClaims
     from asynclock._events.handlers import HandlerTable, Registered
 
 #: an event of a latest/debounce backlog and the future its dispatch waits on
@@ -67,21 +67,6 @@ def settle(entries: list[Waiting], error: BaseException) -> None:
                 future.set_exception(error)
             else:
                 future.cancel()
-
-
-class Backlog:
-    """Events of one busy key waiting under ``latest``/``debounce`` in this process."""
-
-    __slots__ = ("claims", "debounce", "drainer", "entries", "last_arrival")
-
-    def __init__(self, debounce: bool) -> None:
-        self.debounce = debounce
-        self.entries: list[Waiting] = []
-        self.drainer: asyncio.Task[object] | None = None
-        self.last_arrival = 0.0
-        #: the claims of the events that joined on MemoryState's lean path, until each has its
-        #: outcome (made by the first of them)
-        self.claims: WaitingClaims | None = None
 
 
 def fold(batch: Sequence[Event], handlers: HandlerTable) -> list[BatchCall]:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from asynclock import AsyncLock, state_from_url
+from asynclock._lock.lock import AsyncLock
 from asynclock._validate import check_seconds
 from asynclock.cli._demo_dispatch import DispatchTally, format_dispatch, run_dispatch_demo
 from asynclock.cli._storm import (
@@ -39,6 +39,7 @@ from asynclock.cli._storm import (
     storm_handler,
     tally,
 )
+from asynclock.state import state_from_url
 from asynclock.state._url import redact
 
 if TYPE_CHECKING:
