@@ -590,9 +590,9 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
         """See :meth:`asynclock.state.SupersedeSignals.supersede_carry` (``supersede_carry.lua``:
         a list beside the lock key, in its slot)."""
         check_key(key)
+        expiry = ttl_ms(check_ttl(ttl))
         if not events:
             return
-        expiry = ttl_ms(check_ttl(ttl))
         await self._eval("supersede_carry", (f"{self.lock_key(key)}:carried",), expiry, *events)
 
     async def supersede_collect(self, key: str) -> list[str]:
