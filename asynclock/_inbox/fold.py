@@ -27,12 +27,12 @@ A drainer holding a key's lock takes the oldest pending entries as one batch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING
 
 from asynclock import metrics as _metrics
 from asynclock._backoff import Backoff
+from asynclock._compat import wait_set
 from asynclock._events.codec import decode
 from asynclock._events.event import HandlerContext, Outcome
 from asynclock._events.folding import fold
@@ -161,8 +161,7 @@ class FoldingDrain:
             wait = min(self._debounce - batch.quiet, deadline - loop.time())
             if wait <= 0 or stopping.is_set():
                 return True
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stopping.wait(), wait)
+            await wait_set(stopping, wait)
 
     async def _run(
         self, key: str, lock: Acquisition, batch: InboxBatch

@@ -35,7 +35,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from asynclock._compat import deadline_after
+from asynclock._compat import deadline_after, wait_set
 from asynclock.state.sql._handout import HintWatch
 
 if TYPE_CHECKING:
@@ -229,8 +229,7 @@ class InboxEar:
         """See :meth:`EarListener.heard`: wake the worker, then wait until its claims are done."""
         self._watch.wake()
         # bounded: a worker that never claims again (stopping) must not freeze the ear
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self._watch.idle.wait(), EAR_WAIT)
+        await wait_set(self._watch.idle, EAR_WAIT)
 
 
 def error_code(exc: BaseException) -> int:

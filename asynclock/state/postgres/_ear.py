@@ -31,13 +31,12 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING
 
 from asyncpg import exceptions as pg_errors  # type: ignore[import-untyped]
 
-from asynclock._compat import deadline_after
+from asynclock._compat import deadline_after, wait_set
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -114,8 +113,7 @@ class PostgresEar:
     async def _until_idle(self) -> None:
         """Until the worker's claims are done (bounded: a worker that never claims again, as
         one stopping, must not freeze the ear)."""
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self._watch.idle.wait(), EAR_WAIT)
+        await wait_set(self._watch.idle, EAR_WAIT)
 
     async def _listen(self, conn: _Connection | None) -> None:
         try:

@@ -31,6 +31,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Protocol
 
+from asynclock._compat import wait_set
 from asynclock._errors import StateUnavailableError
 from asynclock._owner import new_owner, new_process_id
 from asynclock.state._protocol import InboxEntry, InboxGrant
@@ -105,9 +106,7 @@ class HintWatch:
             return True
         if timeout <= 0:
             return False
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
-        return self._event.is_set()
+        return await wait_set(self._event, timeout)
 
     def hint(self) -> bytes | None:
         """See :meth:`WakeWatch.hint`."""
