@@ -158,6 +158,13 @@ ROUTINES = {
         "inbox_requeue_v3",
         "inbox_discard_v1",
         "inbox_claim_v2",
+        # the hand-out's hint (#24): the woken worker's key in its row; its ear answers only that
+        "inbox_upgrade_v2",
+        "inbox_wake_one_v2",
+        "inbox_hand_out_v2",
+        "inbox_accept_v4",
+        "inbox_claim_v3",
+        "inbox_worker_gone_v1",
         # the semaphore waiters' ears (push wake-ups through KILL QUERY)
         "ear_kill_v1",
         "semaphore_mark_v1",

@@ -363,7 +363,7 @@ class MySQLState(
         ear = InboxEar(
             self._connect_dedicated,
             self._statements["inbox_ear"],
-            space=self._space.hex(),
+            worker=worker,
             op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,
         )
         async with self._guard():

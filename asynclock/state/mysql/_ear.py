@@ -10,9 +10,9 @@ in ``information_schema.PROCESSLIST`` that the connection runs the ear's marked 
 :class:`Ear` is that connection and its loop, the same for every user; what an ear waits for and
 what its owner does once it is interrupted is an :class:`EarListener`. Two use it:
 
-* the inbox hand-out (:class:`InboxEar`): each serving worker's ear waits for a free key with
-  work (``inbox_ear``); an accept that finds its key free kills the ear of one live worker
-  (``inbox_wake_one_v1``), which then claims a key;
+* the inbox hand-out (:class:`InboxEar`): each serving worker's ear waits for a key written into
+  its row (``inbox_ear``); an accept that finds its key free writes the key into the row of one
+  live worker and kills its ear (``inbox_wake_one_v2``), which then claims that key first;
 * the semaphore waiters of a :class:`~asynclock.MySQLState` (``_semaphore_ear.py``): one ear per
   state, which a release kills when it makes one of the state's waiters eligible.
 
@@ -199,13 +199,14 @@ class InboxEar:
         connect: Callable[[], Coroutine[object, object, DedicatedConnection]],
         statement: str,
         *,
-        space: str,
+        worker: str,
         op_timeout: float,
     ) -> None:
-        """``statement``: ``inbox_ear`` of ``queries.sql``; ``space``: the prefix's id in hex."""
+        """``statement``: ``inbox_ear`` of ``queries.sql``; ``worker``: the id of the worker's row
+        (its hint is what the ear looks for)."""
         self._watch = HintWatch()
         self._ear = Ear(
-            connect, statement, {"space": space}, self, op_timeout=op_timeout, role="inbox"
+            connect, statement, {"worker": worker}, self, op_timeout=op_timeout, role="inbox"
         )
 
     async def start(self) -> HintWatch:

@@ -180,19 +180,21 @@ ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)
 -- Append payload to the key's inbox unless its claim is recorded ("duplicate") or max_pending
 -- entries are pending ("full"); record the claim for claim_ttl_ms and mark the key as having
 -- work; then, committed, unless the key's lock is held or the key waits for a retry or is parked,
--- wake one live worker (the hand-out). Answers one row (status, pending). Atomic: one CALL of
--- inbox_accept_v3 (schema.sql), whose append is one transaction that first locks the key's
+-- wake one live worker, the key written into its row (the hand-out's hint). Answers one row (status, pending). Atomic: one CALL of
+-- inbox_accept_v4 (schema.sql), whose append is one transaction that first locks the key's
 -- inboxes row, so concurrent accepts and drain steps of one key run one after the other.
-CALL {prefix}inbox_accept_v3(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payload)s,
+CALL {prefix}inbox_accept_v4(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payload)s,
                              UNHEX(%(claim)s), %(claim_name)s, %(claim_ttl_ms)s, %(max_pending)s)
 
 -- inbox_claim --
 -- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock,
 -- neither parked nor waiting for a retry not due yet (hint's first), for ttl_ms, with its head
 -- handed out when "take". Answers one row (status, name, token, entry, attempts, payload, age,
--- pending, more). Atomic: one CALL of inbox_claim_v2 (schema.sql), one transaction that passes
--- over every row another one holds (SKIP LOCKED).
-CALL {prefix}inbox_claim_v2(UNHEX(%(space)s), %(owner)s, %(ttl_ms)s, %(take)s, UNHEX(%(hint)s))
+-- pending, more). The hint in worker's row (the key it was woken for) comes first after hint, and
+-- is consumed. Atomic: one CALL of inbox_claim_v3 (schema.sql), one transaction that passes over
+-- every row another one holds (SKIP LOCKED).
+CALL {prefix}inbox_claim_v3(UNHEX(%(space)s), %(owner)s, %(ttl_ms)s, %(take)s, UNHEX(%(hint)s),
+                            %(worker)s)
 
 -- inbox_worker_seen --
 -- A serving worker of the prefix is alive until lease_ms from now; its ear is connection
@@ -204,21 +206,19 @@ ON DUPLICATE KEY UPDATE space = VALUES(space), conn = VALUES(conn),
                         expires_at = VALUES(expires_at)
 
 -- inbox_worker_gone --
--- A worker stops serving: no accept wakes it any more.
-DELETE FROM {prefix}inbox_workers WHERE id = %(worker)s
+-- A worker stops serving: no accept wakes it any more; a key it was woken for and had not claimed
+-- yet is handed to another worker. One CALL of inbox_worker_gone_v1 (schema.sql).
+CALL {prefix}inbox_worker_gone_v1(%(worker)s)
 
 -- inbox_ear --
--- What a worker's ear waits in: at once 0 when a key of the prefix has work and a free lock and
--- is neither parked nor waiting for a retry not due yet (a wake-up missed between two of these
--- costs nothing), else SLEEP(wait), which the accept that wakes this worker interrupts (KILL
--- QUERY: the statement fails, "interrupted"); 0 (SLEEP's answer) after the whole wait. The
--- marker lets inbox_wake_one_v1 kill only a waiting ear.
+-- What a worker's ear waits in: at once 0 when the worker's row holds a hint (a key it was woken
+-- for: a kill that came between two of these costs nothing), else SLEEP(wait), which the accept
+-- that wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 0 (SLEEP's
+-- answer) after the whole wait. Keys with work that no wake-up named are not its business: they
+-- go to the worker they were handed to, or to a rescan. The marker lets inbox_wake_one_v2 kill
+-- only a waiting ear.
 SELECT 'asynclock-inbox-ear', IF(EXISTS (
-    SELECT 1 FROM {prefix}inboxes AS i
-    LEFT JOIN {prefix}locks AS l ON l.id = i.id
-    WHERE i.space = UNHEX(%(space)s) AND i.ready_at IS NOT NULL
-      AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= UTC_TIMESTAMP(3))
-      AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3) OR (l.owner IS NULL AND l.flag IS NULL))
+    SELECT 1 FROM {prefix}inbox_workers WHERE id = %(worker)s AND hint IS NOT NULL
 ), 0, SLEEP(%(wait)s))
 
 -- inbox_step --

@@ -1021,6 +1021,125 @@ BEGIN
 END
 $$;
 
+-- ==== The hand-out's hint (#24): a woken worker's key, that no other worker's ear answers ========
+-- inbox_ear once answered at once whenever any free key had work: so a worker re-arming its ear
+-- claimed the key another worker had just been woken for, and one of the two claims found nothing
+-- (about one event in three at 4 workers). Now the waker writes the key into the woken worker's
+-- row (hint) before it kills the ear's query; the ear answers at once only for a hint in its own
+-- row (a kill that lands between two of its statements is made up for by the next one), and the
+-- worker's claim takes its hint first. Keys nobody was told about (a kill refused, a worker gone
+-- with its hint) are found by each worker's rescan and by the claim every ear timeout makes.
+--
+-- inbox_upgrade_v2: adds the hint column to an inbox_workers table made before it existed (as
+-- inbox_upgrade_v1 does for the inboxes table).
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_upgrade_v2()
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE CONTINUE HANDLER FOR 1060 BEGIN END;
+    IF NOT EXISTS (SELECT 1 FROM information_schema.COLUMNS
+                   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{prefix}inbox_workers'
+                     AND COLUMN_NAME = 'hint') THEN
+        ALTER TABLE {prefix}inbox_workers ADD COLUMN hint BINARY(32) NULL;
+    END IF;
+END
+$$;
+
+CALL {prefix}inbox_upgrade_v2();
+
+-- inbox_wake_one_v2: inbox_wake_one_v1 naming the key: unless the key's lock is held, pick one
+-- live worker of the space at random, one with no hint waiting first, write the key as its hint
+-- (committed before the kill: the ear's next look sees it), then kill its ear's query if it waits.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_wake_one_v2(IN p_id BINARY(32), IN p_space BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_worker VARBINARY(128) DEFAULT NULL;
+    DECLARE v_conn BIGINT DEFAULT NULL;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_worker = NULL;
+    IF NOT EXISTS (SELECT 1 FROM {prefix}locks
+                   WHERE id = p_id AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)) THEN
+        SELECT w.id, w.conn INTO v_worker, v_conn FROM {prefix}inbox_workers AS w
+        WHERE w.space = p_space AND w.expires_at > UTC_TIMESTAMP(3)
+        ORDER BY w.hint IS NOT NULL, RAND() LIMIT 1;
+        IF v_worker IS NOT NULL THEN
+            UPDATE {prefix}inbox_workers SET hint = p_id WHERE id = v_worker;
+            CALL {prefix}ear_kill_v1(v_conn, 'asynclock-inbox-ear');
+        END IF;
+    END IF;
+END
+$$;
+
+-- inbox_hand_out_v2: inbox_hand_out_v1 through inbox_wake_one_v2.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_hand_out_v2(IN p_id BINARY(32), IN p_space BINARY(32))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {prefix}inboxes
+               WHERE id = p_id AND pending > 0 AND NOT parked
+                 AND (retry_at IS NULL OR retry_at <= UTC_TIMESTAMP(3))) THEN
+        CALL {prefix}inbox_wake_one_v2(p_id, p_space);
+    END IF;
+END
+$$;
+
+-- inbox_accept_v4: inbox_accept_v3 through inbox_hand_out_v2 (the woken worker's hint). Requeues
+-- and discards still wake through v1: rare, and the woken worker's claim finds the key anyway.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v4(
+    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
+    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
+    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
+    IN p_max_pending INT
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_status VARCHAR(16);
+    DECLARE v_pending INT;
+    CALL {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
+                                 p_claim_ttl_ms, p_max_pending, v_status, v_pending);
+    IF v_status = 'accepted' THEN
+        CALL {prefix}inbox_hand_out_v2(p_id, p_space);
+    END IF;
+    SELECT v_status, v_pending;
+END
+$$;
+
+-- inbox_claim_v3: inbox_claim_v2 for worker p_worker, its hint taken first (p_hint, if given, comes
+-- before it) and consumed; cleared only if still the one read (a newer wake-up's stays).
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v3(
+    IN p_space BINARY(32), IN p_owner VARBINARY(512), IN p_ttl_ms BIGINT, IN p_take BOOLEAN,
+    IN p_hint BINARY(32), IN p_worker VARBINARY(128)
+)
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_hint BINARY(32) DEFAULT NULL;
+    SELECT hint INTO v_hint FROM {prefix}inbox_workers WHERE id = p_worker AND hint IS NOT NULL;
+    IF v_hint IS NOT NULL THEN
+        UPDATE {prefix}inbox_workers SET hint = NULL WHERE id = p_worker AND hint = v_hint;
+    END IF;
+    CALL {prefix}inbox_claim_v2(p_space, p_owner, p_ttl_ms, p_take, COALESCE(p_hint, v_hint));
+END
+$$;
+
+-- inbox_worker_gone_v1: a worker stops serving: its row goes, and a hint it had not claimed yet
+-- is handed to another live worker (inbox_hand_out_v2), not left to the rescans.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_worker_gone_v1(IN p_worker VARBINARY(128))
+SQL SECURITY INVOKER
+$$
+BEGIN
+    DECLARE v_hint BINARY(32) DEFAULT NULL;
+    DECLARE v_space BINARY(32) DEFAULT NULL;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_hint = NULL;
+    SELECT hint, space INTO v_hint, v_space FROM {prefix}inbox_workers WHERE id = p_worker;
+    DELETE FROM {prefix}inbox_workers WHERE id = p_worker;
+    IF v_hint IS NOT NULL THEN
+        CALL {prefix}inbox_hand_out_v2(v_hint, v_space);
+    END IF;
+END
+$$;
+
 -- ==== Semaphores (asynclock.Semaphore, the SemaphoreState capability) ==========================
 -- Separate from the lock and inbox tables: a semaphore key is a namespace of its own. Every
 -- operation on a key first locks its row of {prefix}semaphores (created on first use), so the

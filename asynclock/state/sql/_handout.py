@@ -2,7 +2,7 @@
 
 Each serving worker registers a row (``inbox_worker_seen``: its id, the channel it hears on,
 a lease it renews) and waits on a wake-up of its own. An accept that finds its key free wakes one
-live worker of the row table, at random (``inbox_wake_one_v1``); the worker then takes a key
+live worker of the row table, at random (``inbox_wake_one``); the worker then takes a key
 (``inbox_claim``): the hinted one if it is still free, else the longest waiting one, locked for
 this worker in the same transaction, its head handed out. So an event costs its accept, one claim
 and the drain's step, whatever the number of workers; and no worker rereads the keys with work
@@ -10,8 +10,10 @@ on every accept.
 
 How a backend wakes a worker is its own (:class:`WakeUps`): PostgreSQL cancels the worker's
 ear's ``pg_sleep`` (the key written in the worker's row; a NOTIFY on the worker's own channel,
-heard on the state's LISTEN connection, when it may not: ``postgres/_ear.py``); MySQL kills the
-worker's ear's ``SLEEP``.
+heard on the state's LISTEN connection, when it may not: ``postgres/_ear.py``); MySQL writes the
+key in the worker's row too and kills the worker's ear's ``SLEEP`` (``mysql/_ear.py``). Either
+way the ear answers only for its own worker's key, so a worker re-arming its ear never takes the
+key another was woken for.
 
 Invariants:
 
