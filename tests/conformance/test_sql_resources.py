@@ -127,6 +127,8 @@ ROUTINES = {
         "inbox_discard_v2",
         "inbox_claim_v3",
         "inbox_ear_v1",
+        # a stopping worker hands its unclaimed hint on
+        "inbox_worker_gone_v1",
         "semaphore_eligible_v1",
         "semaphore_wake_v1",
         "semaphore_acquire_v1",

@@ -6,6 +6,7 @@ The figures the fault tests print are :func:`tests.support.reporting.report`'s.
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -25,11 +26,31 @@ async def bounded(awaitable: Awaitable[T], what: str, seconds: float) -> T:
     It runs in the calling task (not in a task of its own, as ``wait_for`` would on 3.10-3.11):
     a lock acquired inside belongs to the caller.
     """
+    # where every task waits just before the deadline: once it passes, what hung is cancelled
+    stacks: list[str] = []
+    snapshot = asyncio.get_running_loop().call_later(
+        max(seconds - 0.05, 0.0), lambda: stacks.extend(_task_stacks())
+    )
     try:
         async with deadline_after(seconds):
             return await awaitable
     except (TimeoutError, asyncio.TimeoutError):
-        raise AssertionError(f"{what} did not finish within {seconds} s (a hang)") from None
+        raise AssertionError(
+            f"{what} did not finish within {seconds} s (a hang); the tasks just before:\n"
+            + "\n".join(stacks)
+        ) from None
+    finally:
+        snapshot.cancel()
+
+
+def _task_stacks() -> list[str]:
+    """The stack of every pending task of the running loop, printed."""
+    printed = []
+    for task in asyncio.all_tasks():
+        text = io.StringIO()
+        task.print_stack(limit=12, file=text)
+        printed.append(text.getvalue())
+    return printed
 
 
 async def until(

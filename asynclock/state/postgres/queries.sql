@@ -317,8 +317,9 @@ ON CONFLICT (id) DO UPDATE SET (space, channel, expires_at, ear) =
 SELECT {prefix}inbox_ear_v1(%(worker)s, %(wait)s) AS "asynclock-inbox-ear"
 
 -- inbox_worker_gone --
--- A worker stops serving: no accept wakes it any more.
-DELETE FROM {prefix}inbox_workers AS w WHERE w.id = %(worker)s
+-- A worker stops serving: no accept wakes it any more; a key it was woken for and had not claimed
+-- yet is handed to another worker. One call of inbox_worker_gone_v1 (schema.sql).
+SELECT {prefix}inbox_worker_gone_v1(%(worker)s)
 
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the

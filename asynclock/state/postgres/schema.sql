@@ -1155,6 +1155,23 @@ BEGIN
 END
 $$;
 
+-- inbox_worker_gone_v1: a worker stops serving: its row goes, and a hint it had not claimed yet
+-- (a wake-up that reached it as it stopped) is handed to another live worker (inbox_hand_out_v2),
+-- not left to the rescans. The row is deleted with it locked: a wake-up in flight is waited for.
+CREATE OR REPLACE FUNCTION {prefix}inbox_worker_gone_v1(p_worker text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_hint bytea;
+    v_space bytea;
+BEGIN
+    DELETE FROM {prefix}inbox_workers AS w WHERE w.id = p_worker
+    RETURNING w.hint, w.space INTO v_hint, v_space;
+    IF v_hint IS NOT NULL THEN
+        PERFORM {prefix}inbox_hand_out_v2(v_hint, v_space);
+    END IF;
+END
+$$;
+
 -- ==== Semaphores (asynclock.Semaphore, the SemaphoreState capability) ==========================
 -- Separate from the lock and inbox tables: a semaphore key is a namespace of its own. Every
 -- operation on a key first locks its row of {prefix}semaphores (created on first use), so the
