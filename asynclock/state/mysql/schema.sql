@@ -1,6 +1,11 @@
 -- MySQL 8 / MariaDB 10.6+ schema of MySQLState. {prefix} is the table_prefix option.
 -- Every statement is idempotent; MySQLState runs them on first use (create_schema=True).
 -- With create_schema=False, run this file in a migration.
+-- Routine names carry a version (_v1, _v2, ...): a release that changes a body adds the next
+-- version rather than altering what running processes call. This file creates only the versions
+-- this release calls; those of earlier releases stay in a database where they were made (and an
+-- older worker's own script makes what it calls), so both releases share the tables during a
+-- rolling upgrade. Older versions can be dropped once no older worker runs.
 -- Times are UTC_TIMESTAMP(3) values (never NOW(), which follows the session time zone), so
 -- clients with different time zones agree on expiry. Owner ids, flags and marks are binary
 -- strings, so they compare byte for byte whatever the table's collation.
@@ -67,56 +72,6 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
 -- user that created the schema (a migration user) breaks nothing. Names are versioned: CREATE
 -- ... IF NOT EXISTS never replaces a body, so a changed body gets the next version (_v2, ...).
 
--- inbox_lock_rows: the start of inbox_step and inbox_take, inside their transaction. Locks the
--- key's lock row if p_owner holds the lock, then (only then) its inboxes row: always in that
--- order, so two steps never deadlock, and no accept can commit between a step's "empty"
--- decision and its release (an accept after it finds the key free). Aggregates make each
--- locking read answer one row, found or not (a SELECT INTO of no row would raise a warning).
--- Sets o_held (0: nothing was locked, the rest 0 too), o_rows (whether the inboxes row exists)
--- and the inbox's counters.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_lock_rows_v1(
-    IN p_id BINARY(32), IN p_owner VARBINARY(512), OUT o_held INT, OUT o_rows INT,
-    OUT o_pending INT, OUT o_dead INT
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    SELECT COUNT(*) INTO o_held FROM {prefix}locks
-    WHERE id = p_id AND owner = p_owner AND expires_at > UTC_TIMESTAMP(3)
-    FOR UPDATE;
-    SET o_rows = 0, o_pending = 0, o_dead = 0;
-    IF o_held > 0 THEN
-        SELECT COUNT(*), COALESCE(MAX(pending), 0), COALESCE(MAX(dead), 0)
-        INTO o_rows, o_pending, o_dead
-        FROM {prefix}inboxes WHERE id = p_id
-        FOR UPDATE;
-    END IF;
-END
-$$;
-
--- inbox_release: the end of inbox_step and inbox_take when nothing is pending, inside their
--- transaction, under the rows inbox_lock_rows locked. The inboxes row (if p_rows) goes if no
--- dead letters are left, else it is marked idle; the lock is released as the release statement
--- does: reserved for p_reservation_ms when a waiter flagged it, else free.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_release_v1(
-    IN p_id BINARY(32), IN p_rows INT, IN p_dead INT, IN p_reservation_ms BIGINT
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    IF p_rows > 0 AND p_dead = 0 THEN
-        DELETE FROM {prefix}inboxes WHERE id = p_id;
-    ELSEIF p_rows > 0 THEN
-        UPDATE {prefix}inboxes SET ready_at = NULL WHERE id = p_id;
-    END IF;
-    UPDATE {prefix}locks
-    SET owner = NULL,
-        expires_at = IF(flag IS NULL, UTC_TIMESTAMP(3),
-                        UTC_TIMESTAMP(3) + INTERVAL p_reservation_ms * 1000 MICROSECOND)
-    WHERE id = p_id;
-END
-$$;
-
 -- inbox_append: dedupe check, max_pending check, append, atomically, in a transaction of its own
 -- (committed when it returns). The claim is recorded by the upsert of dedupe_add, which only
 -- takes over an expired record, so two accepts of one event id never both succeed, even across
@@ -174,206 +129,11 @@ BEGIN
 END
 $$;
 
--- inbox_accept_v1: inbox_append_v1, answered as one row (status, pending). No wake-up: kept for
--- releases before the hand-out (inbox_accept_v2), whose workers poll.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v1(
-    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
-    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
-    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
-    IN p_max_pending INT
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_status VARCHAR(16);
-    DECLARE v_pending INT;
-    CALL {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
-                                 p_claim_ttl_ms, p_max_pending, v_status, v_pending);
-    SELECT v_status, v_pending;
-END
-$$;
-
--- inbox_step: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
--- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
--- pending, release the lock (inbox_release_v1) in the same transaction. Starts with
--- inbox_lock_rows_v1 (the lock row, then the inboxes row). Answers one row (status, entry,
--- attempts, payload, age in seconds, pending); status 'not_owner' changed nothing, 'released'
--- released the lock. v2: v1's body, with its start and its end in those two shared procedures.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v2(
-    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT,
-    IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_take BOOLEAN, IN p_reservation_ms BIGINT
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_held INT;
-    DECLARE v_rows INT;
-    DECLARE v_pending INT;
-    DECLARE v_dead INT;
-    DECLARE v_entry BIGINT;
-    DECLARE v_attempts INT;
-    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
-    DECLARE v_age_us BIGINT;
-    DECLARE v_status VARCHAR(16) DEFAULT 'released';
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    START TRANSACTION;
-    CALL {prefix}inbox_lock_rows_v1(p_id, p_owner, v_held, v_rows, v_pending, v_dead);
-    IF v_held = 0 THEN
-        SET v_status = 'not_owner';
-    ELSE
-        IF v_rows > 0 AND p_done IS NOT NULL THEN
-            -- the head, unless dead letters were requeued in front of it meanwhile
-            IF p_dead IS NULL THEN
-                DELETE FROM {prefix}inbox_entries
-                WHERE inbox = p_id AND id = p_done AND error IS NULL;
-            ELSE
-                UPDATE {prefix}inbox_entries SET error = p_dead
-                WHERE inbox = p_id AND id = p_done AND error IS NULL;
-            END IF;
-            IF ROW_COUNT() > 0 THEN
-                SET v_pending = v_pending - 1;
-                SET v_dead = v_dead + IF(p_dead IS NULL, 0, 1);
-                UPDATE {prefix}inboxes SET pending = v_pending, dead = v_dead WHERE id = p_id;
-            END IF;
-        END IF;
-        IF v_pending > 0 THEN
-            SELECT id, attempts, payload,
-                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
-            INTO v_entry, v_attempts, v_payload, v_age_us
-            FROM {prefix}inbox_entries
-            WHERE inbox = p_id AND error IS NULL
-            ORDER BY id LIMIT 1;
-            IF p_take THEN
-                UPDATE {prefix}inbox_entries SET attempts = attempts + 1
-                WHERE inbox = p_id AND id = v_entry;
-                SET v_attempts = v_attempts + 1;
-            END IF;
-            SET v_status = 'entry';
-        ELSE
-            CALL {prefix}inbox_release_v1(p_id, v_rows, v_dead, p_reservation_ms);
-        END IF;
-    END IF;
-    COMMIT;
-    SELECT v_status, v_entry, v_attempts, v_payload, GREATEST(v_age_us, 0) / 1000000, v_pending;
-END
-$$;
-
--- inbox_requeue_rows: put the key's dead letters back at the head of its inbox, in id (accept)
--- order, with fresh attempt counts, in a transaction of its own. Locks the key's inboxes row
--- first, as accept and step do, so the counters stay exact. Sets o_moved: how many were put back.
--- The start of every inbox_requeue_v*.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_rows_v1(IN p_id BINARY(32), OUT o_moved INT)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_rows INT;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    SET o_moved = 0;
-    START TRANSACTION;
-    SELECT COUNT(*) INTO v_rows FROM {prefix}inboxes WHERE id = p_id FOR UPDATE;
-    IF v_rows > 0 THEN
-        UPDATE {prefix}inbox_entries
-        SET error = NULL, attempts = 0, accepted_at = UTC_TIMESTAMP(3)
-        WHERE inbox = p_id AND error IS NOT NULL;
-        SET o_moved = ROW_COUNT();
-        IF o_moved > 0 THEN
-            UPDATE {prefix}inboxes
-            SET pending = pending + o_moved, dead = 0,
-                ready_at = COALESCE(ready_at, UTC_TIMESTAMP(3))
-            WHERE id = p_id;
-        END IF;
-    END IF;
-    COMMIT;
-END
-$$;
-
--- inbox_requeue_v1: inbox_requeue_rows_v1, answered as one row (how many). Kept for releases
--- before the hand-out (inbox_requeue_v2).
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v1(IN p_id BINARY(32))
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_moved INT;
-    CALL {prefix}inbox_requeue_rows_v1(p_id, v_moved);
-    SELECT v_moved;
-END
-$$;
-
--- inbox_take: the batch form of inbox_step. As the lock's owner, finish the pending entries whose
--- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
--- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
--- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
--- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). v2: as
--- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers one result set, read before the
--- commit (so an accept landing after it cannot show up uncounted): a first row (status, -, -,
--- -, seconds since the newest pending entry was accepted, pending) with status 'not_owner'
--- (nothing changed), 'released' or 'pending', then one row ('entry', id, attempts, payload, age
--- in seconds, pending) per entry handed out, in id order.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_take_v2(
-    IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done LONGTEXT,
-    IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_limit INT, IN p_reservation_ms BIGINT
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_held INT;
-    DECLARE v_rows INT;
-    DECLARE v_pending INT DEFAULT 0;
-    DECLARE v_dead INT;
-    DECLARE v_gone INT;
-    DECLARE v_status VARCHAR(16) DEFAULT 'released';
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    START TRANSACTION;
-    CALL {prefix}inbox_lock_rows_v1(p_id, p_owner, v_held, v_rows, v_pending, v_dead);
-    IF v_held = 0 THEN
-        SET v_status = 'not_owner';
-    ELSE
-        IF v_rows > 0 AND p_done <> '' THEN
-            IF p_dead IS NULL THEN
-                DELETE FROM {prefix}inbox_entries
-                WHERE inbox = p_id AND error IS NULL AND FIND_IN_SET(id, p_done) > 0;
-            ELSE
-                UPDATE {prefix}inbox_entries SET error = p_dead
-                WHERE inbox = p_id AND error IS NULL AND FIND_IN_SET(id, p_done) > 0;
-            END IF;
-            SET v_gone = ROW_COUNT();
-            IF v_gone > 0 THEN
-                SET v_pending = v_pending - v_gone;
-                SET v_dead = v_dead + IF(p_dead IS NULL, 0, v_gone);
-                UPDATE {prefix}inboxes SET pending = v_pending, dead = v_dead WHERE id = p_id;
-            END IF;
-        END IF;
-        IF v_pending > 0 THEN
-            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
-            WHERE inbox = p_id AND error IS NULL
-            ORDER BY id LIMIT p_limit;
-            SET v_status = 'pending';
-        ELSE
-            CALL {prefix}inbox_release_v1(p_id, v_rows, v_dead, p_reservation_ms);
-        END IF;
-    END IF;
-    SELECT v_status, NULL, NULL, NULL,
-           (SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3)), 0)
-                   / 1000000
-            FROM {prefix}inbox_entries WHERE inbox = p_id AND error IS NULL
-            ORDER BY id DESC LIMIT 1),
-           v_pending
-    UNION ALL
-    (SELECT 'entry', id, attempts, payload,
-            GREATEST(TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3)), 0) / 1000000,
-            v_pending
-     FROM {prefix}inbox_entries
-     WHERE v_status = 'pending' AND inbox = p_id AND error IS NULL
-     ORDER BY id LIMIT p_limit);
-    COMMIT;
-END
-$$;
-
 -- The inbox's hand-out (EventDispatcher.serve): a key with work and no holder goes to ONE worker.
 -- Each serving worker has a row here, kept alive by its lease, naming the connection of its "ear":
 -- a session that waits in SLEEP() for work. An accept that finds its key free wakes one live
 -- worker, chosen at random, by killing its ear's query (KILL QUERY: a user may kill the queries of
--- its own sessions); the worker then takes a key (inbox_claim_v1).
+-- its own sessions); the worker then takes a key (inbox_claim).
 CREATE TABLE IF NOT EXISTS {prefix}inbox_workers (
     id          VARBINARY(128) NOT NULL PRIMARY KEY, -- the worker's id ("<host>:<pid>:<random>")
     space       BINARY(32) NOT NULL,                 -- SHA-256 of the state's key prefix
@@ -410,156 +170,6 @@ BEGIN
 END
 $$;
 
--- inbox_accept_v2: inbox_append_v1, then (committed) the hand-out's wake-up. One row (status,
--- pending).
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v2(
-    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
-    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
-    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
-    IN p_max_pending INT
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_status VARCHAR(16);
-    DECLARE v_pending INT;
-    CALL {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
-                                 p_claim_ttl_ms, p_max_pending, v_status, v_pending);
-    IF v_status = 'accepted' THEN
-        CALL {prefix}inbox_wake_one_v1(p_id, p_space);
-    END IF;
-    SELECT v_status, v_pending;
-END
-$$;
-
--- inbox_requeue_v2: inbox_requeue_rows_v1, then (committed) the hand-out's wake-up. One row: how
--- many were put back.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v2(IN p_id BINARY(32), IN p_space BINARY(32))
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_moved INT;
-    CALL {prefix}inbox_requeue_rows_v1(p_id, v_moved);
-    IF v_moved > 0 THEN
-        CALL {prefix}inbox_wake_one_v1(p_id, p_space);
-    END IF;
-    SELECT v_moved;
-END
-$$;
-
--- inbox_claim: the hand-out's take. As p_owner, take one key of the space that has pending entries
--- and whose lock is free (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the
--- next fencing token, and with p_take its head entry handed out (attempts + 1). Never waits for a
--- row: the lock row, then the inboxes row (the order of inbox_step and inbox_take), each FOR
--- UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two claims
--- never take one key. Answers one row: status 'none' or 'taken' (the key's prefixed name, its
--- token, and with p_take the entry: id, attempts, payload, age in seconds, pending), and whether
--- another free key with work was seen ("more": the worker claims again at once).
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v1(
-    IN p_space BINARY(32), IN p_owner VARBINARY(512), IN p_ttl_ms BIGINT, IN p_take BOOLEAN,
-    IN p_hint BINARY(32)
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_done INT DEFAULT 0;
-    DECLARE v_id BINARY(32);
-    DECLARE v_name LONGTEXT CHARACTER SET utf8mb4;
-    DECLARE v_found INT;
-    DECLARE v_free INT;
-    DECLARE v_last BIGINT;
-    DECLARE v_pending INT;
-    DECLARE v_token BIGINT;
-    DECLARE v_status VARCHAR(16) DEFAULT 'none';
-    DECLARE v_taken BINARY(32);
-    DECLARE v_taken_name LONGTEXT CHARACTER SET utf8mb4;
-    DECLARE v_entry BIGINT;
-    DECLARE v_attempts INT;
-    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
-    DECLARE v_age_us BIGINT;
-    DECLARE v_more INT DEFAULT 0;
-    DECLARE candidates CURSOR FOR
-        SELECT c.id, c.name FROM (
-            SELECT i.id, i.name, 0 AS o, i.ready_at FROM {prefix}inboxes AS i
-            WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space
-            UNION ALL
-            SELECT i.id, i.name, 1 AS o, i.ready_at FROM {prefix}inboxes AS i
-            LEFT JOIN {prefix}locks AS l ON l.id = i.id
-            WHERE i.space = p_space AND i.ready_at IS NOT NULL
-              AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3)
-                   OR (l.owner IS NULL AND l.flag IS NULL))
-        ) AS c
-        ORDER BY c.o, c.ready_at
-        LIMIT 17;
-    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    START TRANSACTION;
-    OPEN candidates;
-    scan: LOOP
-        FETCH candidates INTO v_id, v_name;
-        IF v_done = 1 THEN
-            LEAVE scan;
-        END IF;
-        IF v_status = 'taken' THEN
-            IF v_id <> v_taken THEN  -- another free key with work: claim again
-                SET v_more = 1;
-                LEAVE scan;
-            END IF;
-            ITERATE scan;
-        END IF;
-        -- the lock row first, without waiting: a missing row is created (and so locked by us)
-        SELECT COUNT(*), COALESCE(MAX(expires_at <= UTC_TIMESTAMP(3)
-                                      OR (owner IS NULL AND flag IS NULL)), 0),
-               COALESCE(MAX(token), 0)
-        INTO v_found, v_free, v_last
-        FROM {prefix}locks WHERE id = v_id FOR UPDATE SKIP LOCKED;
-        IF v_found = 0 THEN
-            IF EXISTS (SELECT 1 FROM {prefix}locks WHERE id = v_id) THEN
-                ITERATE scan;  -- another transaction is changing it: pass it over
-            END IF;
-            INSERT IGNORE INTO {prefix}locks
-                (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
-            VALUES (v_id, v_name, NULL, NULL, 0, '1970-01-01 00:00:00', '',
-                    '1970-01-01 00:00:00');
-            IF ROW_COUNT() = 0 THEN
-                ITERATE scan;
-            END IF;
-            SET v_free = 1, v_last = 0;
-        END IF;
-        IF v_free = 0 THEN
-            ITERATE scan;  -- held, or reserved for a waiter of another state
-        END IF;
-        SELECT COUNT(*), COALESCE(MAX(pending), 0) INTO v_found, v_pending
-        FROM {prefix}inboxes WHERE id = v_id FOR UPDATE SKIP LOCKED;
-        IF v_found = 0 OR v_pending = 0 THEN
-            ITERATE scan;  -- being changed (an accept: it wakes a worker if need be), or drained
-        END IF;
-        SET v_token = GREATEST(v_last + 1,
-                               TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
-        UPDATE {prefix}locks
-        SET owner = p_owner, flag = NULL, token = v_token,
-            expires_at = UTC_TIMESTAMP(3) + INTERVAL p_ttl_ms * 1000 MICROSECOND
-        WHERE id = v_id;
-        IF p_take THEN
-            SELECT id, attempts, payload,
-                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
-            INTO v_entry, v_attempts, v_payload, v_age_us
-            FROM {prefix}inbox_entries
-            WHERE inbox = v_id AND error IS NULL
-            ORDER BY id LIMIT 1;
-            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
-            WHERE inbox = v_id AND id = v_entry;
-            SET v_attempts = v_attempts + 1;
-        END IF;
-        SET v_status = 'taken', v_taken = v_id, v_taken_name = v_name;
-    END LOOP;
-    CLOSE candidates;
-    COMMIT;
-    SELECT v_status, v_taken_name, v_token, v_entry, v_attempts, v_payload,
-           GREATEST(v_age_us, 0) / 1000000, v_pending, v_more;
-END
-$$;
-
 -- ==== Inbox retries that wait, and parked keys (SPEC 9) ========================================
 -- retry_at: the key's head waits for a retry until then (set by a step or take with retry_in, the
 -- lock released in the same transaction); NULL when no retry waits; kept once due until the key is
@@ -588,8 +198,13 @@ $$;
 
 CALL {prefix}inbox_upgrade_v1();
 
--- inbox_lock_rows_v2: inbox_lock_rows_v1, also setting o_retrying (1: a retry waits, or is due
--- and not taken yet), read under the same row lock.
+-- inbox_lock_rows_v2: the start of inbox_step and inbox_take, inside their transaction. Locks the
+-- key's lock row if p_owner holds the lock, then (only then) its inboxes row: always in that
+-- order, so two steps never deadlock, and no accept can commit between a step's "empty"
+-- decision and its release (an accept after it finds the key free). Aggregates make each
+-- locking read answer one row, found or not (a SELECT INTO of no row would raise a warning).
+-- Sets o_held (0: nothing was locked, the rest 0 too), o_rows (whether the inboxes row exists),
+-- the inbox's counters, and o_retrying (1: a retry waits, or is due and not taken yet).
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_lock_rows_v2(
     IN p_id BINARY(32), IN p_owner VARBINARY(512), OUT o_held INT, OUT o_rows INT,
     OUT o_pending INT, OUT o_dead INT, OUT o_retrying INT
@@ -611,9 +226,11 @@ BEGIN
 END
 $$;
 
--- inbox_release_v2: inbox_release_v1 for a key that may keep pending entries (a retry waits, or it
--- is parked): the inboxes row goes only when nothing is pending and no dead letter is left, is
--- marked idle when nothing is pending, and else stays as it is; the lock is released as v1 does.
+-- inbox_release_v2: the end of inbox_step and inbox_take, inside their transaction, under the rows
+-- inbox_lock_rows locked, for a key that may keep pending entries (a retry waits, or it is
+-- parked): the inboxes row goes only when nothing is pending and no dead letter is left, is
+-- marked idle when nothing is pending, and else stays as it is. The lock is released as the
+-- release statement does: reserved for p_reservation_ms when a waiter flagged it, else free.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_release_v2(
     IN p_id BINARY(32), IN p_rows INT, IN p_pending INT, IN p_dead INT, IN p_reservation_ms BIGINT
 )
@@ -633,12 +250,16 @@ BEGIN
 END
 $$;
 
--- inbox_step_v3: inbox_step_v2, with the retries that wait and parking. With p_retry_ms (and
--- p_done, the head): the head stays pending with its attempt count, the key's retry is due
--- p_retry_ms from now (server clock), and the lock is released. With p_park (and p_done, p_dead):
--- the head becomes a dead letter as in v2, the key is parked, and the lock is released. Otherwise
--- the holder's step hands out the head as in v2, whatever the key's state (the claim that gave it
--- the lock decided that), and ends a retry's wait (retry_at cleared). Answers as v2.
+-- inbox_step_v3: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
+-- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
+-- pending, release the lock (inbox_release_v2) in the same transaction. Starts with
+-- inbox_lock_rows_v2 (the lock row, then the inboxes row). With p_retry_ms (and p_done, the
+-- head): the head stays pending with its attempt count, the key's retry is due p_retry_ms from
+-- now (server clock), and the lock is released. With p_park (and p_done, p_dead): the head
+-- becomes a dead letter, the key is parked, and the lock is released. Otherwise the holder's step
+-- hands out the head whatever the key's state (the claim that gave it the lock decided that), and
+-- ends a retry's wait (retry_at cleared). Answers one row (status, entry, attempts, payload, age
+-- in seconds, pending); status 'not_owner' changed nothing, 'released' released the lock.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_step_v3(
     IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done BIGINT,
     IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_take BOOLEAN, IN p_retry_ms BIGINT,
@@ -714,11 +335,18 @@ BEGIN
 END
 $$;
 
--- inbox_take_v3: inbox_take_v2, with the retries that wait and parking, as inbox_step_v3: with
--- p_retry_ms the entries p_done lists stay pending with their attempt counts and the key's retry
--- is due p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is
--- parked; either way the lock is released ('released'). Handing out entries ends a retry's wait.
--- Answers as v2.
+-- inbox_take_v3: the batch form of inbox_step. As the lock's owner, finish the pending entries whose
+-- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
+-- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1; ending a
+-- retry's wait), or, when none is pending, release the lock as inbox_step does, in the same
+-- transaction (lock row, then inboxes row: no deadlock, no accept stranded). With p_retry_ms the
+-- entries p_done lists stay pending with their attempt counts and the key's retry is due
+-- p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is parked;
+-- either way the lock is released ('released'). Answers one result set, read before the commit
+-- (so an accept landing after it cannot show up uncounted): a first row (status, -, -, -, seconds
+-- since the newest pending entry was accepted, pending) with status 'not_owner' (nothing
+-- changed), 'released' or 'pending', then one row ('entry', id, attempts, payload, age in
+-- seconds, pending) per entry handed out, in id order.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_take_v3(
     IN p_id BINARY(32), IN p_owner VARBINARY(512), IN p_done LONGTEXT,
     IN p_dead LONGTEXT CHARACTER SET utf8mb4, IN p_limit INT, IN p_retry_ms BIGINT,
@@ -809,30 +437,10 @@ BEGIN
 END
 $$;
 
--- inbox_accept_v3: v2, waking nobody for a key that waits for its retry or is parked (a worker
--- woken for it could not take it); once due, an accept that finds the key free wakes one worker.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v3(
-    IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
-    IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
-    IN p_claim_name LONGTEXT CHARACTER SET utf8mb4, IN p_claim_ttl_ms BIGINT,
-    IN p_max_pending INT
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_status VARCHAR(16);
-    DECLARE v_pending INT;
-    CALL {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
-                                 p_claim_ttl_ms, p_max_pending, v_status, v_pending);
-    IF v_status = 'accepted' THEN
-        CALL {prefix}inbox_hand_out_v1(p_id, p_space);
-    END IF;
-    SELECT v_status, v_pending;
-END
-$$;
-
--- inbox_requeue_rows_v2: inbox_requeue_rows_v1, also unparking the key, in the same transaction
--- (a retry that waits still holds the key until due).
+-- inbox_requeue_rows_v2: put the key's dead letters back at the head of its inbox, in id (accept)
+-- order, with fresh attempt counts, and unpark the key, in a transaction of its own (a retry that
+-- waits still holds the key until due). Locks the key's inboxes row first, as accept and step do,
+-- so the counters stay exact. Sets o_moved: how many were put back.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_rows_v2(IN p_id BINARY(32), OUT o_moved INT)
 SQL SECURITY INVOKER
 $$
@@ -905,8 +513,16 @@ BEGIN
 END
 $$;
 
--- inbox_claim_v2: inbox_claim_v1, passing over keys that are parked or whose retry is not due
--- (checked again under the inboxes row lock), and ending the wait of a key whose retry it takes.
+-- inbox_claim_v2: the hand-out's take. As p_owner, take one key of the space that has pending
+-- entries, whose lock is free, and that is neither parked nor waiting for a retry not due yet
+-- (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the next fencing token, and
+-- with p_take its head entry handed out (attempts + 1); a retry it takes no longer waits. Never
+-- waits for a row: the lock row, then the inboxes row (the order of inbox_step and inbox_take),
+-- each FOR UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two
+-- claims never take one key; the key's state is checked again under the inboxes row lock.
+-- Answers one row: status 'none' or 'taken' (the key's prefixed name, its token, and with p_take
+-- the entry: id, attempts, payload, age in seconds, pending), and whether another free key with
+-- work was seen ("more": the worker claims again at once).
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v2(
     IN p_space BINARY(32), IN p_owner VARBINARY(512), IN p_ttl_ms BIGINT, IN p_take BOOLEAN,
     IN p_hint BINARY(32)
@@ -1083,8 +699,11 @@ BEGIN
 END
 $$;
 
--- inbox_accept_v4: inbox_accept_v3 through inbox_hand_out_v2 (the woken worker's hint). Requeues
--- and discards still wake through v1: rare, and the woken worker's claim finds the key anyway.
+-- inbox_accept_v4: inbox_append_v1, then (committed) the hand-out's wake-up through
+-- inbox_hand_out_v2 for a key that is free and open (neither waiting for its retry nor parked: a
+-- worker woken for it could not take it): the key written into the woken worker's row. One row
+-- (status, pending). Requeues and discards wake through inbox_hand_out_v1: rare, and the woken
+-- worker's claim finds the key anyway.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v4(
     IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
     IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),

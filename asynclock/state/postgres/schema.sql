@@ -2,6 +2,11 @@
 -- Every statement is idempotent; PostgresState runs them on first use (create_schema=True),
 -- inside one transaction that holds a transaction-level advisory lock, so processes starting
 -- together do not race on the catalog. With create_schema=False, run this file in a migration.
+-- Routine names carry a version (_v1, _v2, ...): a release that changes a body adds the next
+-- version rather than altering what running processes call. This file creates only the versions
+-- this release calls; those of earlier releases stay in a database where they were made (and an
+-- older worker's own script makes what it calls), so both releases share the tables during a
+-- rolling upgrade. Older versions can be dropped once no older worker runs.
 
 -- One row per lock key ever taken (fillfactor 70 leaves room for HOT updates: rows change on
 -- every acquire and release). The row stays after release so the next fencing token
@@ -67,48 +72,6 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_entries (
     PRIMARY KEY (inbox, id)
 );
 
--- inbox_lock_rows: the start of inbox_step and inbox_take. Locks the key's lock row if p_owner
--- holds the lock, then (only then) its inboxes row: always in that order, so two steps never
--- deadlock, and no accept can commit between a step's "empty" decision and its release (an
--- accept after it finds the key free). Answers o_held (false: nothing was locked) and the
--- inbox's counters (NULL: the key has no inboxes row).
-CREATE OR REPLACE FUNCTION {prefix}inbox_lock_rows_v1(
-    p_id bytea, p_owner text, OUT o_held boolean, OUT o_pending integer, OUT o_dead integer
-) LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM {prefix}locks AS l
-    WHERE l.id = p_id AND l.owner = p_owner AND l.expires_at > now()
-    FOR UPDATE;
-    o_held := FOUND;
-    IF o_held THEN
-        SELECT i.pending, i.dead INTO o_pending, o_dead
-        FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
-    END IF;
-END
-$$;
-
--- inbox_release: the end of inbox_step and inbox_take when nothing is pending, under the rows
--- inbox_lock_rows locked. The inboxes row goes if no dead letters are left (p_dead 0), else it
--- is marked idle (p_dead NULL: there is none); the lock is released as the release statement
--- does: reserved for p_reservation_ms when a waiter flagged it, else free; NOTIFY on p_channel.
-CREATE OR REPLACE FUNCTION {prefix}inbox_release_v1(
-    p_id bytea, p_dead integer, p_reservation_ms bigint, p_channel text, p_payload text
-) RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF p_dead = 0 THEN
-        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
-    ELSIF p_dead IS NOT NULL THEN
-        UPDATE {prefix}inboxes AS i SET ready_at = NULL WHERE i.id = p_id;
-    END IF;
-    UPDATE {prefix}locks AS l
-    SET owner = NULL,
-        expires_at = CASE WHEN l.flag IS NULL THEN now()
-                          ELSE now() + p_reservation_ms * interval '1 millisecond' END
-    WHERE l.id = p_id;
-    PERFORM pg_notify(p_channel, p_payload);
-END
-$$;
-
 -- inbox_append: dedupe check, max_pending check and append, atomically. The first statement
 -- locks the key's inboxes row (creating it); every later statement runs on a fresh snapshot (READ
 -- COMMITTED, a VOLATILE function), so it sees every accept and step of the key that committed
@@ -158,101 +121,6 @@ BEGIN
 END
 $$;
 
--- inbox_accept_v3: inbox_append_v1, then a NOTIFY to every worker of the prefix, only while
--- nobody holds the key's lock (unless p_wake_always): a holder drains the key, and its next step,
--- serialized with this accept on the inboxes row, takes the entry. Kept for workers of releases
--- before the hand-out (inbox_accept_v4). Versioned name: a later change adds _v5.
-CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v3(
-    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
-    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text,
-    p_wake_always boolean
-) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
-DECLARE
-    v_status text;
-    v_pending integer;
-BEGIN
-    SELECT a.status, a.pending INTO v_status, v_pending
-    FROM {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
-                                 p_claim_ttl_ms, p_max_pending) AS a;
-    IF v_status = 'accepted' AND (p_wake_always OR NOT EXISTS (
-        SELECT 1 FROM {prefix}locks l
-        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
-    )) THEN
-        PERFORM pg_notify(p_channel, p_wake);
-    END IF;
-    RETURN QUERY SELECT v_status, v_pending;
-END
-$$;
-
--- inbox_accept_v2: v3 waking the workers at every accept (what the release before v3 calls).
-CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v2(
-    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
-    p_claim_ttl_ms bigint, p_max_pending integer, p_channel text, p_wake text
-) RETURNS TABLE (status text, pending integer) LANGUAGE sql AS $$
-    SELECT * FROM {prefix}inbox_accept_v3(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
-                                         p_claim_ttl_ms, p_max_pending, p_channel, p_wake, true)
-$$;
-
--- inbox_step: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
--- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
--- pending, release the lock (inbox_release_v1) in the same transaction. Starts with
--- inbox_lock_rows_v1 (the lock row, then the inboxes row). Answers one row: status 'not_owner'
--- (nothing changed), 'entry' (id, attempts, payload, age in seconds, pending entries) or
--- 'released'. v2: v1's body, with its start and its end in those two shared functions.
-CREATE OR REPLACE FUNCTION {prefix}inbox_step_v2(
-    p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean,
-    p_reservation_ms bigint, p_channel text, p_payload text
-) RETURNS TABLE (
-    status text, entry bigint, attempts integer, payload text, age float8, pending integer
-) LANGUAGE plpgsql AS $$
-DECLARE
-    v_held boolean;
-    v_pending integer;
-    v_dead integer;
-    v_head {prefix}inbox_entries%ROWTYPE;
-BEGIN
-    SELECT r.o_held, r.o_pending, r.o_dead INTO v_held, v_pending, v_dead
-    FROM {prefix}inbox_lock_rows_v1(p_id, p_owner) AS r;
-    IF NOT v_held THEN
-        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
-                            NULL::float8, NULL::integer;
-        RETURN;
-    END IF;
-    IF v_pending IS NOT NULL AND p_done IS NOT NULL THEN
-        -- the head, unless dead letters were requeued in front of it meanwhile
-        IF p_dead IS NULL THEN
-            DELETE FROM {prefix}inbox_entries AS e
-            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
-        ELSE
-            UPDATE {prefix}inbox_entries AS e SET error = p_dead
-            WHERE e.inbox = p_id AND e.id = p_done AND e.error IS NULL;
-        END IF;
-        IF FOUND THEN
-            v_pending := v_pending - 1;
-            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE 1 END;
-            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
-            WHERE i.id = p_id;
-        END IF;
-    END IF;
-    IF coalesce(v_pending, 0) > 0 THEN
-        SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
-        WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
-        IF p_take THEN
-            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
-            WHERE e.inbox = p_id AND e.id = v_head.id;
-            v_head.attempts := v_head.attempts + 1;
-        END IF;
-        RETURN QUERY SELECT 'entry'::text, v_head.id, v_head.attempts, v_head.payload,
-                            greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
-                            v_pending;
-        RETURN;
-    END IF;
-    PERFORM {prefix}inbox_release_v1(p_id, v_dead, p_reservation_ms, p_channel, p_payload);
-    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
-                        NULL::float8, NULL::integer;
-END
-$$;
-
 -- inbox_requeue_rows: put the key's dead letters back at the head of its inbox, in id (accept)
 -- order, with fresh attempt counts. Locks the key's inboxes row first, as accept and step do, so
 -- the counters stay exact. Answers how many were put back. The start of every inbox_requeue_v*.
@@ -277,92 +145,10 @@ BEGIN
 END
 $$;
 
--- inbox_requeue_v1: inbox_requeue_rows_v1, then a NOTIFY to every worker of the prefix (kept for
--- releases before the hand-out: inbox_requeue_v2).
-CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v1(
-    p_id bytea, p_channel text, p_wake text
-) RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v_moved integer;
-BEGIN
-    v_moved := {prefix}inbox_requeue_rows_v1(p_id);
-    IF v_moved > 0 THEN
-        PERFORM pg_notify(p_channel, p_wake);
-    END IF;
-    RETURN v_moved;
-END
-$$;
-
--- inbox_take: the batch form of inbox_step. As the lock's owner, finish the pending entries whose
--- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
--- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1), or,
--- when none is pending, release the lock as inbox_step does, in the same transaction. Locks the
--- lock row, then the inboxes row, as inbox_step does (no deadlock, no accept stranded). v2: as
--- v1, through inbox_lock_rows_v1 and inbox_release_v1. Answers status 'not_owner' (one row,
--- nothing changed), 'released' (one row), or 'pending' (pending entries, and as age the seconds
--- since the newest one was accepted) followed by one 'entry' row per entry handed out (id,
--- attempts, payload, age in seconds, pending), in no set order.
-CREATE OR REPLACE FUNCTION {prefix}inbox_take_v2(
-    p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer,
-    p_reservation_ms bigint, p_channel text, p_payload text
-) RETURNS TABLE (
-    status text, entry bigint, attempts integer, payload text, age float8, pending integer
-) LANGUAGE plpgsql AS $$
-DECLARE
-    v_held boolean;
-    v_pending integer;
-    v_dead integer;
-    v_gone integer;
-    v_done bigint[] := string_to_array(nullif(p_done, ''), ',')::bigint[];
-BEGIN
-    SELECT r.o_held, r.o_pending, r.o_dead INTO v_held, v_pending, v_dead
-    FROM {prefix}inbox_lock_rows_v1(p_id, p_owner) AS r;
-    IF NOT v_held THEN
-        RETURN QUERY SELECT 'not_owner'::text, NULL::bigint, NULL::integer, NULL::text,
-                            NULL::float8, NULL::integer;
-        RETURN;
-    END IF;
-    IF v_pending IS NOT NULL AND coalesce(cardinality(v_done), 0) > 0 THEN
-        IF p_dead IS NULL THEN
-            DELETE FROM {prefix}inbox_entries AS e
-            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
-        ELSE
-            UPDATE {prefix}inbox_entries AS e SET error = p_dead
-            WHERE e.inbox = p_id AND e.id = ANY (v_done) AND e.error IS NULL;
-        END IF;
-        GET DIAGNOSTICS v_gone = ROW_COUNT;
-        IF v_gone > 0 THEN
-            v_pending := v_pending - v_gone;
-            v_dead := v_dead + CASE WHEN p_dead IS NULL THEN 0 ELSE v_gone END;
-            UPDATE {prefix}inboxes AS i SET pending = v_pending, dead = v_dead
-            WHERE i.id = p_id;
-        END IF;
-    END IF;
-    IF coalesce(v_pending, 0) > 0 THEN
-        RETURN QUERY
-        SELECT 'pending'::text, NULL::bigint, NULL::integer, NULL::text,
-               greatest(extract(epoch FROM now() - n.accepted_at), 0)::float8, v_pending
-        FROM (SELECT e.accepted_at FROM {prefix}inbox_entries AS e
-              WHERE e.inbox = p_id AND e.error IS NULL ORDER BY e.id DESC LIMIT 1) AS n;
-        RETURN QUERY
-        UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
-        FROM (SELECT h.id FROM {prefix}inbox_entries AS h
-              WHERE h.inbox = p_id AND h.error IS NULL ORDER BY h.id LIMIT p_limit) AS t
-        WHERE e.inbox = p_id AND e.id = t.id
-        RETURNING 'entry'::text, e.id, e.attempts, e.payload,
-                  greatest(extract(epoch FROM now() - e.accepted_at), 0)::float8, v_pending;
-        RETURN;
-    END IF;
-    PERFORM {prefix}inbox_release_v1(p_id, v_dead, p_reservation_ms, p_channel, p_payload);
-    RETURN QUERY SELECT 'released'::text, NULL::bigint, NULL::integer, NULL::text,
-                        NULL::float8, NULL::integer;
-END
-$$;
-
 -- The inbox's hand-out (EventDispatcher.serve): a key with work and no holder goes to ONE worker.
 -- Each serving worker has a row here, kept alive by its lease, and LISTENs on a channel of its
 -- own; an accept that finds its key free NOTIFYs one live worker, chosen at random, which then
--- takes the key (inbox_claim_v1). Rows of workers gone without saying so expire with their lease.
+-- takes the key (inbox_claim). Rows of workers gone without saying so expire with their lease.
 CREATE TABLE IF NOT EXISTS {prefix}inbox_workers (
     id          text PRIMARY KEY,                    -- the worker's id ("<host>:<pid>:<random>")
     space       bytea NOT NULL,                      -- SHA-256 of the state's key prefix
@@ -381,170 +167,6 @@ DO $$ BEGIN
     END IF;
 END $$;
 
--- inbox_wake_one: the hand-out's wake-up, at the end of an accept or a requeue that left the key's
--- lock free: unless a worker was woken for the key less than p_wake_gap_ms ago, NOTIFY one live
--- worker of the space (at random), with the key's id in hex as the payload. A worker that is gone
--- without its lease having run out misses it; a rescan finds the key.
-CREATE OR REPLACE FUNCTION {prefix}inbox_wake_one_v1(
-    p_id bytea, p_space bytea, p_wake_gap_ms bigint
-) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_channel text;
-BEGIN
-    UPDATE {prefix}inboxes AS i SET woken_at = now()
-    WHERE i.id = p_id
-      AND (i.woken_at IS NULL OR i.woken_at <= now() - p_wake_gap_ms * interval '1 millisecond');
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    SELECT w.channel INTO v_channel FROM {prefix}inbox_workers AS w
-    WHERE w.space = p_space AND w.expires_at > now()
-    ORDER BY random() LIMIT 1;
-    IF FOUND THEN
-        PERFORM pg_notify(v_channel, encode(p_id, 'hex'));
-    END IF;
-END
-$$;
-
--- inbox_accept_v4: v3, with the hand-out's wake-up (inbox_wake_one_v1) in place of the NOTIFY to
--- every worker: only while nobody holds the key's lock (its holder's next step takes the entry).
-CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v4(
-    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
-    p_claim_ttl_ms bigint, p_max_pending integer, p_wake_gap_ms bigint
-) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
-DECLARE
-    v_status text;
-    v_pending integer;
-BEGIN
-    SELECT a.status, a.pending INTO v_status, v_pending
-    FROM {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
-                                 p_claim_ttl_ms, p_max_pending) AS a;
-    IF v_status = 'accepted' AND NOT EXISTS (
-        SELECT 1 FROM {prefix}locks l
-        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
-    ) THEN
-        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, p_wake_gap_ms);
-    END IF;
-    RETURN QUERY SELECT v_status, v_pending;
-END
-$$;
-
--- inbox_claim: the hand-out's take. As p_owner, take one key of the space that has pending entries
--- and whose lock is free (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the
--- next fencing token, and with p_take its head entry handed out (attempts + 1). Never waits for a
--- row: the lock row, then the inboxes row (the order of inbox_step and inbox_take), each FOR
--- UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two claims never
--- take one key. Answers one row: status 'none' (nothing to take) or 'taken' (the key's prefixed
--- name, its token, and with p_take the entry: id, attempts, payload, age in seconds, pending), and
--- "more": whether another free key with work was seen (the worker claims again at once).
-CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v1(
-    p_space bytea, p_owner text, p_ttl_ms bigint, p_take boolean, p_hint bytea
-) RETURNS TABLE (
-    status text, name text, token bigint, entry bigint, attempts integer, payload text,
-    age float8, pending integer, more boolean
-) LANGUAGE plpgsql AS $$
-DECLARE
-    v_id bytea;
-    v_lock {prefix}locks%ROWTYPE;
-    v_name text;
-    v_pending integer;
-    v_token bigint;
-    v_seen integer := 0;
-    v_head {prefix}inbox_entries%ROWTYPE;
-BEGIN
-    FOR v_id, v_name IN
-        (SELECT i.id, i.name FROM {prefix}inboxes AS i
-         WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space)
-        UNION ALL
-        (SELECT c.id, c.name FROM (
-            SELECT i.id, i.name FROM {prefix}inboxes AS i
-            LEFT JOIN {prefix}locks AS l ON l.id = i.id
-            WHERE i.space = p_space AND i.ready_at IS NOT NULL
-              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL))
-            ORDER BY i.ready_at
-            LIMIT 16) AS c)
-    LOOP
-        v_seen := v_seen + 1;
-        SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            IF NOT (v_lock.expires_at <= now() OR (v_lock.owner IS NULL AND v_lock.flag IS NULL))
-            THEN
-                CONTINUE;  -- held, or reserved for a waiter of another state
-            END IF;
-        ELSE
-            IF EXISTS (SELECT 1 FROM {prefix}locks AS l WHERE l.id = v_id) THEN
-                CONTINUE;  -- another transaction is changing it: pass it over
-            END IF;
-            INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at)
-            VALUES (v_id, v_name, NULL, 0, '-infinity')
-            ON CONFLICT (id) DO NOTHING;
-            IF NOT FOUND THEN
-                CONTINUE;
-            END IF;
-            SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id;
-        END IF;
-        SELECT i.pending INTO v_pending FROM {prefix}inboxes AS i
-        WHERE i.id = v_id FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND OR coalesce(v_pending, 0) = 0 THEN
-            CONTINUE;  -- being changed (an accept: it wakes a worker if need be), or drained
-        END IF;
-        v_token := greatest(v_lock.token + 1, (extract(epoch FROM now()) * 1000000)::bigint);
-        UPDATE {prefix}locks AS l
-        SET owner = p_owner, flag = NULL, token = v_token,
-            expires_at = now() + p_ttl_ms * interval '1 millisecond'
-        WHERE l.id = v_id;
-        UPDATE {prefix}inboxes AS i SET woken_at = NULL WHERE i.id = v_id;
-        IF p_take THEN
-            SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
-            WHERE e.inbox = v_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
-            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
-            WHERE e.inbox = v_id AND e.id = v_head.id;
-            RETURN QUERY SELECT 'taken'::text, v_name, v_token, v_head.id, v_head.attempts + 1,
-                                v_head.payload,
-                                greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
-                                v_pending, v_seen > 1 OR EXISTS (
-                                    SELECT 1 FROM {prefix}inboxes AS i
-                                    LEFT JOIN {prefix}locks AS l ON l.id = i.id
-                                    WHERE i.space = p_space AND i.ready_at IS NOT NULL
-                                      AND i.id <> v_id
-                                      AND (l.id IS NULL OR l.expires_at <= now()
-                                           OR (l.owner IS NULL AND l.flag IS NULL)));
-        ELSE
-            RETURN QUERY SELECT 'taken'::text, v_name, v_token, NULL::bigint, NULL::integer,
-                                NULL::text, NULL::float8, v_pending, v_seen > 1 OR EXISTS (
-                                    SELECT 1 FROM {prefix}inboxes AS i
-                                    LEFT JOIN {prefix}locks AS l ON l.id = i.id
-                                    WHERE i.space = p_space AND i.ready_at IS NOT NULL
-                                      AND i.id <> v_id
-                                      AND (l.id IS NULL OR l.expires_at <= now()
-                                           OR (l.owner IS NULL AND l.flag IS NULL)));
-        END IF;
-        RETURN;
-    END LOOP;
-    RETURN QUERY SELECT 'none'::text, NULL::text, NULL::bigint, NULL::bigint, NULL::integer,
-                        NULL::text, NULL::float8, NULL::integer, false;
-END
-$$;
-
--- inbox_requeue_v2: v1, with the hand-out's wake-up in place of the NOTIFY to every worker.
-CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v2(
-    p_id bytea, p_space bytea
-) RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v_moved integer;
-BEGIN
-    v_moved := {prefix}inbox_requeue_rows_v1(p_id);
-    IF v_moved > 0 AND NOT EXISTS (
-        SELECT 1 FROM {prefix}locks l
-        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
-    ) THEN
-        UPDATE {prefix}inboxes AS i SET woken_at = NULL WHERE i.id = p_id;
-        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, 0);
-    END IF;
-    RETURN v_moved;
-END
-$$;
-
 -- ==== Inbox retries that wait, and parked keys (SPEC 9) ========================================
 -- retry_at: the key's head waits for a retry until then (set by a step or take with retry_in, the
 -- lock released in the same transaction); NULL when no retry waits; kept once due until the key is
@@ -561,8 +183,12 @@ DO $$ BEGIN
     END IF;
 END $$;
 
--- inbox_lock_rows_v2: inbox_lock_rows_v1, also answering whether a retry waits (or is due and
--- not taken yet), read under the same row lock.
+-- inbox_lock_rows_v2: the start of inbox_step and inbox_take. Locks the key's lock row if p_owner
+-- holds the lock, then (only then) its inboxes row: always in that order, so two steps never
+-- deadlock, and no accept can commit between a step's "empty" decision and its release (an
+-- accept after it finds the key free). Answers o_held (false: nothing was locked), the inbox's
+-- counters (NULL: the key has no inboxes row), and whether a retry waits (or is due and not
+-- taken yet), read under the same row lock.
 CREATE OR REPLACE FUNCTION {prefix}inbox_lock_rows_v2(
     p_id bytea, p_owner text, OUT o_held boolean, OUT o_pending integer, OUT o_dead integer,
     OUT o_retrying boolean
@@ -586,10 +212,12 @@ $$;
 -- drained key now NOTIFYs only when a waiter of some state flagged the key, as the release
 -- statement does; a state wakes its own watchers in process (unflagged releases).
 
--- inbox_release_v3: inbox_release_v1 for a key that may keep pending entries (a retry waits, or it
--- is parked): the inboxes row goes only when nothing is pending and no dead letter is left, is
--- marked idle when nothing is pending, and else stays as it is; the lock is released as v1 does,
--- with the NOTIFY on p_channel only when the key is flagged. (No v2 was ever released.)
+-- inbox_release_v3: the end of inbox_step and inbox_take, under the rows inbox_lock_rows locked,
+-- for a key that may keep pending entries (a retry waits, or it is parked): the inboxes row goes
+-- only when nothing is pending and no dead letter is left, is marked idle when nothing is
+-- pending, and else stays as it is. The lock is released as the release statement does: reserved
+-- for p_reservation_ms when a waiter flagged it, else free, with the NOTIFY on p_channel only when
+-- the key is flagged. (No v2 was ever released.)
 CREATE OR REPLACE FUNCTION {prefix}inbox_release_v3(
     p_id bytea, p_pending integer, p_dead integer, p_reservation_ms bigint, p_channel text,
     p_payload text
@@ -616,13 +244,17 @@ BEGIN
 END
 $$;
 
--- inbox_step_v4: inbox_step_v2, with the retries that wait and parking. With p_retry_ms (and
--- p_done, the head): the head stays pending with its attempt count, the key's retry is due
--- p_retry_ms from now (server clock), and the lock is released. With p_park (and p_done, p_dead):
--- the head becomes a dead letter as in v2, the key is parked, and the lock is released. Otherwise
--- the holder's step hands out the head as in v2, whatever the key's state (the claim that gave it
--- the lock decided that), and ends a retry's wait (retry_at cleared). Answers as v2.
--- The release is quiet (inbox_release_v3). (No v3 was ever released.)
+-- inbox_step_v4: as the lock's owner, finish the head (done: delete it; with dead: make it a dead
+-- letter) and hand out the next entry (attempts + 1 unless only looked at), or, when none is
+-- pending, release the lock (inbox_release_v3, quiet) in the same transaction. Starts with
+-- inbox_lock_rows_v2 (the lock row, then the inboxes row). With p_retry_ms (and p_done, the
+-- head): the head stays pending with its attempt count, the key's retry is due p_retry_ms from
+-- now (server clock), and the lock is released. With p_park (and p_done, p_dead): the head
+-- becomes a dead letter, the key is parked, and the lock is released. Otherwise the holder's step
+-- hands out the head whatever the key's state (the claim that gave it the lock decided that), and
+-- ends a retry's wait (retry_at cleared). Answers one row: status 'not_owner' (nothing changed),
+-- 'entry' (id, attempts, payload, age in seconds, pending entries) or 'released'. (No v3 was
+-- ever released.)
 CREATE OR REPLACE FUNCTION {prefix}inbox_step_v4(
     p_id bytea, p_owner text, p_done bigint, p_dead text, p_take boolean, p_retry_ms bigint,
     p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
@@ -693,12 +325,18 @@ BEGIN
 END
 $$;
 
--- inbox_take_v4: inbox_take_v2, with the retries that wait and parking, as inbox_step_v4: with
--- p_retry_ms the entries p_done lists stay pending with their attempt counts and the key's retry
--- is due p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is
--- parked; either way the lock is released ('released'). Handing out entries ends a retry's wait.
--- Answers as v2.
--- The release is quiet (inbox_release_v3). (No v3 was ever released.)
+-- inbox_take_v4: the batch form of inbox_step. As the lock's owner, finish the pending entries whose
+-- ids p_done lists (comma-separated; deleted, or dead letters with the error p_dead, wherever
+-- they are in the inbox), then hand out the oldest p_limit pending entries (attempts + 1; ending a
+-- retry's wait), or, when none is pending, release the lock as inbox_step does, in the same
+-- transaction (lock row, then inboxes row: no deadlock, no accept stranded). With p_retry_ms the
+-- entries p_done lists stay pending with their attempt counts and the key's retry is due
+-- p_retry_ms from now; with p_park (and p_dead) they become dead letters and the key is parked;
+-- either way the lock is released ('released'). Answers status 'not_owner' (one row, nothing
+-- changed), 'released' (one row), or 'pending' (pending entries, and as age the seconds since the
+-- newest one was accepted) followed by one 'entry' row per entry handed out (id, attempts,
+-- payload, age in seconds, pending), in no set order. The release is quiet (inbox_release_v3).
+-- (No v3 was ever released.)
 CREATE OR REPLACE FUNCTION {prefix}inbox_take_v4(
     p_id bytea, p_owner text, p_done text, p_dead text, p_limit integer, p_retry_ms bigint,
     p_park boolean, p_reservation_ms bigint, p_channel text, p_payload text
@@ -780,90 +418,16 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                        WHERE i.id = p_id AND (i.parked OR i.retry_at > now()))
 $$;
 
--- inbox_accept_v5: v4, waking nobody for a key that waits for its retry or is parked (a worker
--- woken for it could not take it); once due, an accept that finds the key free wakes one worker.
-CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v5(
-    p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
-    p_claim_ttl_ms bigint, p_max_pending integer, p_wake_gap_ms bigint
-) RETURNS TABLE (status text, pending integer) LANGUAGE plpgsql AS $$
-DECLARE
-    v_status text;
-    v_pending integer;
-BEGIN
-    SELECT a.status, a.pending INTO v_status, v_pending
-    FROM {prefix}inbox_append_v1(p_id, p_name, p_space, p_payload, p_claim, p_claim_name,
-                                 p_claim_ttl_ms, p_max_pending) AS a;
-    IF v_status = 'accepted' AND NOT EXISTS (
-        SELECT 1 FROM {prefix}locks l
-        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
-    ) AND {prefix}inbox_open_v1(p_id) THEN
-        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, p_wake_gap_ms);
-    END IF;
-    RETURN QUERY SELECT v_status, v_pending;
-END
-$$;
-
--- inbox_hand_out: the end of a requeue or a discard that may have opened the key: if entries are
--- pending, the key is open and nobody holds its lock, wake one worker for it at once (no gap).
-CREATE OR REPLACE FUNCTION {prefix}inbox_hand_out_v1(p_id bytea, p_space bytea)
-RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM {prefix}inboxes AS i WHERE i.id = p_id AND i.pending > 0)
-       AND {prefix}inbox_open_v1(p_id) AND NOT EXISTS (
-        SELECT 1 FROM {prefix}locks l
-        WHERE l.id = p_id AND l.owner IS NOT NULL AND l.expires_at > now()
-    ) THEN
-        UPDATE {prefix}inboxes AS i SET woken_at = NULL WHERE i.id = p_id;
-        PERFORM {prefix}inbox_wake_one_v1(p_id, p_space, 0);
-    END IF;
-END
-$$;
-
--- inbox_requeue_v3: v2, also unparking the key (the dead letters go back to its head, attempts
--- from 0, so the next delivery is attempt 1); a retry that waits still holds the key until due.
--- Then, if the key has work, is open and free, the hand-out's wake-up. Answers how many were put
--- back.
-CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v3(
-    p_id bytea, p_space bytea
-) RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v_moved integer;
-BEGIN
-    v_moved := {prefix}inbox_requeue_rows_v1(p_id);  -- locks the inboxes row first
-    UPDATE {prefix}inboxes AS i SET parked = false WHERE i.id = p_id AND i.parked;
-    PERFORM {prefix}inbox_hand_out_v1(p_id, p_space);
-    RETURN v_moved;
-END
-$$;
-
--- inbox_discard: delete the key's dead letters and unpark it, under its inboxes row lock (taken
--- first, as every inbox change does); the row goes when nothing is left. Then, if entries are
--- pending, the key is open and free, the hand-out's wake-up. Answers how many were deleted.
-CREATE OR REPLACE FUNCTION {prefix}inbox_discard_v1(
-    p_id bytea, p_space bytea
-) RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v_pending integer;
-    v_gone integer;
-BEGIN
-    SELECT i.pending INTO v_pending FROM {prefix}inboxes AS i WHERE i.id = p_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN 0;
-    END IF;
-    DELETE FROM {prefix}inbox_entries AS e WHERE e.inbox = p_id AND e.error IS NOT NULL;
-    GET DIAGNOSTICS v_gone = ROW_COUNT;
-    IF v_pending = 0 THEN
-        DELETE FROM {prefix}inboxes AS i WHERE i.id = p_id;
-        RETURN v_gone;
-    END IF;
-    UPDATE {prefix}inboxes AS i SET dead = 0, parked = false WHERE i.id = p_id;
-    PERFORM {prefix}inbox_hand_out_v1(p_id, p_space);
-    RETURN v_gone;
-END
-$$;
-
--- inbox_claim_v2: inbox_claim_v1, passing over keys that are parked or whose retry is not due
--- (checked again under the inboxes row lock), and ending the wait of a key whose retry it takes.
+-- inbox_claim_v2: the hand-out's take. As p_owner, take one key of the space that has pending
+-- entries, whose lock is free, and that is neither parked nor waiting for a retry not due yet
+-- (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the next fencing token, and
+-- with p_take its head entry handed out (attempts + 1); a retry it takes no longer waits. Never
+-- waits for a row: the lock row, then the inboxes row (the order of inbox_step and inbox_take),
+-- each FOR UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two
+-- claims never take one key; the key's state is checked again under the inboxes row lock.
+-- Answers one row: status 'none' (nothing to take) or 'taken' (the key's prefixed name, its
+-- token, and with p_take the entry: id, attempts, payload, age in seconds, pending), and "more":
+-- whether another free key with work was seen (the worker claims again at once).
 CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v2(
     p_space bytea, p_owner text, p_ttl_ms bigint, p_take boolean, p_hint bytea
 ) RETURNS TABLE (
@@ -966,7 +530,7 @@ $$;
 --   statements is made up for by the next one.
 -- pg_cancel_backend needs the ear's role (or pg_signal_backend), and the waker must see the ear's
 -- query in pg_stat_activity (the same role, or pg_read_all_stats); otherwise, or if the worker has
--- no ear (an older client), the waker NOTIFYs the worker's channel as inbox_wake_one_v1 does.
+-- no ear (an older client), the waker NOTIFYs the worker's channel instead.
 DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{prefix}inbox_workers'::regclass
                    AND attname = 'ear' AND NOT attisdropped) THEN
@@ -978,12 +542,15 @@ DO $$ BEGIN
     END IF;
 END $$;
 
--- inbox_wake_one_v2: inbox_wake_one_v1 through the worker's ear: pick one live worker of the space
--- at random, preferring one whose row no other transaction holds (a concurrent wake-up or the
--- worker's own claim), lock its row, write the key as its hint, and cancel its ear's sleep if the
--- pid is an ear of this database that the caller may cancel; else NOTIFY the worker's channel.
--- The ear is recognised by its statement (the column name "asynclock-inbox-ear"): a pid recorded
--- by a worker gone without saying so may name another session by now, which is never cancelled.
+-- inbox_wake_one_v2: the hand-out's wake-up, at the end of an accept or a requeue that left the
+-- key's lock free: unless a worker was woken for the key less than p_wake_gap_ms ago, pick one
+-- live worker of the space at random, preferring one whose row no other transaction holds (a
+-- concurrent wake-up or the worker's own claim), lock its row, write the key as its hint, and
+-- cancel its ear's sleep if the pid is an ear of this database that the caller may cancel; else
+-- NOTIFY the worker's channel (the key's id in hex as the payload). The ear is recognised by its
+-- statement (the column name "asynclock-inbox-ear"): a pid recorded by a worker gone without
+-- saying so may name another session by now, which is never cancelled. A worker gone without
+-- its lease having run out misses the wake-up; a rescan finds the key.
 CREATE OR REPLACE FUNCTION {prefix}inbox_wake_one_v2(
     p_id bytea, p_space bytea, p_wake_gap_ms bigint
 ) RETURNS void LANGUAGE plpgsql AS $$
@@ -1029,7 +596,9 @@ BEGIN
 END
 $$;
 
--- inbox_accept_v6: inbox_accept_v5 waking through the ear (inbox_wake_one_v2).
+-- inbox_accept_v6: inbox_append_v1, then, if the entry was accepted and the key is free and open
+-- (neither waiting for its retry nor parked: a worker woken for it could not take it), wake one
+-- worker through its ear (inbox_wake_one_v2). Answers (status, pending).
 CREATE OR REPLACE FUNCTION {prefix}inbox_accept_v6(
     p_id bytea, p_name text, p_space bytea, p_payload text, p_claim bytea, p_claim_name text,
     p_claim_ttl_ms bigint, p_max_pending integer, p_wake_gap_ms bigint
@@ -1051,7 +620,9 @@ BEGIN
 END
 $$;
 
--- inbox_hand_out_v2: inbox_hand_out_v1 waking through the ear (inbox_wake_one_v2).
+-- inbox_hand_out_v2: the end of a requeue or a discard that may have opened the key: if entries
+-- are pending, the key is open and nobody holds its lock, wake one worker for it at once (no gap)
+-- through its ear (inbox_wake_one_v2).
 CREATE OR REPLACE FUNCTION {prefix}inbox_hand_out_v2(p_id bytea, p_space bytea)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -1066,7 +637,10 @@ BEGIN
 END
 $$;
 
--- inbox_requeue_v4: inbox_requeue_v3 waking through the ear (inbox_hand_out_v2).
+-- inbox_requeue_v4: the key's dead letters back at its head (attempts from 0, so the next delivery
+-- is attempt 1), the key unparked (a retry that waits still holds it until due); then, if the key
+-- has work, is open and free, the hand-out's wake-up (inbox_hand_out_v2). Answers how many were
+-- put back.
 CREATE OR REPLACE FUNCTION {prefix}inbox_requeue_v4(
     p_id bytea, p_space bytea
 ) RETURNS integer LANGUAGE plpgsql AS $$
@@ -1080,7 +654,10 @@ BEGIN
 END
 $$;
 
--- inbox_discard_v2: inbox_discard_v1 waking through the ear (inbox_hand_out_v2).
+-- inbox_discard_v2: delete the key's dead letters and unpark it, under its inboxes row lock (taken
+-- first, as every inbox change does); the row goes when nothing is left. Then, if entries are
+-- pending, the key is open and free, the hand-out's wake-up (inbox_hand_out_v2). Answers how
+-- many were deleted.
 CREATE OR REPLACE FUNCTION {prefix}inbox_discard_v2(
     p_id bytea, p_space bytea
 ) RETURNS integer LANGUAGE plpgsql AS $$
