@@ -121,7 +121,6 @@ ROUTINES = {
     ),
     "asynclock.state.mysql": (
         "inbox_append_v1",
-        "inbox_wake_one_v1",
         # retries that wait and parked keys (SPEC 9, #30): the columns' guarded upgrade, then
         # new versions of what changed
         "inbox_upgrade_v1",
@@ -129,10 +128,9 @@ ROUTINES = {
         "inbox_release_v2",
         "inbox_step_v3",
         "inbox_take_v3",
-        "inbox_hand_out_v1",
         "inbox_requeue_rows_v2",
-        "inbox_requeue_v3",
-        "inbox_discard_v1",
+        "inbox_requeue_v4",
+        "inbox_discard_v2",
         "inbox_claim_v2",
         # the hand-out's hint (#24): the woken worker's key in its row; its ear answers only that
         "inbox_upgrade_v2",

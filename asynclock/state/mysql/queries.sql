@@ -235,15 +235,15 @@ CALL {prefix}inbox_step_v3(UNHEX(%(id)s), %(owner)s, %(done)s, %(dead)s, %(take)
 -- inbox_requeue --
 -- Put the key's dead letters back at the head of its inbox, in their order, with fresh attempt
 -- counts, and unpark the key; then, committed, if it has work and nobody holds it, wake one live
--- worker. Answers one row: how many. Atomic: one CALL of inbox_requeue_v3 (schema.sql), under the
+-- worker. Answers one row: how many. Atomic: one CALL of inbox_requeue_v4 (schema.sql), under the
 -- key's inboxes row lock.
-CALL {prefix}inbox_requeue_v3(UNHEX(%(id)s), UNHEX(%(space)s))
+CALL {prefix}inbox_requeue_v4(UNHEX(%(id)s), UNHEX(%(space)s))
 
 -- inbox_discard --
 -- Delete the key's dead letters and unpark it; then, committed, if it has work and nobody holds
 -- it, wake one live worker. Answers one row: how many were deleted. Atomic: one CALL of
--- inbox_discard_v1 (schema.sql), under the key's inboxes row lock.
-CALL {prefix}inbox_discard_v1(UNHEX(%(id)s), UNHEX(%(space)s))
+-- inbox_discard_v2 (schema.sql), under the key's inboxes row lock.
+CALL {prefix}inbox_discard_v2(UNHEX(%(id)s), UNHEX(%(space)s))
 
 -- inbox_ready --
 -- The prefix's keys with pending entries, longest waiting first, except those whose lock is held

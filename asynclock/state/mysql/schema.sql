@@ -142,34 +142,6 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_workers (
     KEY by_space (space, expires_at)
 ) ENGINE = InnoDB;
 
--- inbox_wake_one: the hand-out's wake-up, after an accept or a requeue committed: unless the
--- key's lock is held (its holder's next step takes the entry), wake one live worker of the space
--- (at random) whose ear is waiting, by killing the ear's query. The ear's query starts by looking
--- for a free key with work, so an ear between two queries misses nothing. A kill that is refused
--- (another user's session) or an ear that is gone wakes nobody: a rescan finds the key.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_wake_one_v1(IN p_id BINARY(32), IN p_space BINARY(32))
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_conn BIGINT DEFAULT NULL;
-    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_conn = NULL;
-    DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET v_conn = NULL;
-    IF NOT EXISTS (SELECT 1 FROM {prefix}locks
-                   WHERE id = p_id AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)) THEN
-        SELECT w.conn INTO v_conn FROM {prefix}inbox_workers AS w
-        WHERE w.space = p_space AND w.expires_at > UTC_TIMESTAMP(3)
-        ORDER BY RAND() LIMIT 1;
-        -- only an ear that waits (a connection id could name another session after a restart)
-        IF v_conn IS NOT NULL AND EXISTS (
-            SELECT 1 FROM information_schema.PROCESSLIST
-            WHERE ID = v_conn AND INFO LIKE '%asynclock-inbox-ear%'
-        ) THEN
-            KILL QUERY v_conn;
-        END IF;
-    END IF;
-END
-$$;
-
 -- ==== Inbox retries that wait, and parked keys (SPEC 9) ========================================
 -- retry_at: the key's head waits for a retry until then (set by a step or take with retry_in, the
 -- lock released in the same transaction); NULL when no retry waits; kept once due until the key is
@@ -422,21 +394,6 @@ BEGIN
 END
 $$;
 
--- inbox_hand_out: the hand-out's wake-up (inbox_wake_one_v1, which passes over a held key) for a
--- key that has pending entries and is open: neither parked nor waiting for a retry not due yet.
--- After an accept, a requeue or a discard committed.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_hand_out_v1(IN p_id BINARY(32), IN p_space BINARY(32))
-SQL SECURITY INVOKER
-$$
-BEGIN
-    IF EXISTS (SELECT 1 FROM {prefix}inboxes
-               WHERE id = p_id AND pending > 0 AND NOT parked
-                 AND (retry_at IS NULL OR retry_at <= UTC_TIMESTAMP(3))) THEN
-        CALL {prefix}inbox_wake_one_v1(p_id, p_space);
-    END IF;
-END
-$$;
-
 -- inbox_requeue_rows_v2: put the key's dead letters back at the head of its inbox, in id (accept)
 -- order, with fresh attempt counts, and unpark the key, in a transaction of its own (a retry that
 -- waits still holds the key until due). Locks the key's inboxes row first, as accept and step do,
@@ -467,25 +424,25 @@ BEGIN
 END
 $$;
 
--- inbox_requeue_v3: inbox_requeue_rows_v2 (the dead letters back at the head, attempts from 0, so
+-- inbox_requeue_v4: inbox_requeue_rows_v2 (the dead letters back at the head, attempts from 0, so
 -- the next delivery is attempt 1; the key unparked), then (committed) the hand-out's wake-up if
--- the key has work and is open. One row: how many were put back.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v3(IN p_id BINARY(32), IN p_space BINARY(32))
+-- the key has work and is open (inbox_hand_out_v2). One row: how many were put back.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_requeue_v4(IN p_id BINARY(32), IN p_space BINARY(32))
 SQL SECURITY INVOKER
 $$
 BEGIN
     DECLARE v_moved INT;
     CALL {prefix}inbox_requeue_rows_v2(p_id, v_moved);
-    CALL {prefix}inbox_hand_out_v1(p_id, p_space);
+    CALL {prefix}inbox_hand_out_v2(p_id, p_space);
     SELECT v_moved;
 END
 $$;
 
--- inbox_discard: delete the key's dead letters and unpark it, in one transaction under its
+-- inbox_discard_v2: delete the key's dead letters and unpark it, in one transaction under its
 -- inboxes row lock (taken first, as every inbox change does); the row goes when nothing is left.
--- Then (committed) the hand-out's wake-up if the key has work and is open. One row: how many
--- were deleted.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_discard_v1(IN p_id BINARY(32), IN p_space BINARY(32))
+-- Then (committed) the hand-out's wake-up if the key has work and is open (inbox_hand_out_v2).
+-- One row: how many were deleted.
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_discard_v2(IN p_id BINARY(32), IN p_space BINARY(32))
 SQL SECURITY INVOKER
 $$
 BEGIN
@@ -507,7 +464,7 @@ BEGIN
     END IF;
     COMMIT;
     IF v_pending > 0 THEN
-        CALL {prefix}inbox_hand_out_v1(p_id, p_space);
+        CALL {prefix}inbox_hand_out_v2(p_id, p_space);
     END IF;
     SELECT v_gone;
 END
@@ -663,9 +620,13 @@ $$;
 
 CALL {prefix}inbox_upgrade_v2();
 
--- inbox_wake_one_v2: inbox_wake_one_v1 naming the key: unless the key's lock is held, pick one
--- live worker of the space at random, one with no hint waiting first, write the key as its hint
--- (committed before the kill: the ear's next look sees it), then kill its ear's query if it waits.
+-- inbox_wake_one_v2: the hand-out's wake-up, after an accept, a requeue or a discard committed:
+-- unless the key's lock is held (its holder's next step takes the entry), pick one live worker of
+-- the space at random, one with no hint waiting first, write the key as its hint (committed
+-- before the kill: the ear's next look sees it), then kill its ear's query if it waits
+-- (ear_kill_v1: a connection id could name another session after a restart). A kill that is
+-- refused (another user's session), a worker gone with its hint, or a wake-up that failed (it is
+-- best effort: the accept committed before it) leaves the key to a rescan.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_wake_one_v2(IN p_id BINARY(32), IN p_space BINARY(32))
 SQL SECURITY INVOKER
 $$
@@ -673,6 +634,7 @@ BEGIN
     DECLARE v_worker VARBINARY(128) DEFAULT NULL;
     DECLARE v_conn BIGINT DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_worker = NULL;
+    DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET v_worker = NULL;
     IF NOT EXISTS (SELECT 1 FROM {prefix}locks
                    WHERE id = p_id AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(3)) THEN
         SELECT w.id, w.conn INTO v_worker, v_conn FROM {prefix}inbox_workers AS w
@@ -680,13 +642,17 @@ BEGIN
         ORDER BY w.hint IS NOT NULL, RAND() LIMIT 1;
         IF v_worker IS NOT NULL THEN
             UPDATE {prefix}inbox_workers SET hint = p_id WHERE id = v_worker;
+        END IF;
+        IF v_worker IS NOT NULL THEN  -- the hint is written
             CALL {prefix}ear_kill_v1(v_conn, 'asynclock-inbox-ear');
         END IF;
     END IF;
 END
 $$;
 
--- inbox_hand_out_v2: inbox_hand_out_v1 through inbox_wake_one_v2.
+-- inbox_hand_out_v2: the hand-out's wake-up (inbox_wake_one_v2, which passes over a held key) for a
+-- key that has pending entries and is open: neither parked nor waiting for a retry not due yet.
+-- After an accept, a requeue or a discard committed.
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_hand_out_v2(IN p_id BINARY(32), IN p_space BINARY(32))
 SQL SECURITY INVOKER
 $$
@@ -702,8 +668,7 @@ $$;
 -- inbox_accept_v4: inbox_append_v1, then (committed) the hand-out's wake-up through
 -- inbox_hand_out_v2 for a key that is free and open (neither waiting for its retry nor parked: a
 -- worker woken for it could not take it): the key written into the woken worker's row. One row
--- (status, pending). Requeues and discards wake through inbox_hand_out_v1: rare, and the woken
--- worker's claim finds the key anyway.
+-- (status, pending).
 CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_accept_v4(
     IN p_id BINARY(32), IN p_name LONGTEXT CHARACTER SET utf8mb4, IN p_space BINARY(32),
     IN p_payload LONGTEXT CHARACTER SET utf8mb4, IN p_claim BINARY(32),
@@ -1171,7 +1136,7 @@ CREATE TABLE IF NOT EXISTS {prefix}supersede_ears (
 
 -- supersede_v1: signal the holder of key p_id under p_token: if the key is held under that token,
 -- mark the token fresh in every row of the key (each listening state's ear) and, committed, wake
--- each of those ears that waits by killing its query (as inbox_wake_one_v1; a refused kill, or an
+-- each of those ears that waits by killing its query (as inbox_wake_one_v2; a refused kill, or an
 -- ear between two queries, is made up for by the ear's next query, which looks first).
 CREATE PROCEDURE IF NOT EXISTS {prefix}supersede_v1(IN p_id BINARY(32), IN p_token BIGINT)
 SQL SECURITY INVOKER
