@@ -46,7 +46,7 @@ from benchmarks.harness.env import (
     now_utc,
     short,
 )
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, table
 from benchmarks.harness.rounds import teardown
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import fmt, fmt_spread
@@ -272,6 +272,7 @@ def _section(
         "",
         table(trips, trip_cols),
         "",
+        kept("dispatcher-rows"),
     ]
     body += ["", *_reading(mem, red, trips)]
     headlines = _headlines(mem, red, trips)
