@@ -37,7 +37,7 @@ from benchmarks.harness.env import (
     now_utc,
     require_asynclock,
 )
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, record_data, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, record_data, table
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.servers import (
     SETTINGS,
@@ -357,19 +357,7 @@ def _section(
         "",
         table(rounds, cols),
         "",
-        (
-            "- cluster ÷ single Redis: the cluster's pairs/s over the single server's at the "
-            "same N, in the same round."
-        ),
-        "- ÷ 1 process: pairs/s at N over pairs/s with one process, same server, same round.",
-        (
-            "- client CPU: `time.process_time()` of the worker processes over the window / "
-            "pairs; server CPU: `INFO cpu` used_cpu_user + used_cpu_sys, summed over the "
-            "server(s) (every master of the cluster) / pairs (a shared server also counts its "
-            "other clients). Other CPU load: the machine's busy CPU time (`/proc/stat`) over "
-            "the measurement minus the workers' and the server(s)', per second of it: the "
-            "parent and anything else running on the machine (near 0 when it is quiet)."
-        ),
+        kept("cluster-columns"),
         (
             f"- **What this machine can and cannot show.** It has {os.cpu_count()} CPUs, and "
             "the three masters, the single server and the N client processes all share them. "

@@ -39,7 +39,16 @@ from benchmarks.harness.env import (
     now_utc,
     short,
 )
-from benchmarks.harness.report import Column, Headlines, Metrics, Rounds, Section, kv_table, table
+from benchmarks.harness.report import (
+    Column,
+    Headlines,
+    Metrics,
+    Rounds,
+    Section,
+    kept,
+    kv_table,
+    table,
+)
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.servers import SETTINGS, cluster_url, delete_cluster_keys, masters
@@ -359,24 +368,7 @@ def _section(rounds: Rounds, rounds_n: int, facts: list[tuple[str, str]], starte
         "",
         table(rounds, columns),
         "",
-        "How each row is used:",
-        (
-            "- asynclock: `lock = AsyncLock(state, key, ttl=...)`; `await lock.acquire()`; "
-            "`await lock.release()`, the held ones acquired one after another by the timing task "
-            "itself; states from `from_url(url, prefix=...)` (`MemoryState()` in process)."
-        ),
-        (
-            "- redis-py: `lock = r.lock(name, timeout=...)`; `await lock.acquire()`; "
-            "`await lock.release()` on one `redis.asyncio.Redis.from_url(url)` client: it keeps "
-            "no per-task record, so its ratio is what the server's 10,000 extra keys cost."
-        ),
-        (
-            "- The machine's 2 vCPUs are shared with the servers and, during this run, other "
-            "work (the load average above): a loopback round trip switches between two speeds "
-            "(about 2x apart) from one second to the next, so a single round of a server row "
-            "can read 0.5x or 2x. The redis-py row keeps no record per task and so should read "
-            "1.0x: its spread is the noise; read the medians against it."
-        ),
+        kept("held-rows"),
     ]
     headlines = Headlines()
     for name, backend in ASYNCLOCK_ROWS:

@@ -23,7 +23,7 @@ from typing import Any
 
 from benchmarks.harness import progress as _progress
 from benchmarks.harness.env import REPO, Asynclock, Config, log, now_utc
-from benchmarks.harness.report import Column, Rounds, Section, record_data, table
+from benchmarks.harness.report import Column, Rounds, Section, kept, record_data, table
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import fmt, fmt_spread
 
@@ -247,14 +247,7 @@ def _section(
         "",
         table(rounds, entry_cols),
         "",
-        (
-            "RSS is VmRSS from `/proc/self/status`. Python's allocator keeps most freed memory "
-            "for reuse instead of handing it back to the OS (and a dict does not shrink its "
-            "table when entries are deleted), so RSS after the sweep stays near the peak; what "
-            "the sweep guarantees is that entries, and so RSS, stop growing with the number of "
-            "distinct keys once the TTL window is full. The curves are in `docs/img/memory-"
-            "growth.png`."
-        ),
+        kept("memory-growth-rss"),
     ]
     headlines: list[tuple[str, str]] = []
     if rounds.rounds_of(SHORT):

@@ -31,7 +31,7 @@ import redis.asyncio
 
 from benchmarks.harness.contend import contend as harness_contend
 from benchmarks.harness.env import Asynclock, CommandCounter, Config, log, now_utc, short
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, table
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.stats import percentile
@@ -350,26 +350,7 @@ def _section(
             "count to every task."
         ),
         "",
-        "How each variant is used (a new semaphore object per acquisition, as a handler does):",
-        f"- asynclock: `Semaphore(state, key, limit={LIMIT}, ttl=30.0)`, `acquire()`, `release()`.",
-        (
-            f"- py-redis-semaphore: `Semaphore(client, SemaphoreConfig(name, limit={LIMIT}, "
-            "lock_timeout=30.0))`, `aacquire()`, `arelease()` (its defaults: BLPOP wake-ups, a "
-            "heartbeat task per holder)."
-        ),
-        (
-            f"- redis-limiters: `AsyncSemaphore(name, capacity={LIMIT}, expiry=30, max_sleep=0, "
-            "connection=client)`, `async with` (BLPOP of a token list; a holder that dies "
-            "never gives its token back)."
-        ),
-        (
-            "- floor: two `register_script` calls on redis.asyncio (take a slot of a ZSET by "
-            "server time; ZREM); contended, a refused take retries after 1 ms."
-        ),
-        (
-            "- handoff: for every acquire that was waiting when a permit was given back, the time "
-            "from that give-back (just before `release()`) to its return."
-        ),
+        kept("semaphore-rows"),
     ]
     headlines = Headlines()
     for rounds, what in (
