@@ -1,18 +1,8 @@
 """Scenario ``cluster``: aggregate lock throughput over many keys, single Redis vs Redis Cluster.
 
-``N`` spawned worker processes (N = 1, 2, 4), each with ``TASKS`` tasks doing
-``async with AsyncLock(state, key, ttl=30): pass`` back to back over ``KEYS`` distinct keys, for
-a fixed window; the same workload against the single Redis server of the run (``--state`` or
-``--private-server``) and against a Redis Cluster (``--cluster URL``; with ``--private-server``
-a throwaway 3-master cluster of its own, otherwise the 3-master cluster of
-``.ci/services.sh``). The keys are dealt so that no two tasks ever share one (stride
-``N x TASKS``): the throughput of independent locks, the thing a cluster is meant to scale.
-
 The worker processes are spawned once for the whole scenario (both states open and warmed in
-each) and told what to run through a queue, so a round costs no interpreter start-up. Every run
-of ``N`` workers starts at one ``perf_counter`` instant (CLOCK_MONOTONIC: one clock for the whole
-machine) and stops taking new pairs when its window closes; the aggregate is every pair of every
-process over the time from the start to the last pair's end.
+each) and told what to run through a queue, so a round costs no interpreter start-up. The
+workload and what it can show on this machine: docs/benchmarks.md, the ``cluster`` block.
 """
 
 from __future__ import annotations

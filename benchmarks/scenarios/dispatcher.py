@@ -1,19 +1,7 @@
 """Scenario ``dispatcher``: EventDispatcher throughput and state round trips per event.
 
-Three parts, all variants interleaved round-robin in every round:
-
-* Memory: ``EventDispatcher(MemoryState())`` against a plain ``dict[str, asyncio.Lock]`` + ``set``
-  doing the same work (the in-process ideal), and chat-sdk's ``Chat`` on its memory state.
-* Redis: ``EventDispatcher(RedisState)`` against the raw floor of the round trips it needs (the
-  same two EVALSHA-equivalent commands issued with redis.asyncio) and chat-sdk's ``Chat`` on
-  ``RedisStateAdapter``.
-* Round trips: one counting pass per Redis variant after the timed rounds; every command a
-  redis-py connection sends is counted on the client, and the server's own command count
-  (``INFO stats``) is read around it.
-
-Every variant runs the same handler: it counts the call and yields once
-(``await asyncio.sleep(0)``). ``serial``: one producer task per thread key, awaiting its events in
-order (no same-key overlap, so nothing conflicts). ``burst``: every event dispatched at once.
+Memory and Redis rows (asynclock, the plain or raw floor, chat-sdk), serial and burst, then one
+counting pass per Redis row. What each row runs: docs/benchmarks.md, the ``dispatcher`` block.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Scenario ``held``: the cost of a pair while the same task holds 10,000 other locks (#16).
 
-One task (the scenario's own) takes ``HELD`` locks (one key each) and keeps them, times
-uncontended acquire+release pairs, a new lock object per pair on 16 rotating keys (as
-``tests/unit/test_lock_scaling.py`` and ``tests/conformance/test_lock_scaling.py`` do), *with
-them held*, gives them back and times the same pairs *alone*; round after round, so the
-timings alternate held, alone, held, alone. Both timings of a round follow a burst of 10,000
-round trips of the same backend (the acquires, the releases), seconds apart. Backends are run
-one after another (the starting one rotates every round): while one is timed, nothing else is
-held in the process. Taking and giving back the 10,000 is not timed (on MariaDB that is ~5 s
-each way, most of the scenario's run time).
-
-Each timing is ``CHUNKS`` chunks of pairs back to back with the garbage collector paused (with
-10,000 lock objects alive, a collection inside one timing would be counted as bookkeeping); the
-fastest chunk is the headline (other work on the shared machine only ever adds time, in bursts:
-the tests take the lowest of five timings for the same reason), the mean of every chunk is kept
-beside it. The peer, in the same run: redis-py's asyncio ``Lock``, held and timed the same way on
-the same Redis server.
+How the timings alternate and why the fastest chunk is the headline: docs/benchmarks.md, the
+``held`` block (as ``tests/unit/test_lock_scaling.py`` and the conformance test time it).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Scenario ``semaphore``: asynclock's Semaphore beside the asyncio Redis semaphores of PyPI.
 
-In one process, on one Redis server, variants interleaved round-robin in every round:
-
-* **asynclock** ``Semaphore(state, key, limit=3, ttl=30)`` on a ``RedisState``;
-* **py-redis-semaphore** (``redis_semaphore.Semaphore``: a ZSET of holders with server-time
-  expiry and fencing tokens, waiters parked on a BLPOP notification list; its default config);
-* **redis-limiters** (``redis_limiters.AsyncSemaphore``: a list of ``capacity`` tokens taken
-  with BLPOP; no per-permit TTL);
-* the **floor**: raw EVALSHA of the least a fenced, expiring semaphore can run (one script to
-  take a slot of a ZSET, one ``ZREM`` to give it back): one round trip each. Contended, it
-  retries every millisecond (what polling costs), so it is a reference, not a floor, there.
-
-Measured: the uncontended acquire+release pair; throughput at ``limit=3`` with 16 tasks; the
-handoff latency (a release to the acquire it let through); fairness (the longest run of one
-task's acquisitions, and acquisitions per task while all compete); Redis commands per cycle.
+Uncontended pairs and 16 tasks at ``limit=3``, variants interleaved round-robin; what each
+variant runs (py-redis-semaphore, redis-limiters, a raw EVALSHA floor that polls when
+contended, so a reference rather than a floor there): docs/benchmarks.md, ``semaphore``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """Scenario ``sql-dispatcher``: EventDispatcher on the SQL states against chat-sdk on PostgreSQL.
 
-The Redis part of scenario ``dispatcher``, on PostgreSQL (and MariaDB for scale), interleaved
-round-robin in every round (the starting variant rotates):
-
-* ``EventDispatcher(PostgresState.from_url(url, prefix=...))``, ``drop``, serial;
-* chat-sdk's ``Chat`` on ``PostgresStateAdapter(url=...)``, ``drop``, serial;
-* ``EventDispatcher(MySQLState.from_url(url, prefix=...))``, ``drop``, serial.
-
-Then one counting pass per variant: every statement an asyncpg or aiomysql connection sends
-(its ``_execute`` / cursor ``execute``) and every asyncpg pool reset (``Connection.reset``, one
-more round trip on each return to an ``asyncpg.Pool``), per fresh event.
-
-The handler is scenario ``dispatcher``'s (count the call, yield once); ``serial``: one producer
-task per thread key awaiting its events in order, so nothing conflicts. Both asynclock and
-chat-sdk use their default pools (10 connections each) and the server's ``synchronous_commit``.
-Rows are written under a key prefix of this run and deleted at the end.
+The Redis part of scenario ``dispatcher`` on PostgreSQL (and MariaDB for scale), then one
+counting pass of statements and pool resets per fresh event: docs/benchmarks.md,
+``sql-dispatcher``. Rows are written under a key prefix of this run and deleted at the end.
 """
 
 from __future__ import annotations
