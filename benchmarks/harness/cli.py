@@ -124,9 +124,9 @@ def _plots_only(args: argparse.Namespace) -> int:
         log(f"no stored results in {_results.SUMMARY}: run a scenario with --write first")
         return 2
     extra = _finish(args, {}, [])
-    print("\n".join(s.body + "\n" for s in extra))
+    path = Path(args.doc)
+    print(fill_kept("\n".join(s.body + "\n" for s in extra), doc_text(path)))
     if args.write:
-        path = Path(args.doc)
         facts = [(str(k), str(v)) for k, v in stored.get("environment", {}).items()]
         environment = "## Environment\n\n" + kv_table(facts) + "\n"
         write_doc(path, order=_order(), preamble=PREAMBLE, environment=environment, sections=extra)

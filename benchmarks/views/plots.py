@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.harness.env import REPO, log
+from benchmarks.harness.report import kept
 from benchmarks.scenarios import contended as _contended
 from benchmarks.scenarios import dedupe as _dedupe
 from benchmarks.scenarios import inbox_scale as _inbox_scale
@@ -441,13 +442,7 @@ def markdown(written: list[tuple[str, str]]) -> str:
     lines = [
         "## Plots",
         "",
-        (
-            "Drawn by `python -m benchmarks plots` (or `--plots` on a run) from "
-            "`benchmarks/summary/`, the medians and ranges that `--write` stores with the "
-            "tables below. Bars are medians over the rounds, whiskers min-max; red is "
-            "asynclock, grey its peers, blue the raw redis.asyncio floor, green the in-process "
-            "ideal."
-        ),
+        kept("plots-intro"),
         "",
     ]
     for filename, caption in written:
