@@ -117,25 +117,20 @@ def child_main(args: ChildArgs, commands: Any, out: Any) -> None:
         out.put(("error", args.index, traceback.format_exc(limit=6)))
 
 
-class Workers:
+class Workers(Children):
     """``count`` spawned workers, each with its own command queue and one shared reply queue."""
 
     def __init__(self, cfg: Config, urls: dict[str, str], count: int) -> None:
-        self.children = Children()
-        self.commands: list[Any] = [self.children.ctx.Queue() for _ in range(count)]
+        super().__init__()
         key_root = cfg.key("cluster")
-        args = [(ChildArgs(i, urls, cfg.prefix, key_root), self.commands[i]) for i in range(count)]
-        self.children.start(child_main, args)
-
-    def collect(self, kind: str, count: int, timeout: float) -> list[tuple[Any, ...]]:
-        """See ``_spawn.Children.collect``."""
-        return self.children.collect(kind, count, timeout)
+        args = [(ChildArgs(i, urls, cfg.prefix, key_root),) for i in range(count)]
+        self.start(child_main, args, commands=True)
 
     def run(self, target: str, processes: int, window: float) -> dict[str, float]:
         """One measurement: the first ``processes`` workers on ``target`` for ``window`` s."""
         start_at = time.perf_counter() + 0.2
-        for commands in self.commands[:processes]:
-            commands.put((target, processes, start_at, window))
+        for i in range(processes):
+            self.send(i, (target, processes, start_at, window))
         done = self.collect("done", processes, window + 60)
         pairs = sum(int(msg[2]) for msg in done)
         elapsed = max(float(msg[3]) for msg in done) - start_at
@@ -145,11 +140,6 @@ class Workers:
             "pairs": float(pairs),
             "client_cpu_us": cpu / max(pairs, 1) * 1e6,
         }
-
-    def close(self) -> None:
-        for commands in self.commands:
-            commands.put(None)
-        self.children.join()
 
 
 # --- servers: CPU, cleanup ----------------------------------------------------------------------
@@ -252,7 +242,7 @@ async def _run(
         for variant in rounds.variants:
             rounds.skip(variant, str(exc).splitlines()[0])
     finally:
-        await asyncio.to_thread(workers.close)
+        await asyncio.to_thread(workers.join)
         if CLUSTER in servers and not private:
             deleted = await delete_cluster_keys(servers[CLUSTER], cfg.run_id)
             log(f"cluster: deleted {deleted} key(s) of run {cfg.run_id} from the cluster")

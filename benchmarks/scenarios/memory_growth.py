@@ -1,13 +1,8 @@
 """Scenario ``memory-growth``: MemoryState's RSS over a million distinct keys.
 
-Each measurement runs in a fresh child process (``python -m benchmarks.scenarios.memory_growth PARAMS``), so its
-peak RSS (VmHWM) is its own, as in section (e) of the peer study. Per key ``i`` the child
-acquires and releases ``AsyncLock(state, "lock:i")``, records ``Deduper.first_seen("evt-i")``
-with a short TTL, and every tenth key also takes ``"stale:i"`` through the State protocol and
-never releases it (a crashed holder; it expires by the same TTL). Then it waits for the TTL to
-pass, runs more traffic on one hot key and one duplicate id (each operation sweeps up to 32
-expired entries), and reports what is left. A control child runs the same traffic with a TTL
-of 600 s, where nothing expires during the run: the growth that the sweep prevents.
+Each measurement runs in a fresh child process (``python -m benchmarks.scenarios.memory_growth
+PARAMS``), so its peak RSS (VmHWM) is its own; what a child does per key, and the control child
+whose TTL never expires: docs/benchmarks.md, the ``memory-growth`` block.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Scenario ``sql``: PostgresState and MySQLState against the raw floor of their own statements.
 
-Three parts, each interleaved round-robin (the starting variant rotates every round):
-
-1. uncontended acquire+release pairs (``async with AsyncLock(state, key, ttl=30.0)``) against
-   the same ``acquire`` and ``release`` statements of ``queries.sql`` issued directly by the
-   driver on one connection, the ``SELECT 1`` x2 round-trip floor, and RedisState for scale;
-2. contention on one key: 16 tasks in one process, and 3 spawned processes x 4 tasks;
-3. ``Deduper.first_seen`` (new ids and duplicates) against the raw ``dedupe_add`` statement.
-
-Rows are written to the states' default tables (``asynclock_locks``, ``asynclock_dedupe``) under
-a key prefix of this run, and deleted at the end; the tables themselves are never dropped.
-
-This module runs the parts and writes the report; the rows of parts 1 and 3 are in
-``_sql_variants``, part 2 in ``_sql_contention``, the servers (URLs, statements, connections,
-facts, clean-up) in ``_sql_server``.
+Uncontended pairs, contention on one key (one process; 3 spawned processes) and
+``Deduper.first_seen``, each interleaved round-robin (docs/benchmarks.md, the ``sql`` block).
+Rows go to the states' default tables under a key prefix of this run and are deleted at the
+end; the tables themselves are never dropped. This module runs the parts and writes the
+report; the rows of parts 1 and 3 are in ``_sql_variants``, part 2 in ``_sql_contention``, the
+servers (URLs, statements, connections, facts, clean-up) in ``harness/sql_server.py``.
 """
 
 from __future__ import annotations
