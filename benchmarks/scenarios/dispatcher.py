@@ -226,17 +226,14 @@ def _section(
         (
             f"{n:,} events over {keys} thread keys per variant and round (event i on key i mod "
             f"{keys}, each with a fresh message id), {rounds_n} rounds, all variants of both "
-            f"tables interleaved round-robin (the starting variant rotates). The handler counts "
-            f"the call and yields once (`await asyncio.sleep(0)`). **serial**: one producer task "
-            f"per key awaits its events in order, so no two events of a key overlap (nothing "
-            f"conflicts). **burst**: all {n:,} dispatches started at once; asynclock and the plain "
-            f'baseline wait in turn per key (`on_lock_conflict="queue"`), so every event is '
-            f"handled; in the *latest* rows asynclock hands each key's newest waiting event to "
-            f"the handler with the others in `ctx.skipped`, as chat-sdk's `queue` does, so every "
-            f"event is handled or seen skipped. Events are built before the clock starts. "
-            f"Started {started} against "
-            f"`{cfg.url}`, run {cfg.run_id} at asynclock git {versions['git']}; chat-sdk "
-            f"{versions['chat-sdk']}."
+            "tables interleaved round-robin (the starting variant rotates)."
+        ),
+        "",
+        kept("dispatcher-intro"),
+        "",
+        (
+            f"Started {started} against `{cfg.url}`, run {cfg.run_id} at asynclock git "
+            f"{versions['git']}; chat-sdk {versions['chat-sdk']}."
         ),
         "",
         "### Memory: the in-process ideal",
@@ -251,12 +248,10 @@ def _section(
         "",
         (
             f"One more run of each Redis variant after the timed rounds ({n:,} fresh events, then "
-            f"{keys * max(1, 200 // keys)} of them redelivered where dedupe applies). Round trips: "
-            "every command a redis-py connection sent (`send_packed_command`, patched only for "
-            "this pass), the pub/sub connection included. Redis commands: the server's `INFO "
-            "stats` total_commands_processed delta, which also counts the commands run inside "
-            "Lua scripts (and other clients' commands on a shared server)."
+            f"{keys * max(1, 200 // keys)} of them redelivered where dedupe applies)."
         ),
+        "",
+        kept("dispatcher-trips"),
         "",
         table(trips, trip_cols),
         "",

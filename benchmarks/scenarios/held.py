@@ -329,23 +329,9 @@ def _section(rounds: Rounds, rounds_n: int, facts: list[tuple[str, str]], starte
     body = [
         f"## Held: the cost of a pair while the task holds {HELD:,} other locks",
         "",
+        kept("held-intro"),
+        "",
         (
-            f"Scenario `held` (#16: a pair must cost the same however many locks the task holds, "
-            f"<= {TARGET}x with {HELD:,} held). Per backend and round, one task takes {HELD:,} "
-            f"locks (one key each, TTL {HELD_TTL:.0f} s, untimed) and keeps them; times "
-            f"uncontended acquire+release pairs on {PAIR_KEYS} rotating keys, a new lock object "
-            f"per pair (TTL {PAIR_TTL:.0f} s), *with the {HELD:,} held*; gives them back "
-            "(untimed) and times the same pairs *alone*. So the timings alternate held, alone, "
-            "held, alone, and each follows a burst of 10,000 round trips of its own backend "
-            "(the acquires, the releases): a first version that also timed the pairs before "
-            "taking the locks found that timing in another state of the machine (after the "
-            "previous backend's work, redis-py's pair took 120 µs, after a burst of its own "
-            "260 µs, held or not). Backends run one after another, the starting one rotating "
-            "each round: nothing else is held in the process meanwhile. Each timing is "
-            f"{CHUNKS} chunks of pairs back to back, the garbage collector paused; the µs "
-            "columns and *held ÷ alone* use each timing's fastest chunk (the shared machine's "
-            "other load only ever adds time, in bursts: the lowest of several timings, as in "
-            "the tests), the last column the mean over all chunks. "
             f"{rounds_n} round{'s' if rounds_n > 1 else ''}; cells: median (min-max) over the "
             f"rounds, ratios taken within each round. Started {started}."
         ),
