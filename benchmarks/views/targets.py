@@ -44,10 +44,16 @@ def _uncontended_row(view: View) -> list[str]:
         f"{_s(ratio, 2)}x (median of per-round ratios, min-max); {fmt(mine, 0)} against "
         f"{fmt(theirs, 0)} pairs/s"
     )
-    verdict = MET if ratio.median >= 1.2 else NOT_MET
-    if ratio.median >= 1.2 > ratio.low:
-        verdict += " (median; some rounds below 1.2x)"
-    return [target, measured, verdict]
+    return [target, measured, _within(ratio, 1.2, higher=True)]
+
+
+def _within(ratio: Spread, bound: float, *, higher: bool) -> str:
+    """Met on the median against ``bound``, saying when some rounds fell on the other side."""
+    if (ratio.median < bound) if higher else (ratio.median > bound):
+        return NOT_MET
+    if (ratio.low < bound) if higher else (ratio.high > bound):
+        return MET + f" (median; some rounds {'below' if higher else 'above'} {bound}x)"
+    return MET
 
 
 def _counts(view: View, base: str, metric: str) -> list[tuple[int, Spread]]:
@@ -311,10 +317,7 @@ def _held_rows(view: View) -> list[list[str]]:
         )
         if variant == _held.REDIS and peer.count:
             measured += f"; redis-py's `Lock` on the same server: {_s(peer, 2)}x"
-        verdict = MET if ratio.median <= bound else NOT_MET
-        if ratio.median <= bound < ratio.high:
-            verdict += f" (median; some rounds above {bound}x)"
-        rows.append([what, measured, verdict])
+        rows.append([what, measured, _within(ratio, bound, higher=False)])
     return rows
 
 
@@ -340,10 +343,7 @@ def _sql_dispatcher_rows(view: View) -> list[list[str]]:
         ours = view.spread(sc, me, "events_s").median
         theirs = view.spread(sc, _sql_dispatcher.P_CHAT, "events_s").median
         measured = f"{_s(ratio, 2)}x; {fmt(ours, 0)} against {fmt(theirs, 0)} events/s"
-        verdict = MET if ratio.median >= 1.3 else NOT_MET
-        if ratio.median >= 1.3 > ratio.low:
-            verdict += " (median; some rounds below 1.3x)"
-        rows.append([second, measured, verdict])
+        rows.append([second, measured, _within(ratio, 1.3, higher=True)])
     else:
         rows.append([second, "n/a", NOT_RUN])
     return rows
