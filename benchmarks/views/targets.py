@@ -49,7 +49,7 @@ def _uncontended_row(view: View) -> list[str]:
 
 def _within(ratio: Spread, bound: float, *, higher: bool) -> str:
     """Met on the median against ``bound``, saying when some rounds fell on the other side."""
-    if (ratio.median < bound) if higher else (ratio.median > bound):
+    if not ((ratio.median >= bound) if higher else (ratio.median <= bound)):  # NaN: not met
         return NOT_MET
     if (ratio.low < bound) if higher else (ratio.high > bound):
         return MET + f" (median; some rounds {'below' if higher else 'above'} {bound}x)"
