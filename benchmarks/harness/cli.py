@@ -24,7 +24,14 @@ from benchmarks.harness.env import (
     log,
     now_utc,
 )
-from benchmarks.harness.report import Section, kv_table, take_recorded, write_doc
+from benchmarks.harness.report import (
+    Section,
+    doc_text,
+    fill_kept,
+    kv_table,
+    take_recorded,
+    write_doc,
+)
 from benchmarks.harness.servers import DEFAULT_CLUSTER_URL, PrivateServer, configure
 
 if TYPE_CHECKING:
@@ -117,9 +124,9 @@ def _plots_only(args: argparse.Namespace) -> int:
         log(f"no stored results in {_results.SUMMARY}: run a scenario with --write first")
         return 2
     extra = _finish(args, {}, [])
-    print("\n".join(s.body + "\n" for s in extra))
+    path = Path(args.doc)
+    print(fill_kept("\n".join(s.body + "\n" for s in extra), doc_text(path)))
     if args.write:
-        path = Path(args.doc)
         facts = [(str(k), str(v)) for k, v in stored.get("environment", {}).items()]
         environment = "## Environment\n\n" + kv_table(facts) + "\n"
         write_doc(path, order=_order(), preamble=PREAMBLE, environment=environment, sections=extra)
@@ -191,9 +198,9 @@ async def _amain(args: argparse.Namespace) -> int:
         report.append("## Headline ratios\n\n" + kv_table(headlines) + "\n")
     report += [s.body + "\n" for s in [*extra, *sections]]
     sections = [*extra, *sections]
-    print("\n".join(report))
+    path = Path(args.doc)
+    print(fill_kept("\n".join(report), doc_text(path)))
     if args.write:
-        path = Path(args.doc)
         kept = len(names) == 1 and SCENARIOS[names[0]].own_environment
         write_doc(
             path,

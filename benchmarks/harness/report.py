@@ -172,6 +172,32 @@ def _extract(text: str, name: str) -> str | None:
     return match.group(1) if match else None
 
 
+def kept(name: str) -> str:
+    """A place for hand-written text inside a scenario's block: the doc holds the text.
+
+    The scenario emits the empty ``text-<name>`` markers where its prose goes; ``fill_kept``
+    (``--write`` and the printed report) puts back what the doc has between them, so prose that
+    does not depend on the numbers is edited in docs/benchmarks.md, not generated.
+    """
+    start, end = _markers(f"text-{name}")
+    return f"{start}\n{end}"
+
+
+def doc_text(path: Path) -> str:
+    """The doc's text, empty if there is none yet."""
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def fill_kept(text: str, doc: str) -> str:
+    """``text`` with every empty ``kept`` place filled from ``doc`` (empty if ``doc`` lacks it)."""
+
+    def fill(match: re.Match[str]) -> str:
+        start, end = _markers(match.group(1))
+        return f"{start}\n{_extract(doc, match.group(1)) or ''}{end}"
+
+    return re.sub(r"<!-- (text-[\w-]+):start -->\n<!-- \1:end -->", fill, text)
+
+
 def write_doc(
     path: Path,
     *,
@@ -187,12 +213,12 @@ def write_doc(
     blocks and the text above the environment block (``preamble`` starts a new doc) are never
     overwritten.
     """
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    old = doc_text(path)
     fresh: dict[str, str] = {}
     if environment is not None:  # None: keep the previous environment block
         fresh["environment"] = environment.rstrip() + "\n"
     for section in sections:
-        fresh[section.scenario] = section.body.rstrip() + "\n"
+        fresh[section.scenario] = fill_kept(section.body.rstrip() + "\n", old)
         if section.headlines:
             heading = f"From `{section.scenario}`:\n\n"
             fresh[f"headlines-{section.scenario}"] = heading + kv_table(section.headlines) + "\n"

@@ -85,7 +85,7 @@ def cluster_url(stack: contextlib.ExitStack, scenario: str) -> tuple[str | None,
     return url, ""
 
 
-def _free_port(taken: list[int], bus: bool = False) -> int:
+def free_port(taken: list[int], bus: bool = False) -> int:
     """A free loopback port not in ``taken`` (with ``bus``: its cluster bus port +10000 too)."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -102,7 +102,8 @@ def _free_port(taken: list[int], bus: bool = False) -> int:
         return port
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate ``procs`` (our own servers, by object), killing those that do not end."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
@@ -116,9 +117,10 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.stderr.close()
 
 
-def _wait(
+def wait_ready(
     procs: list[subprocess.Popen[bytes]], port: int, ready: Callable[[redis.Redis], bool], what: str
 ) -> None:
+    """Wait up to 20 s for the server on ``port`` to be ``ready``; raise if one of ``procs`` died."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         for proc in procs:
@@ -155,18 +157,18 @@ class PrivateServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def __enter__(self) -> Self:
-        self.port = _free_port([])
+        self.port = free_port([])
         args = [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), *QUIET]
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         try:
-            _wait(self.procs, self.port, lambda c: bool(c.ping()), "did not answer")
+            wait_ready(self.procs, self.port, lambda c: bool(c.ping()), "did not answer")
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _stop(self.procs)
+        stop_all(self.procs)
 
 
 class PrivateCluster(PrivateServer):
@@ -187,7 +189,7 @@ class PrivateCluster(PrivateServer):
         self.dir = tempfile.mkdtemp(prefix="asynclock-bench-cluster-")
         try:
             for _ in range(self.masters):
-                self.ports.append(_free_port(self.ports, bus=True))
+                self.ports.append(free_port(self.ports, bus=True))
             for port in self.ports:
                 args = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), *QUIET]
                 args += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
@@ -196,7 +198,7 @@ class PrivateCluster(PrivateServer):
                     subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 )
             for port in self.ports:
-                _wait(self.procs, port, lambda c: bool(c.ping()), "did not answer")
+                wait_ready(self.procs, port, lambda c: bool(c.ping()), "did not answer")
             addrs = [f"127.0.0.1:{port}" for port in self.ports]
             subprocess.run(
                 [
@@ -213,7 +215,7 @@ class PrivateCluster(PrivateServer):
                 timeout=60,
             )
             for port in self.ports:
-                _wait(self.procs, port, _cluster_ok, "did not reach cluster_state:ok")
+                wait_ready(self.procs, port, _cluster_ok, "did not reach cluster_state:ok")
         except BaseException:
             self.__exit__(None, None, None)
             raise

@@ -121,28 +121,55 @@ class ProcResult:
 class Children:
     """Spawned child processes that all report on one queue, ``out``.
 
-    Every child is called as ``target(*args, out)`` and puts tuples on ``out`` whose first item
-    names the message kind; ``("error", index, traceback)`` is a child that failed.
+    Every child is called as ``target(*args, out)`` (``target(*args, commands, out)`` when it
+    has a command queue of its own) and puts tuples on ``out`` whose first item names the
+    message kind; ``("error", index, traceback)`` is a child that failed.
     """
 
     def __init__(self) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.out: Any = self.ctx.Queue()
         self.procs: list[Any] = []
+        self.commands: list[Any] = []
 
-    def start(self, target: Callable[..., None], args: list[tuple[Any, ...]]) -> None:
-        """Spawn one daemon child per tuple of ``args``."""
+    def start(
+        self, target: Callable[..., None], args: list[tuple[Any, ...]], *, commands: bool = False
+    ) -> None:
+        """Spawn one daemon child per tuple of ``args``; with ``commands``, each gets a queue."""
+        self.commands = [self.ctx.Queue() for _ in args] if commands else []
+        own: list[tuple[Any, ...]] = [(q,) for q in self.commands] or [() for _ in args]
         self.procs = [
-            self.ctx.Process(target=target, args=(*one, self.out), daemon=True) for one in args
+            self.ctx.Process(target=target, args=(*one, *mine, self.out), daemon=True)
+            for one, mine in zip(args, own, strict=True)
         ]
         for proc in self.procs:
             proc.start()
 
-    def collect(self, kind: str, count: int, timeout: float) -> list[tuple[Any, ...]]:
-        """Block until ``count`` messages of ``kind`` came (others are dropped).
+    def send(self, index: int, message: Any) -> None:
+        """Put ``message`` on the command queue of child ``index``."""
+        self.commands[index].put(message)
 
-        Raises RuntimeError when ``timeout`` s pass first, a child reports an error or a child
-        died: whatever the children were waiting for then never comes.
+    def next(self, remaining: float) -> tuple[Any, ...] | None:
+        """The next message, or None if none came within ``remaining`` s (at most 0.5 s).
+
+        Raises RuntimeError when a child reports an error or died: whatever the parent was
+        waiting for then never comes.
+        """
+        try:
+            msg: tuple[Any, ...] = self.out.get(timeout=min(0.5, remaining))
+        except queue.Empty:
+            dead = [p.exitcode for p in self.procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a child died with exit code {dead[0]}") from None
+            return None
+        if msg[0] == "error":
+            raise RuntimeError(f"child {msg[1]} failed:\n{msg[2]}")
+        return msg
+
+    def collect(self, kind: str, count: int, timeout: float) -> list[tuple[Any, ...]]:
+        """Block until ``count`` messages of ``kind`` came (others are dropped); see ``next``.
+
+        Raises RuntimeError too when ``timeout`` s pass first.
         """
         got: list[tuple[Any, ...]] = []
         deadline = time.monotonic() + timeout
@@ -150,21 +177,16 @@ class Children:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RuntimeError(f"timed out waiting for {count - len(got)} '{kind}' message(s)")
-            try:
-                msg = self.out.get(timeout=min(0.5, remaining))
-            except queue.Empty:
-                dead = [p.exitcode for p in self.procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"a child died with exit code {dead[0]}") from None
-                continue
-            if msg[0] == "error":
-                raise RuntimeError(f"child {msg[1]} failed:\n{msg[2]}")
-            if msg[0] == kind:
+            msg = self.next(remaining)
+            if msg is not None and msg[0] == kind:
                 got.append(msg)
         return got
 
     def join(self) -> None:
-        """Wait for every child to end (once told to); terminate the ones that do not."""
+        """Tell the children with a command queue to end (None), wait for every child to end;
+        terminate the ones that do not."""
+        for commands in self.commands:
+            commands.put(None)
         for proc in self.procs:
             proc.join(15)
         for proc in self.procs:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import queue as queue_module
 import time
 import traceback
 from dataclasses import dataclass
@@ -172,23 +171,18 @@ class Handled:
     error: str | None = None
 
 
-class Fleet:
+class Fleet(Children):
     """The two children, each with a command queue of its own, sharing the report queue."""
 
     def __init__(self, cfg: Config) -> None:
-        self.children = Children()
-        self.commands = [self.children.ctx.Queue() for _ in range(PROCESSES)]
+        super().__init__()
         prefix = f"{KEY_ROOT}:{cfg.run_id}:aiogram:"
-        self.children.start(
-            child_main,
-            [(ChildArgs(i, cfg.url, prefix), self.commands[i]) for i in range(PROCESSES)],
+        self.start(
+            child_main, [(ChildArgs(i, cfg.url, prefix),) for i in range(PROCESSES)], commands=True
         )
         self.ids = itertools.count(1)
 
-    def send(self, child: int, tag: str, payload: dict[str, Any]) -> None:
-        self.commands[child].put((tag, payload))
-
-    def collect(self, handled: dict[int, Handled], timeout: float) -> None:
+    def reports(self, handled: dict[int, Handled], timeout: float) -> None:
         """Read reports until every update of ``handled`` ran and was fed (or failed)."""
         fed: set[int] = set()
         deadline = time.monotonic() + timeout
@@ -198,19 +192,11 @@ class Fleet:
             if remaining <= 0:
                 missing = sorted(set(handled) - (ran & fed))
                 raise RuntimeError(f"updates {missing} not reported within {timeout} s")
-            try:
-                message = self.children.out.get(timeout=min(0.5, remaining))
-            except queue_module.Empty:
-                dead = [p.exitcode for p in self.children.procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"a child died with exit code {dead[0]}") from None
+            message = self.next(remaining)
+            record = handled.get(message[3]) if message and len(message) > 3 else None
+            if message is None or record is None:
                 continue
             kind = message[0]
-            if kind == "error":
-                raise RuntimeError(f"child {message[1]} failed:\n{message[2]}")
-            record = handled.get(message[3]) if len(message) > 3 else None
-            if record is None:
-                continue
             if kind == "arrived":
                 record.arrived = message[4]
             elif kind == "ran":
@@ -218,11 +204,6 @@ class Fleet:
             elif kind == "fed":
                 record.error = message[4]
                 fed.add(record.update_id)
-
-    def close(self) -> None:
-        for commands in self.commands:
-            commands.put(None)
-        self.children.join()
 
 
 def burst_metrics(handled: list[Handled]) -> Metrics:
@@ -258,9 +239,9 @@ async def _burst(
     for n in range(BURST):
         update_id = next(fleet.ids)
         handled[update_id] = Handled(update_id, n)
-        fleet.send(n % spread, TAGS[variant], _update(update_id, chat, work))
+        fleet.send(n % spread, (TAGS[variant], _update(update_id, chat, work)))
         await asyncio.sleep(SPACING)  # the sending schedule
-    fleet.collect(handled, 60.0)
+    fleet.reports(handled, 60.0)
     commands = await counter.stop()
     metrics = burst_metrics(list(handled.values()))
     metrics["commands_per_update"] = commands / BURST
@@ -272,13 +253,13 @@ def _long(fleet: Fleet) -> dict[str, tuple[Handled, Handled]]:
     pairs: dict[str, tuple[Handled, Handled]] = {}
     for n, variant in enumerate(VARIANTS):
         first = Handled(next(fleet.ids), 0)
-        fleet.send(0, TAGS[variant], _update(first.update_id, 900_000 + n, LONG))
+        fleet.send(0, (TAGS[variant], _update(first.update_id, 900_000 + n, LONG)))
         pairs[variant] = (first, Handled(next(fleet.ids), 1))
     time.sleep(1.0)  # the second update comes a second later, as a user's next message would
     for n, variant in enumerate(VARIANTS):
         second = pairs[variant][1]
-        fleet.send(1, TAGS[variant], _update(second.update_id, 900_000 + n, WORK))
-    fleet.collect({h.update_id: h for pair in pairs.values() for h in pair}, LONG + 90.0)
+        fleet.send(1, (TAGS[variant], _update(second.update_id, 900_000 + n, WORK)))
+    fleet.reports({h.update_id: h for pair in pairs.values() for h in pair}, LONG + 90.0)
     return pairs
 
 
@@ -294,7 +275,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     fleet = Fleet(cfg)
     long_pairs: dict[str, tuple[Handled, Handled]] = {}
     try:
-        fleet.children.collect("ready", PROCESSES, 180)
+        fleet.collect("ready", PROCESSES, 180)
         for r in range(rounds_n):
             shift = r % len(ROWS)  # the first row rotates
             for v, (variant, spread, work) in enumerate(ROWS[shift:] + ROWS[:shift]):
@@ -320,7 +301,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
                     f"{first.error or 'returned'}"
                 )
     finally:
-        fleet.close()
+        fleet.join()
         await client.aclose()
     return Section("aiogram", _markdown(rounds, long_pairs, rounds_n), _headlines(rounds))
 
@@ -364,8 +345,8 @@ async def _watched_burst(
         for n in range(BURST):
             update_id = next(fleet.ids)
             handled[update_id] = Handled(update_id, n)
-            fleet.send(n % spread, TAGS[variant], _update(update_id, 20_000 + v, work))
-        fleet.collect(handled, 60.0)
+            fleet.send(n % spread, (TAGS[variant], _update(update_id, 20_000 + v, work)))
+        fleet.reports(handled, 60.0)
         await asyncio.sleep(0.5)  # what the server did last reaches the monitor
     finally:
         watcher.cancel()

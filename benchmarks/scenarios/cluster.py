@@ -1,18 +1,8 @@
 """Scenario ``cluster``: aggregate lock throughput over many keys, single Redis vs Redis Cluster.
 
-``N`` spawned worker processes (N = 1, 2, 4), each with ``TASKS`` tasks doing
-``async with AsyncLock(state, key, ttl=30): pass`` back to back over ``KEYS`` distinct keys, for
-a fixed window; the same workload against the single Redis server of the run (``--state`` or
-``--private-server``) and against a Redis Cluster (``--cluster URL``; with ``--private-server``
-a throwaway 3-master cluster of its own, otherwise the 3-master cluster of
-``.ci/services.sh``). The keys are dealt so that no two tasks ever share one (stride
-``N x TASKS``): the throughput of independent locks, the thing a cluster is meant to scale.
-
 The worker processes are spawned once for the whole scenario (both states open and warmed in
-each) and told what to run through a queue, so a round costs no interpreter start-up. Every run
-of ``N`` workers starts at one ``perf_counter`` instant (CLOCK_MONOTONIC: one clock for the whole
-machine) and stops taking new pairs when its window closes; the aggregate is every pair of every
-process over the time from the start to the last pair's end.
+each) and told what to run through a queue, so a round costs no interpreter start-up. The
+workload and what it can show on this machine: docs/benchmarks.md, the ``cluster`` block.
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ from benchmarks.harness.env import (
     now_utc,
     require_asynclock,
 )
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, record_data, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, record_data, table
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.servers import (
     SETTINGS,
@@ -127,25 +117,20 @@ def child_main(args: ChildArgs, commands: Any, out: Any) -> None:
         out.put(("error", args.index, traceback.format_exc(limit=6)))
 
 
-class Workers:
+class Workers(Children):
     """``count`` spawned workers, each with its own command queue and one shared reply queue."""
 
     def __init__(self, cfg: Config, urls: dict[str, str], count: int) -> None:
-        self.children = Children()
-        self.commands: list[Any] = [self.children.ctx.Queue() for _ in range(count)]
+        super().__init__()
         key_root = cfg.key("cluster")
-        args = [(ChildArgs(i, urls, cfg.prefix, key_root), self.commands[i]) for i in range(count)]
-        self.children.start(child_main, args)
-
-    def collect(self, kind: str, count: int, timeout: float) -> list[tuple[Any, ...]]:
-        """See ``_spawn.Children.collect``."""
-        return self.children.collect(kind, count, timeout)
+        args = [(ChildArgs(i, urls, cfg.prefix, key_root),) for i in range(count)]
+        self.start(child_main, args, commands=True)
 
     def run(self, target: str, processes: int, window: float) -> dict[str, float]:
         """One measurement: the first ``processes`` workers on ``target`` for ``window`` s."""
         start_at = time.perf_counter() + 0.2
-        for commands in self.commands[:processes]:
-            commands.put((target, processes, start_at, window))
+        for i in range(processes):
+            self.send(i, (target, processes, start_at, window))
         done = self.collect("done", processes, window + 60)
         pairs = sum(int(msg[2]) for msg in done)
         elapsed = max(float(msg[3]) for msg in done) - start_at
@@ -155,11 +140,6 @@ class Workers:
             "pairs": float(pairs),
             "client_cpu_us": cpu / max(pairs, 1) * 1e6,
         }
-
-    def close(self) -> None:
-        for commands in self.commands:
-            commands.put(None)
-        self.children.join()
 
 
 # --- servers: CPU, cleanup ----------------------------------------------------------------------
@@ -262,7 +242,7 @@ async def _run(
         for variant in rounds.variants:
             rounds.skip(variant, str(exc).splitlines()[0])
     finally:
-        await asyncio.to_thread(workers.close)
+        await asyncio.to_thread(workers.join)
         if CLUSTER in servers and not private:
             deleted = await delete_cluster_keys(servers[CLUSTER], cfg.run_id)
             log(f"cluster: deleted {deleted} key(s) of run {cfg.run_id} from the cluster")
@@ -357,19 +337,7 @@ def _section(
         "",
         table(rounds, cols),
         "",
-        (
-            "- cluster ÷ single Redis: the cluster's pairs/s over the single server's at the "
-            "same N, in the same round."
-        ),
-        "- ÷ 1 process: pairs/s at N over pairs/s with one process, same server, same round.",
-        (
-            "- client CPU: `time.process_time()` of the worker processes over the window / "
-            "pairs; server CPU: `INFO cpu` used_cpu_user + used_cpu_sys, summed over the "
-            "server(s) (every master of the cluster) / pairs (a shared server also counts its "
-            "other clients). Other CPU load: the machine's busy CPU time (`/proc/stat`) over "
-            "the measurement minus the workers' and the server(s)', per second of it: the "
-            "parent and anything else running on the machine (near 0 when it is quiet)."
-        ),
+        kept("cluster-columns"),
         (
             f"- **What this machine can and cannot show.** It has {os.cpu_count()} CPUs, and "
             "the three masters, the single server and the N client processes all share them. "

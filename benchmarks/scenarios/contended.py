@@ -16,7 +16,16 @@ from benchmarks.harness import spawn as _spawn
 from benchmarks.harness.contend import Contender, columns, contend, contend_threads
 from benchmarks.harness.contenders import AsyncioLockContender, AsynclockContender, RedisPyContender
 from benchmarks.harness.env import Asynclock, CommandCounter, Config, log, now_utc, short
-from benchmarks.harness.report import SKIPPED, Column, Headlines, Rounds, Section, table, violations
+from benchmarks.harness.report import (
+    SKIPPED,
+    Column,
+    Headlines,
+    Rounds,
+    Section,
+    kept,
+    table,
+    violations,
+)
 from benchmarks.harness.rounds import ContentionRow, ContentionRun, close_all, contention_rounds
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import fmt, fmt_spread
@@ -328,51 +337,18 @@ def _section(
             "",
         ]
     body += [
-        (
-            "\\* acquisitions per worker counted while every worker was still competing, i.e. up "
-            "to the moment the first worker finished its cycles (every worker does the same "
-            "number: 100, or 25 at 64 tasks). A FIFO-fair lock gives about all / all; a lock that "
-            "lets its holder re-take it gives 0 / all."
-        ),
+        kept("contended-fairness"),
         "",
         (
             f"### {PROCESSES} processes x {TASKS_PER_PROCESS} tasks x {MP_CYCLES} cycles on one "
             "key (multiprocessing, spawn)"
         ),
         "",
-        (
-            "Each child warms up on its own key, reports ready, and all start on one signal. The "
-            "children send back their timestamped cycles and the parent merges them."
-        ),
+        kept("contended-multi"),
         "",
         table(multi, multi_cols),
         "",
-        "Definitions (as in the peer study):",
-        (
-            "- **handoff**: the next successful `acquire()` return minus the moment the previous "
-            "holder left the critical section (just before `release()`), so it includes the "
-            "release round trip. **Cross-worker** leaves out a worker re-taking the lock it just "
-            "released; **cross-process** counts only handoffs to another process."
-        ),
-        "- **acquire wait**: from the `acquire()` call to its return.",
-        (
-            "- **Redis commands per cycle**: the `INFO stats` `total_commands_processed` delta "
-            "(less the INFO call) over the timed run, divided by the cycles. It counts commands "
-            "run inside Lua scripts and those of every other client of the shared server; the "
-            "asyncio.Lock rows show that background."
-        ),
-        (
-            "- the critical section: an in-section counter is incremented, `await asyncio.sleep(0)` "
-            "(threads: `time.sleep(0)`) yields, the counter is decremented; a counter above 1 is a "
-            "violation. Interval overlaps: [acquired, left] intervals of different cycles that "
-            "overlap on the merged timeline (perf_counter is CLOCK_MONOTONIC)."
-        ),
-        (
-            "- asynclock and redis-py use a new lock object per cycle (one client; redis-py's pool "
-            f"capped at {2 * max(TASK_COUNTS)} connections, above the task count); "
-            "python-redis-lock runs as many OS threads as tasks (up to 64) in the same process "
-            "with a sync client, one blocked BLPOP connection per waiting thread."
-        ),
+        kept("contended-definitions"),
     ]
     headlines = Headlines()
     add = headlines.metric

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio
 
 from benchmarks.harness.env import log
-from benchmarks.harness.report import Section, kv_table
+from benchmarks.harness.report import Section, kept, kv_table
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.servers import PrivateServer
 from benchmarks.harness.sql_server import MYSQL_URL, PG_URL, mysql_options
@@ -355,11 +355,10 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
         rows += await _sql(api, backend, rounds)
     body = (
         "## Dashboard: what one refresh costs the state\n\n"
-        "What one refresh of the web dashboard (`asynclock.web.dashboard`, one `GET "
-        "/api/refresh`) costs the state, counted on the server, with N keys with work, "
-        f"{DEAD_KEYS} keys with a dead letter and {HELD_LOCKS} locks held; the floor is the same "
-        "data read as `asynclock inbox` and `asynclock locks` read it "
-        "(`python -m benchmarks dashboard`, ~2 min).\n\n" + kv_table(rows) + "\n"
+        + kept("dashboard-intro")
+        + "\n\n"
+        + kv_table(rows)
+        + "\n"
     )
     return Section("dashboard", body)
 

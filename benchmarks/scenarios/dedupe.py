@@ -10,7 +10,7 @@ import redis.asyncio
 
 from benchmarks.harness import progress as _progress
 from benchmarks.harness.env import Asynclock, CommandCounter, Config, StateLike, log, now_utc, short
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, table
 from benchmarks.harness.rounds import rotated, teardown
 from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.stats import fmt
@@ -210,26 +210,7 @@ def _section(
         "",
         table(rounds, cols),
         "",
-        "How each variant is used:",
-        (
-            "- plain set: `if id in seen: return False; seen.add(id); return True` in an "
-            "`async def`, which never yields: what one process needs at the least."
-        ),
-        (
-            "- asynclock: `dedupe = Deduper(state, ttl=60.0, namespace=...)`, "
-            "`await dedupe.first_seen(id)`. On Memory every call yields to the event loop once "
-            "(the yield rule) and does the TTL bookkeeping; on Redis it is one "
-            "`SET key 1 NX PX 60000` through asynclock's own connection."
-        ),
-        (
-            "- floor: `await r.set(key, b'1', nx=True, px=60000)` on one "
-            "`redis.asyncio.Redis.from_url(url)` client (one connection, used sequentially): "
-            "the same command through redis-py."
-        ),
-        (
-            "- Redis commands per check: `INFO stats` total_commands_processed delta over the "
-            "timed loop / checks (other clients' commands too on a shared server)."
-        ),
+        kept("dedupe-rows"),
     ]
     headlines = Headlines()
     for phase in (NEW, DUP):

@@ -1,19 +1,7 @@
 """Scenario ``dispatcher``: EventDispatcher throughput and state round trips per event.
 
-Three parts, all variants interleaved round-robin in every round:
-
-* Memory: ``EventDispatcher(MemoryState())`` against a plain ``dict[str, asyncio.Lock]`` + ``set``
-  doing the same work (the in-process ideal), and chat-sdk's ``Chat`` on its memory state.
-* Redis: ``EventDispatcher(RedisState)`` against the raw floor of the round trips it needs (the
-  same two EVALSHA-equivalent commands issued with redis.asyncio) and chat-sdk's ``Chat`` on
-  ``RedisStateAdapter``.
-* Round trips: one counting pass per Redis variant after the timed rounds; every command a
-  redis-py connection sends is counted on the client, and the server's own command count
-  (``INFO stats``) is read around it.
-
-Every variant runs the same handler: it counts the call and yields once
-(``await asyncio.sleep(0)``). ``serial``: one producer task per thread key, awaiting its events in
-order (no same-key overlap, so nothing conflicts). ``burst``: every event dispatched at once.
+Memory and Redis rows (asynclock, the plain or raw floor, chat-sdk), serial and burst, then one
+counting pass per Redis row. What each row runs: docs/benchmarks.md, the ``dispatcher`` block.
 """
 
 from __future__ import annotations
@@ -23,7 +11,6 @@ from typing import Any
 import redis.asyncio
 
 from benchmarks.harness.dispatching import (
-    POOL,
     AsynclockDispatcher,
     ChatSdk,
     Dispatching,
@@ -47,7 +34,7 @@ from benchmarks.harness.env import (
     now_utc,
     short,
 )
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, table
 from benchmarks.harness.rounds import teardown
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import fmt, fmt_spread
@@ -239,17 +226,14 @@ def _section(
         (
             f"{n:,} events over {keys} thread keys per variant and round (event i on key i mod "
             f"{keys}, each with a fresh message id), {rounds_n} rounds, all variants of both "
-            f"tables interleaved round-robin (the starting variant rotates). The handler counts "
-            f"the call and yields once (`await asyncio.sleep(0)`). **serial**: one producer task "
-            f"per key awaits its events in order, so no two events of a key overlap (nothing "
-            f"conflicts). **burst**: all {n:,} dispatches started at once; asynclock and the plain "
-            f'baseline wait in turn per key (`on_lock_conflict="queue"`), so every event is '
-            f"handled; in the *latest* rows asynclock hands each key's newest waiting event to "
-            f"the handler with the others in `ctx.skipped`, as chat-sdk's `queue` does, so every "
-            f"event is handled or seen skipped. Events are built before the clock starts. "
-            f"Started {started} against "
-            f"`{cfg.url}`, run {cfg.run_id} at asynclock git {versions['git']}; chat-sdk "
-            f"{versions['chat-sdk']}."
+            "tables interleaved round-robin (the starting variant rotates)."
+        ),
+        "",
+        kept("dispatcher-intro"),
+        "",
+        (
+            f"Started {started} against `{cfg.url}`, run {cfg.run_id} at asynclock git "
+            f"{versions['git']}; chat-sdk {versions['chat-sdk']}."
         ),
         "",
         "### Memory: the in-process ideal",
@@ -264,55 +248,14 @@ def _section(
         "",
         (
             f"One more run of each Redis variant after the timed rounds ({n:,} fresh events, then "
-            f"{keys * max(1, 200 // keys)} of them redelivered where dedupe applies). Round trips: "
-            "every command a redis-py connection sent (`send_packed_command`, patched only for "
-            "this pass), the pub/sub connection included. Redis commands: the server's `INFO "
-            "stats` total_commands_processed delta, which also counts the commands run inside "
-            "Lua scripts (and other clients' commands on a shared server)."
+            f"{keys * max(1, 200 // keys)} of them redelivered where dedupe applies)."
         ),
+        "",
+        kept("dispatcher-trips"),
         "",
         table(trips, trip_cols),
         "",
-        "How each row works:",
-        (
-            "- plain: `seen: set[str]` for dedupe, `locks: dict[str, asyncio.Lock]` per thread key, "
-            "`async with locks[key]: await handler()`; what one process needs at the least."
-        ),
-        (
-            "- asynclock: `EventDispatcher(state, on_lock_conflict=...)` with one `mention` "
-            "handler, `await bot.dispatch(Event(...))` per event; `drop` (the default) in serial, "
-            "where it never triggers, `queue` in the burst (`latest` in its *latest* rows, whose "
-            "handler takes `(event, ctx)` to count `ctx.skipped`). `RedisState.from_url(url)` (a lean "
-            f"pool of at most {POOL} connections). A fresh event is one EVALSHA of "
-            "`claim_acquire` (dedupe claim in progress + lock) and one EVALSHA of `release_claimed` (release + claim done)."
-        ),
-        (
-            "- floor: per event, EVALSHA of a 5-line script (`SET dedupe 1 NX PX 600000`, then, "
-            "if new, `SET lock token NX PX 30000`), the handler, then EVALSHA of the "
-            "compare-and-delete script (`GET == token` then `DEL`): the same two round trips as "
-            "asynclock, with nothing around them (no fencing token, no renewal, no outcome "
-            "record). *1 connection*: one task, `redis.asyncio.Redis.from_url(url)`, events one "
-            "after another. *per-key producers*: the serial arrival of the other rows, on a "
-            f"`BlockingConnectionPool` of {POOL}."
-        ),
-        (
-            "- chat-sdk: `Chat(ChatConfig(adapters={'slack': MockAdapter('slack')}, state=..., "
-            "concurrency=..., logger='silent'))`, an `on_mention` handler, "
-            "`await chat.handle_incoming_message(adapter, thread_id, message)` with "
-            "`create_test_message(..., is_mention=True)`. Its Redis client has a bounded pool of "
-            f"{POOL} (`RedisStateAdapter(url=...)` would be unbounded). chat-sdk's `queue` keeps "
-            "the newest <= 10 waiting messages per thread and hands the holder only the newest, "
-            "with the rest in `context.skipped`; its default `on_queue_full='drop-oldest'` "
-            "deletes the oldest entry silently (no log line, no error to the caller). Every "
-            "outcome column is counted from what ran: *handler calls* are the handler's calls "
-            "(*handled events/s*: those per second of the run, beside *events/s*, the dispatch "
-            "calls per second); *skipped* are the events a handler saw only in "
-            "`context.skipped`; *dropped* are the events offered and never seen by any handler "
-            "(n - calls - skipped - events still queued after the run, which is 0: its drain "
-            "empties the queue), *refused* the part of them its `drop` answered with "
-            "`LockError`. asynclock and the plain baseline call the handler once per event."
-        ),
-        "- client CPU is `time.process_time()` over the timed run (the whole process).",
+        kept("dispatcher-rows"),
     ]
     body += ["", *_reading(mem, red, trips)]
     headlines = _headlines(mem, red, trips)
@@ -352,10 +295,7 @@ def _reading(mem: Rounds, red: Rounds, trips: Rounds) -> list[str]:
             f"(the claim script answers at once). chat-sdk needs "
             f"{med(trips, R_CHAT, 'trips_event', 2)} (dedupe, lock, subscription check, "
             f"release). Under the burst asynclock needs "
-            f"{med(trips, R_ASYNCLOCK_B, 'trips_event', 2)} per event: a queued event's "
-            "claim + lock try fails (1 round trip), it then waits in the process's FIFO for the "
-            "key, and the previous holder's release hands the lock over inside the release "
-            "script (no second acquire); the rest is subscribing to release channels. Inside "
+            f"{med(trips, R_ASYNCLOCK_B, 'trips_event', 2)} per event. Inside "
             f"the scripts asynclock runs {med(trips, R_ASYNCLOCK, 'cmds_event', 1)} server "
             f"commands per event against the floor's {med(trips, R_FLOOR1, 'cmds_event', 1)} "
             "(fencing token from `TIME`, the abandon mark, the release `PUBLISH`)."
@@ -391,8 +331,7 @@ def _reading(mem: Rounds, red: Rounds, trips: Rounds) -> list[str]:
             f"producers, so {where}, with the same number of round trips. Client CPU per "
             f"event: asynclock {med(red, R_ASYNCLOCK, 'cpu_us_event', 0)} µs, the floors "
             f"{med(red, R_FLOOR1, 'cpu_us_event', 0)} and {med(red, R_FLOORK, 'cpu_us_event', 0)} "
-            f"µs: {cpu_text} On this 2-vCPU box "
-            "the client CPU, not the network, sets the rate. Against chat-sdk with the same "
+            f"µs: {cpu_text} Against chat-sdk with the same "
             f"arrival: {spread(red, R_ASYNCLOCK, 'x_chat')} x in serial and "
             f"{spread(red, R_ASYNCLOCK_B, 'x_chat')} x in the burst, where asynclock handles "
             f"every event and chat-sdk calls its handler {med(red, R_CHAT_B, 'handled', 0)} "
@@ -405,13 +344,7 @@ def _reading(mem: Rounds, red: Rounds, trips: Rounds) -> list[str]:
             f"- Memory: asynclock's dispatcher runs at {fmt_spread(x_plain, 2)} x the plain "
             f"dict-of-asyncio.Lock in serial and {spread(mem, M_ASYNCLOCK_B, 'x_plain')} x in "
             f"the burst, and at {spread(mem, M_ASYNCLOCK, 'x_chat')} x chat-sdk's memory path "
-            "in serial. The plain version is a set lookup and an uncontended `asyncio.Lock`; "
-            "the dispatcher's lean path (`_dispatch/fast_route.py`) claims the event and takes the lock in one "
-            "`MemoryState` step, runs the handler (whose first suspension is the dispatch's "
-            "yield), releases and marks the claim done in one more, and counts the outcome; a "
-            "queued event records its claim on arrival and waits on a bare future until the "
-            "holder's release hands the lock over. "
-            "On Memory the per-event cost is all framework: there is no round trip to hide it."
+            "in serial."
         )
     chat_calls = mem.spread(M_CHAT_B, "handled")
     if chat_calls.count:
@@ -434,17 +367,8 @@ def _reading(mem: Rounds, red: Rounds, trips: Rounds) -> list[str]:
             f"{med(mem, M_ASYNCLOCK_L, 'covered', 0)} events (dropped "
             f"{med(mem, M_ASYNCLOCK_L, 'dropped', 0)}), at {fmt_spread(folded, 2)} x chat-sdk's "
             f"dispatch calls per second ({spread(mem, M_ASYNCLOCK_L, 'x_plain')} x the plain "
-            "baseline, which runs every event). What bounds both burst ratios is the loop passes "
-            "a dispatch needs: chat-sdk answers a call whose thread is busy after one (it appends "
-            "to its queue and returns, the outcome unknown to the caller); asynclock's dispatch "
-            "returns the event's outcome, so a folded event needs two (arrival, then the "
-            "outcome once its batch ran) and a queued one three (arrival, the handover that "
-            "starts its handler, the handler's own yield), as many as the plain baseline."
+            "baseline, which runs every event)."
         )
-    lines.append(
-        "- Spread: the client and the server share 2 vCPUs with other work, so single rounds "
-        "move by ±30% or more; compare the ratios (taken within one round), not absolute numbers."
-    )
     return lines
 
 

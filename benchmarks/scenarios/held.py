@@ -1,21 +1,7 @@
 """Scenario ``held``: the cost of a pair while the same task holds 10,000 other locks (#16).
 
-One task (the scenario's own) takes ``HELD`` locks (one key each) and keeps them, times
-uncontended acquire+release pairs, a new lock object per pair on 16 rotating keys (as
-``tests/unit/test_lock_scaling.py`` and ``tests/conformance/test_lock_scaling.py`` do), *with
-them held*, gives them back and times the same pairs *alone*; round after round, so the
-timings alternate held, alone, held, alone. Both timings of a round follow a burst of 10,000
-round trips of the same backend (the acquires, the releases), seconds apart. Backends are run
-one after another (the starting one rotates every round): while one is timed, nothing else is
-held in the process. Taking and giving back the 10,000 is not timed (on MariaDB that is ~5 s
-each way, most of the scenario's run time).
-
-Each timing is ``CHUNKS`` chunks of pairs back to back with the garbage collector paused (with
-10,000 lock objects alive, a collection inside one timing would be counted as bookkeeping); the
-fastest chunk is the headline (other work on the shared machine only ever adds time, in bursts:
-the tests take the lowest of five timings for the same reason), the mean of every chunk is kept
-beside it. The peer, in the same run: redis-py's asyncio ``Lock``, held and timed the same way on
-the same Redis server.
+How the timings alternate and why the fastest chunk is the headline: docs/benchmarks.md, the
+``held`` block (as ``tests/unit/test_lock_scaling.py`` and the conformance test time it).
 """
 
 from __future__ import annotations
@@ -39,7 +25,16 @@ from benchmarks.harness.env import (
     now_utc,
     short,
 )
-from benchmarks.harness.report import Column, Headlines, Metrics, Rounds, Section, kv_table, table
+from benchmarks.harness.report import (
+    Column,
+    Headlines,
+    Metrics,
+    Rounds,
+    Section,
+    kept,
+    kv_table,
+    table,
+)
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.servers import SETTINGS, cluster_url, delete_cluster_keys, masters
@@ -334,23 +329,9 @@ def _section(rounds: Rounds, rounds_n: int, facts: list[tuple[str, str]], starte
     body = [
         f"## Held: the cost of a pair while the task holds {HELD:,} other locks",
         "",
+        kept("held-intro"),
+        "",
         (
-            f"Scenario `held` (#16: a pair must cost the same however many locks the task holds, "
-            f"<= {TARGET}x with {HELD:,} held). Per backend and round, one task takes {HELD:,} "
-            f"locks (one key each, TTL {HELD_TTL:.0f} s, untimed) and keeps them; times "
-            f"uncontended acquire+release pairs on {PAIR_KEYS} rotating keys, a new lock object "
-            f"per pair (TTL {PAIR_TTL:.0f} s), *with the {HELD:,} held*; gives them back "
-            "(untimed) and times the same pairs *alone*. So the timings alternate held, alone, "
-            "held, alone, and each follows a burst of 10,000 round trips of its own backend "
-            "(the acquires, the releases): a first version that also timed the pairs before "
-            "taking the locks found that timing in another state of the machine (after the "
-            "previous backend's work, redis-py's pair took 120 µs, after a burst of its own "
-            "260 µs, held or not). Backends run one after another, the starting one rotating "
-            "each round: nothing else is held in the process meanwhile. Each timing is "
-            f"{CHUNKS} chunks of pairs back to back, the garbage collector paused; the µs "
-            "columns and *held ÷ alone* use each timing's fastest chunk (the shared machine's "
-            "other load only ever adds time, in bursts: the lowest of several timings, as in "
-            "the tests), the last column the mean over all chunks. "
             f"{rounds_n} round{'s' if rounds_n > 1 else ''}; cells: median (min-max) over the "
             f"rounds, ratios taken within each round. Started {started}."
         ),
@@ -359,24 +340,7 @@ def _section(rounds: Rounds, rounds_n: int, facts: list[tuple[str, str]], starte
         "",
         table(rounds, columns),
         "",
-        "How each row is used:",
-        (
-            "- asynclock: `lock = AsyncLock(state, key, ttl=...)`; `await lock.acquire()`; "
-            "`await lock.release()`, the held ones acquired one after another by the timing task "
-            "itself; states from `from_url(url, prefix=...)` (`MemoryState()` in process)."
-        ),
-        (
-            "- redis-py: `lock = r.lock(name, timeout=...)`; `await lock.acquire()`; "
-            "`await lock.release()` on one `redis.asyncio.Redis.from_url(url)` client: it keeps "
-            "no per-task record, so its ratio is what the server's 10,000 extra keys cost."
-        ),
-        (
-            "- The machine's 2 vCPUs are shared with the servers and, during this run, other "
-            "work (the load average above): a loopback round trip switches between two speeds "
-            "(about 2x apart) from one second to the next, so a single round of a server row "
-            "can read 0.5x or 2x. The redis-py row keeps no record per task and so should read "
-            "1.0x: its spread is the noise; read the medians against it."
-        ),
+        kept("held-rows"),
     ]
     headlines = Headlines()
     for name, backend in ASYNCLOCK_ROWS:

@@ -29,7 +29,7 @@ import redis.asyncio
 
 from benchmarks.harness.dispatching import SendCounter, chat_sdk
 from benchmarks.harness.env import Config, dist_version, git, log, now_utc
-from benchmarks.harness.report import Section
+from benchmarks.harness.report import Section, kept
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import Spread, fmt, fmt_spread
 from benchmarks.scenarios import _inbox_peer as peer
@@ -438,9 +438,8 @@ def _body(
     )
     return "\n\n".join(
         [
-            "The durable inbox on Redis beside chat-sdk's queue (the Python port of Vercel's Chat "
-            "SDK, `RedisStateAdapter`) on the same server, in the same process, over the same "
-            f"{KEYS} keys, and the raw floor of the inbox's own script. " + facts,
+            kept("inbox-intro"),
+            facts,
             f"**Storing an event for a later handler**, {n} serial calls per round:",
             _table(
                 ("what", "events/s", "÷ floor", "÷ chat-sdk enqueue path", "round trips / event"),
@@ -454,10 +453,9 @@ def _body(
                 f"**Workers sharing the inbox**: {n} events over the {KEYS} keys accepted "
                 f"{IN_FLIGHT} at a time while 1, 3 or 6 workers drain them (each `serve()` on a "
                 "client of its own, as processes have; the handler takes 1 ms), so the keys "
-                "are mostly busy. An accept for a key whose lock is held publishes nothing (its "
-                "holder's next step takes the entry), so the workers do not rescan or try locks "
-                "another worker holds. Round trips: every client's sends, the accepts' included:"
+                "are mostly busy."
             ),
+            kept("inbox-workers"),
             _table(
                 ("workers", "seconds until all handled", "round trips / event"),
                 [
@@ -477,12 +475,9 @@ def _body(
             _table(("what", "idle", "under load"), latency_rows),
             (
                 f"**A burst**: {n} events over the {KEYS} keys, all at once or arriving evenly "
-                "over a second; afterwards nothing is held, so what is still queued is stranded, "
-                "and what is neither handled, folded into a handler's `context.skipped`, nor "
-                "queued was dropped. chat-sdk: after each `release_lock`, a look (not counted in "
-                "its round trips) at whether entries sit in the queue while nobody holds the "
-                "lock, which strands them until a later message of the thread arrives:"
+                "over a second."
             ),
+            kept("inbox-burst"),
             _table(
                 (
                     "what",

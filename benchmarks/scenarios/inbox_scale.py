@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio
 
 from benchmarks.harness.env import REPO, git, log, now_utc
-from benchmarks.harness.report import Section, kv_table
+from benchmarks.harness.report import Section, kept, kv_table
 from benchmarks.harness.results import dump
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.servers import configured_url
@@ -467,26 +467,7 @@ def cells_of(run: dict[str, Any]) -> list[Cell]:
 def _body(runs: list[dict[str, Any]], this: dict[str, Any]) -> str:
     """The doc block: how it is measured, then the tables of every stored run, this one last."""
     parts = [
-        (
-            "The durable inbox with W = 1, 2, 4, 8, 16 worker processes (`python -m benchmarks "
-            "inbox-scale`; `--quick`: W = 1, 4, the trickle of 100 events only, about a minute "
-            "on a quiet machine). Each cell starts its own worker processes on a fresh "
-            f"namespace. **Trickle**: after a warm-up of {WARM} events, one producer sends "
-            f"{EVENTS:,} events over {KEYS} keys ({EVENTS // KEYS} each) at 700/s (Redis) or "
-            f"{SQL_RATE}/s (PostgreSQL, MariaDB), each call in a task of its own; latency is "
-            "accept -> handled (the producer's clock when it called `accept`, the handler's when "
-            "it ran: CLOCK_MONOTONIC, one clock for the machine). **Backlog**: "
-            f"{EVENTS:,} keys holding one entry each are accepted first, then the workers "
-            "start; latency from their start. Server work per event, counted exactly: Redis, "
-            "the requests clients sent (`MONITOR` lines naming the cell's keys, not run inside "
-            "a script), the accepts included; PostgreSQL, committed transactions "
-            "(`pg_stat_database.xact_commit` of a database of the scenario's own), less the "
-            "same cell run without the measured events; MariaDB, client statements (every "
-            "`COM_QUERY` the driver sent, in every process). *Order*: the first handlings of "
-            "every key in accept order; *lost*: events never handled. procrastinate runs one "
-            "job at a time per worker process (its default); the Streams floor reads `COUNT 1` "
-            "per `XREADGROUP`."
-        ),
+        kept("inbox-scale-intro"),
         "![Server work per event and events/s against workers](img/inbox-scale.png)",
     ]
     for run in runs:

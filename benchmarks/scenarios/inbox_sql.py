@@ -22,11 +22,10 @@ import asyncio
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
 
-from benchmarks.harness.report import Section, kv_table
+from benchmarks.harness.report import Section, kept, kv_table
 from benchmarks.harness.scenario import Scenario
-from benchmarks.harness.sql_server import LABEL, MYSQL_URL, PG_URL
+from benchmarks.harness.sql_server import LABEL, MYSQL_URL, PG_URL, mysql_connect, pg_connect
 from benchmarks.harness.stats import fmt
 
 if TYPE_CHECKING:
@@ -101,10 +100,8 @@ async def _floor(backend: str, url: str, prefix: str, n: int) -> float:
         }
 
     if backend == "postgres":
-        import asyncpg  # type: ignore[import-untyped]
-
         sql, names = query.dollar()
-        conn = await asyncpg.connect(url)
+        conn = await pg_connect(url, None)
         try:
             t0 = time.perf_counter()
             for i in range(n):
@@ -113,24 +110,8 @@ async def _floor(backend: str, url: str, prefix: str, n: int) -> float:
             return n / (time.perf_counter() - t0)
         finally:
             await conn.close()
-    import aiomysql  # type: ignore[import-untyped]
-
-    parts = urlsplit(url)
-    mysql = await aiomysql.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=unquote(parts.username or "root"),
-        password=unquote(parts.password or ""),
-        db=parts.path.lstrip("/"),
-        charset="utf8mb4",
-        autocommit=True,
-    )
+    mysql = await mysql_connect(url)  # the session MySQLState sets up
     try:
-        # the session MySQLState sets up (see MySQLState.from_url)
-        setup = await mysql.cursor()
-        await setup.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        await setup.execute("SET SESSION sql_notes = 0")
-        await setup.close()
         t0 = time.perf_counter()
         for i in range(n):
             cursor = await mysql.cursor()
@@ -286,13 +267,7 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
     rows: list[tuple[str, str]] = []
     for backend in ("postgres", "mysql"):
         rows += await _one(api, cfg, backend)
-    body = (
-        "The durable inbox on PostgreSQL (push wake-ups: NOTIFY) and MariaDB (bounded polling): "
-        "`accept` against the raw `inbox_accept` statement sent by the driver, the drain of one "
-        "`serve()`, and accept -> handler start across two state instances.\n\n"
-        + kv_table(rows)
-        + "\n"
-    )
+    body = kept("inbox-sql-intro") + "\n\n" + kv_table(rows) + "\n"
     return Section("inbox-sql", body)
 
 

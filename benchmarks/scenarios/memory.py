@@ -20,7 +20,7 @@ from benchmarks.harness.contend import Contender, analyze, columns, contend
 from benchmarks.harness.contenders import AsyncioLockContender, AsynclockContender
 from benchmarks.harness.env import Asynclock, Config, StateLike, log, now_utc
 from benchmarks.harness.pairs import lock_pairs
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, table
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import fmt_spread
@@ -303,17 +303,9 @@ async def run(cfg: Config, api: Asynclock | str) -> Section:
             "",
             "### Where the uncontended pair's time goes",
             "",
-            (
-                f"{split_n:,} pairs per row and round, {rounds_n} rounds. Every asynclock "
-                "operation yields to the event loop once before it acts (the yield rule, "
-                "STYLE.md 9.7, after trio's checkpoints: a tight `async with lock:` loop cannot "
-                "starve other tasks, and a cancellation lands before the operation or not at "
-                "all); `asyncio.Lock` does not yield on a free lock. The second row replaces "
-                "`asyncio.sleep` for the duration of the measurement with a coroutine that "
-                "returns at once; yields per pair are counted with a wrapper around it. The last "
-                "row calls the State protocol itself, also without yields: the rest of the "
-                "second row is AsyncLock's own layer (owner id, the per-key FIFO line, checks)."
-            ),
+            f"{split_n:,} pairs per row and round, {rounds_n} rounds.",
+            "",
+            kept("memory-split"),
             "",
             table(
                 split,

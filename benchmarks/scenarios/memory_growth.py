@@ -1,13 +1,8 @@
 """Scenario ``memory-growth``: MemoryState's RSS over a million distinct keys.
 
-Each measurement runs in a fresh child process (``python -m benchmarks.scenarios.memory_growth PARAMS``), so its
-peak RSS (VmHWM) is its own, as in section (e) of the peer study. Per key ``i`` the child
-acquires and releases ``AsyncLock(state, "lock:i")``, records ``Deduper.first_seen("evt-i")``
-with a short TTL, and every tenth key also takes ``"stale:i"`` through the State protocol and
-never releases it (a crashed holder; it expires by the same TTL). Then it waits for the TTL to
-pass, runs more traffic on one hot key and one duplicate id (each operation sweeps up to 32
-expired entries), and reports what is left. A control child runs the same traffic with a TTL
-of 600 s, where nothing expires during the run: the growth that the sweep prevents.
+Each measurement runs in a fresh child process (``python -m benchmarks.scenarios.memory_growth
+PARAMS``), so its peak RSS (VmHWM) is its own; what a child does per key, and the control child
+whose TTL never expires: docs/benchmarks.md, the ``memory-growth`` block.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from typing import Any
 
 from benchmarks.harness import progress as _progress
 from benchmarks.harness.env import REPO, Asynclock, Config, log, now_utc
-from benchmarks.harness.report import Column, Rounds, Section, record_data, table
+from benchmarks.harness.report import Column, Rounds, Section, kept, record_data, table
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.stats import fmt, fmt_spread
 
@@ -247,14 +242,7 @@ def _section(
         "",
         table(rounds, entry_cols),
         "",
-        (
-            "RSS is VmRSS from `/proc/self/status`. Python's allocator keeps most freed memory "
-            "for reuse instead of handing it back to the OS (and a dict does not shrink its "
-            "table when entries are deleted), so RSS after the sweep stays near the peak; what "
-            "the sweep guarantees is that entries, and so RSS, stop growing with the number of "
-            "distinct keys once the TTL window is full. The curves are in `docs/img/memory-"
-            "growth.png`."
-        ),
+        kept("memory-growth-rss"),
     ]
     headlines: list[tuple[str, str]] = []
     if rounds.rounds_of(SHORT):

@@ -1,19 +1,8 @@
 """Scenario ``semaphore``: asynclock's Semaphore beside the asyncio Redis semaphores of PyPI.
 
-In one process, on one Redis server, variants interleaved round-robin in every round:
-
-* **asynclock** ``Semaphore(state, key, limit=3, ttl=30)`` on a ``RedisState``;
-* **py-redis-semaphore** (``redis_semaphore.Semaphore``: a ZSET of holders with server-time
-  expiry and fencing tokens, waiters parked on a BLPOP notification list; its default config);
-* **redis-limiters** (``redis_limiters.AsyncSemaphore``: a list of ``capacity`` tokens taken
-  with BLPOP; no per-permit TTL);
-* the **floor**: raw EVALSHA of the least a fenced, expiring semaphore can run (one script to
-  take a slot of a ZSET, one ``ZREM`` to give it back): one round trip each. Contended, it
-  retries every millisecond (what polling costs), so it is a reference, not a floor, there.
-
-Measured: the uncontended acquire+release pair; throughput at ``limit=3`` with 16 tasks; the
-handoff latency (a release to the acquire it let through); fairness (the longest run of one
-task's acquisitions, and acquisitions per task while all compete); Redis commands per cycle.
+Uncontended pairs and 16 tasks at ``limit=3``, variants interleaved round-robin; what each
+variant runs (py-redis-semaphore, redis-limiters, a raw EVALSHA floor that polls when
+contended, so a reference rather than a floor there): docs/benchmarks.md, ``semaphore``.
 """
 
 from __future__ import annotations
@@ -31,7 +20,7 @@ import redis.asyncio
 
 from benchmarks.harness.contend import contend as harness_contend
 from benchmarks.harness.env import Asynclock, CommandCounter, Config, log, now_utc, short
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, table
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.stats import percentile
@@ -350,26 +339,7 @@ def _section(
             "count to every task."
         ),
         "",
-        "How each variant is used (a new semaphore object per acquisition, as a handler does):",
-        f"- asynclock: `Semaphore(state, key, limit={LIMIT}, ttl=30.0)`, `acquire()`, `release()`.",
-        (
-            f"- py-redis-semaphore: `Semaphore(client, SemaphoreConfig(name, limit={LIMIT}, "
-            "lock_timeout=30.0))`, `aacquire()`, `arelease()` (its defaults: BLPOP wake-ups, a "
-            "heartbeat task per holder)."
-        ),
-        (
-            f"- redis-limiters: `AsyncSemaphore(name, capacity={LIMIT}, expiry=30, max_sleep=0, "
-            "connection=client)`, `async with` (BLPOP of a token list; a holder that dies "
-            "never gives its token back)."
-        ),
-        (
-            "- floor: two `register_script` calls on redis.asyncio (take a slot of a ZSET by "
-            "server time; ZREM); contended, a refused take retries after 1 ms."
-        ),
-        (
-            "- handoff: for every acquire that was waiting when a permit was given back, the time "
-            "from that give-back (just before `release()`) to its return."
-        ),
+        kept("semaphore-rows"),
     ]
     headlines = Headlines()
     for rounds, what in (

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -18,35 +17,14 @@ import time
 from pathlib import Path
 
 from asynclock import AsyncLock, RedisState
+from benchmarks.harness.servers import free_port, stop_all, wait_ready
 
 SERVICE = "asynclock-bench"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _pong(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def _start(argv: list[str], port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if _pong(port):
-            return proc
-        time.sleep(0.01)
-    proc.kill()
-    raise RuntimeError(f"{argv[0]} on port {port} did not start")
+def _start(argv: list[str], port: int, procs: list[subprocess.Popen[bytes]]) -> None:
+    procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    wait_ready(procs, port, lambda c: bool(c.ping()), "did not answer")
 
 
 async def _pairs(state: RedisState, pairs: int) -> float:
@@ -98,24 +76,23 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="asynclock-bench-sentinel-") as tmp:
-        master, replica, sentinel = _free_port(), _free_port(), _free_port()
+        master = free_port([])
+        replica = free_port([master])
+        sentinel = free_port([master, replica])
         common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp]
-        procs = [_start(["redis-server", "--port", str(master), *common], master)]
+        procs: list[subprocess.Popen[bytes]] = []
         try:
+            _start(["redis-server", "--port", str(master), *common], master, procs)
             replica_of = ["--replicaof", "127.0.0.1", str(master)]
-            procs.append(
-                _start(["redis-server", "--port", str(replica), *common, *replica_of], replica)
-            )
+            _start(["redis-server", "--port", str(replica), *common, *replica_of], replica, procs)
             conf = Path(tmp) / "sentinel.conf"
             conf.write_text(f"sentinel monitor {SERVICE} 127.0.0.1 {master} 1\n")
             argv = ["redis-server", str(conf), "--sentinel", "--port", str(sentinel)]
-            procs.append(_start([*argv, "--bind", "127.0.0.1", "--dir", tmp], sentinel))
+            _start([*argv, "--bind", "127.0.0.1", "--dir", tmp], sentinel, procs)
             url = f"redis+sentinel://127.0.0.1:{sentinel}/{SERVICE}"
             rates = asyncio.run(_measure(url, master, args.rounds, args.pairs))
         finally:
-            for proc in procs:
-                proc.kill()
-                proc.wait()
+            stop_all(procs)
     medians = {name: statistics.median(values) for name, values in rates.items()}
     print(f"uncontended acquire+release pairs/s, {args.rounds} rounds x {args.pairs} pairs")
     for name, values in rates.items():

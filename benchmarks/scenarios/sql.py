@@ -1,19 +1,11 @@
 """Scenario ``sql``: PostgresState and MySQLState against the raw floor of their own statements.
 
-Three parts, each interleaved round-robin (the starting variant rotates every round):
-
-1. uncontended acquire+release pairs (``async with AsyncLock(state, key, ttl=30.0)``) against
-   the same ``acquire`` and ``release`` statements of ``queries.sql`` issued directly by the
-   driver on one connection, the ``SELECT 1`` x2 round-trip floor, and RedisState for scale;
-2. contention on one key: 16 tasks in one process, and 3 spawned processes x 4 tasks;
-3. ``Deduper.first_seen`` (new ids and duplicates) against the raw ``dedupe_add`` statement.
-
-Rows are written to the states' default tables (``asynclock_locks``, ``asynclock_dedupe``) under
-a key prefix of this run, and deleted at the end; the tables themselves are never dropped.
-
-This module runs the parts and writes the report; the rows of parts 1 and 3 are in
-``_sql_variants``, part 2 in ``_sql_contention``, the servers (URLs, statements, connections,
-facts, clean-up) in ``_sql_server``.
+Uncontended pairs, contention on one key (one process; 3 spawned processes) and
+``Deduper.first_seen``, each interleaved round-robin (docs/benchmarks.md, the ``sql`` block).
+Rows go to the states' default tables under a key prefix of this run and are deleted at the
+end; the tables themselves are never dropped. This module runs the parts and writes the
+report; the rows of parts 1 and 3 are in ``_sql_variants``, part 2 in ``_sql_contention``, the
+servers (URLs, statements, connections, facts, clean-up) in ``harness/sql_server.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +28,7 @@ from benchmarks.harness.report import (
     Headlines,
     Rounds,
     Section,
+    kept,
     kv_table,
     table,
     violations,
@@ -253,26 +246,7 @@ def _section(
         "",
         table(pairs, pair_cols),
         "",
-        "What each row runs:",
-        (
-            "- **asynclock**: `async with AsyncLock(state, key, ttl=30.0): pass` (a new lock "
-            "object per pair) on a state from `from_url(url, prefix=...)`: acquire is one "
-            "`acquire` statement, release one `release` statement, each in autocommit."
-        ),
-        (
-            "- **PostgreSQL raw floor**: the `acquire` and `release` statements of "
-            "`asynclock/state/postgres/queries.sql`, placeholders numbered as the state numbers "
-            "them, sent with `asyncpg.Connection.fetch` on one autocommit connection with "
-            "PostgresState's session settings (see `synchronous_commit` below); parameters as "
-            "PostgresState passes them for an uncontended pair: key id = SHA-256 of the "
-            "prefixed key, a fresh owner id per pair (`<host>:<pid>:<task>:<16 hex>`, mark "
-            "`\\n<owner>\\n`), `ttl_ms=30000`, `waiter=NULL`; release with `successor=NULL`, "
-            "`successor_mark=NULL`, `successor_ttl_ms=0`, `reservation_ms=250`, channel "
-            "`asynclock_released`, payload = key id in hex (so it NOTIFYs, as the state's "
-            "release does). The lock row stays after release, so every acquire after the first "
-            "is the `ON CONFLICT DO UPDATE` path, as for the state. Checked: every acquire "
-            "returns a token, every release a row."
-        ),
+        kept("sql-rows"),
         (
             "- the floor runs once with the server's `synchronous_commit` (`on`: each commit "
             "waits for its WAL flush) and once with `off` (it does not). Each asynclock row's "
@@ -280,27 +254,7 @@ def _section(
             + pg_session_text(commit)
             + "."
         ),
-        (
-            "- **MariaDB raw floor**: the `acquire` and `release` statements of "
-            "`asynclock/state/mysql/queries.sql` via `aiomysql` `cursor.execute(sql, params)` "
-            "on one connection opened with MySQLState's options (utf8mb4, autocommit, "
-            "`CLIENT_FOUND_ROWS`, `READ COMMITTED`, `innodb_lock_wait_timeout=5`, "
-            "`sql_notes=0`); parameters as MySQLState passes them: key id = SHA-256 hex (the "
-            "statement UNHEXes it), fresh owner per pair, `ttl_ms=30000`, `waiter=NULL`; "
-            "release with `successor=NULL`, `successor_mark=NULL`, `successor_ttl_ms=0`, "
-            "`reservation_ms=250`. Checked: `lastrowid` >= 10^15 (a token) after every acquire, "
-            "`rowcount` 1 after every release."
-        ),
-        (
-            "- **2 x SELECT 1**: two round trips that touch no table and commit nothing, on one "
-            "connection of the same driver: what any two-statement lock pair pays at least."
-        ),
-        (
-            "- **Redis raw floor**: `SET key token NX PX 30000` + `EVALSHA` compare-and-delete "
-            "on one redis.asyncio client, as in the `uncontended` scenario, with the RedisState "
-            "row, for scale across backends (same run, same machine)."
-        ),
-        "- client CPU is `time.process_time()` over the timed loop (the whole process).",
+        kept("sql-rows-more"),
         "",
         f"### Contended: {WORKERS} tasks x {cycles_per_task(cfg)[0]} cycles on one key, one process",
         "",
@@ -311,38 +265,11 @@ def _section(
             "one key (multiprocessing, spawn)"
         ),
         "",
-        (
-            "Each child opens its own state, warms up on its own key (its PostgreSQL LISTEN "
-            "connection included), reports ready, and all start on one signal; the parent "
-            "merges their timestamped cycles."
-        ),
+        kept("sql-multi"),
         "",
         table(contention.multi, multi_cols),
         "",
-        "Definitions (as in `shared/research/peer-lock-benchmarks.md` and `contended`):",
-        (
-            "- **handoff**: the next successful `acquire()` return minus the moment the previous "
-            "holder left its critical section (just before `release()`), so it includes the "
-            "release statement. **Cross-worker** leaves out a task re-taking the lock it just "
-            "released; **cross-process** counts only handoffs to a task of another process."
-        ),
-        "- **acquire wait**: from the `acquire()` call to its return.",
-        (
-            "- the critical section increments an in-section counter, yields once "
-            "(`await asyncio.sleep(0)`) and decrements it; above 1 is a violation. Interval "
-            "overlaps: [acquired, left] intervals of different cycles that overlap on the merged "
-            "timeline (perf_counter, CLOCK_MONOTONIC). Both must be 0."
-        ),
-        (
-            "- Within one process, waiters queue in the state's FIFO line and a release hands "
-            "the lock to the next one in the same statement. Across processes PostgreSQL wakes "
-            "a waiting process by LISTEN/NOTIFY (the release NOTIFYs in its own transaction); "
-            "MySQL has no NOTIFY: **a waiting process blocks in `GET_LOCK` of the key's wake "
-            "name, which the holder's state holds on a connection of its own and frees after "
-            "the release** (from the second handoff of a key on; the first one, and any the "
-            "push misses, re-check after a back-off of 5 ms doubling to 100 ms, bounded by the "
-            "holder's remaining TTL). Redis uses pub/sub."
-        ),
+        kept("sql-definitions"),
         "",
         "### Dedupe: `Deduper.first_seen` against the raw statement, 1 task",
         "",
@@ -354,16 +281,7 @@ def _section(
         "",
         table(dedupe, dedupe_cols),
         "",
-        (
-            "- asynclock: `Deduper(state, ttl=600.0).first_seen(event_id)` on a state from "
-            "`from_url`; one `dedupe_add` statement per call."
-        ),
-        (
-            "- raw floor: the state's `dedupe_add` statement on one connection of the same "
-            "driver with the state's session settings, parameters as the state passes them "
-            "(id = SHA-256 of `<prefix>dedupe:<event id>`, name, `ttl_ms=600000`); checked: "
-            "new ids claimed (PostgreSQL: a row back; MySQL: `lastrowid` > 0), duplicates not."
-        ),
+        kept("sql-dedupe-rows"),
         (
             f"- Rows are written under the key prefix `{KEY_ROOT}:<run id>:` in the default "
             "tables and deleted at the end of the run."

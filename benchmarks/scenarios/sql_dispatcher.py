@@ -1,20 +1,8 @@
 """Scenario ``sql-dispatcher``: EventDispatcher on the SQL states against chat-sdk on PostgreSQL.
 
-The Redis part of scenario ``dispatcher``, on PostgreSQL (and MariaDB for scale), interleaved
-round-robin in every round (the starting variant rotates):
-
-* ``EventDispatcher(PostgresState.from_url(url, prefix=...))``, ``drop``, serial;
-* chat-sdk's ``Chat`` on ``PostgresStateAdapter(url=...)``, ``drop``, serial;
-* ``EventDispatcher(MySQLState.from_url(url, prefix=...))``, ``drop``, serial.
-
-Then one counting pass per variant: every statement an asyncpg or aiomysql connection sends
-(its ``_execute`` / cursor ``execute``) and every asyncpg pool reset (``Connection.reset``, one
-more round trip on each return to an ``asyncpg.Pool``), per fresh event.
-
-The handler is scenario ``dispatcher``'s (count the call, yield once); ``serial``: one producer
-task per thread key awaiting its events in order, so nothing conflicts. Both asynclock and
-chat-sdk use their default pools (10 connections each) and the server's ``synchronous_commit``.
-Rows are written under a key prefix of this run and deleted at the end.
+The Redis part of scenario ``dispatcher`` on PostgreSQL (and MariaDB for scale), then one
+counting pass of statements and pool resets per fresh event: docs/benchmarks.md,
+``sql-dispatcher``. Rows are written under a key prefix of this run and deleted at the end.
 """
 
 from __future__ import annotations
@@ -43,7 +31,7 @@ from benchmarks.harness.env import (
     now_utc,
     short,
 )
-from benchmarks.harness.report import Column, Rounds, Section, table
+from benchmarks.harness.report import Column, Rounds, Section, kept, table
 from benchmarks.harness.rounds import teardown
 from benchmarks.harness.scenario import Scenario
 from benchmarks.harness.sql_server import MYSQL_URL, PG_URL, pg_connect
@@ -225,26 +213,20 @@ def _section(
         (
             f"{n:,} events over {keys} thread keys per variant and round (event i on key i mod "
             f"{keys}, each with a fresh message id), {rounds_n} rounds, interleaved round-robin "
-            "(the starting variant rotates); one producer task per key awaits its events in "
-            "order (`drop`, which never triggers: nothing conflicts). The handler counts the "
-            "call and yields once. Both PostgreSQL rows use their library's default pool (10 "
-            "connections) and the server's `synchronous_commit` (on). Started "
-            f"{started}, asynclock git {versions['git']}; chat-sdk {versions['chat-sdk']}."
+            "(the starting variant rotates)."
         ),
+        "",
+        kept("sql-dispatcher-intro"),
+        "",
+        f"Started {started}, asynclock git {versions['git']}; chat-sdk {versions['chat-sdk']}.",
         "",
         table(rounds, cols),
         "",
         "### Statements per fresh event",
         "",
-        (
-            f"One more run of each variant after the timed rounds ({n:,} fresh events): every "
-            "statement an asyncpg connection (`Connection._execute`) or aiomysql cursor sent, "
-            "and every asyncpg pool reset (`Connection.reset`, the extra round trip an "
-            "`asyncpg.Pool` makes when a connection is returned; asynclock's own pool makes "
-            "none). A fresh asynclock event on PostgreSQL is `acquire` with the claim folded in, "
-            "then `release` with the claim marked done; on MariaDB `dedupe_add`, `acquire`, "
-            "`release`, `dedupe_keep`."
-        ),
+        f"One more run of each variant after the timed rounds ({n:,} fresh events).",
+        "",
+        kept("sql-dispatcher-count"),
         "",
         table(counts, count_cols),
         "",

@@ -1,14 +1,8 @@
 """Scenario ``supersede``: how soon a newer event reaches a handler running in another process.
 
-Per backend, the *holder* (a spawned process; in-process for memory) dispatches an event under
-``on_lock_conflict="supersede"`` whose handler waits for ``ctx.superseded``; once it runs, the
-parent dispatches a newer event of the same key and the latency is the time from that dispatch
-call to the flag being set in the holder's process (``time.time()`` on both sides: one machine).
-
-Beside it, the usual workaround measured in the same run: the newer side writes a flag (a
-dedupe record, through the same state) and the handler polls it every 250 ms. Each sample uses
-a key of its own, so samples never chain. Bounded: ``SAMPLES`` per backend and mode (fewer with
-``--quick``), each well under a second.
+Per backend, the holder (a spawned process; in-process for memory) runs a handler waiting for
+``ctx.superseded``; the latency is from the newer event's dispatch to the flag being set there,
+beside the usual 250 ms poll of a flag. Bounded: ``SAMPLES`` per backend and mode.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from benchmarks.harness.env import (
     optional,
 )
 from benchmarks.harness.pairs import RedisFloor, lock_pairs
-from benchmarks.harness.report import Column, Headlines, Rounds, Section, table
+from benchmarks.harness.report import Column, Headlines, Rounds, Section, kept, table
 from benchmarks.harness.rounds import Timed, interleave
 from benchmarks.harness.scenario import Scenario, Variant
 from benchmarks.harness.stats import fmt
@@ -211,43 +211,7 @@ def _section(cfg: Config, rounds: Rounds, n: int, rounds_n: int, started: str) -
         "",
         table(rounds, columns),
         "",
-        "How each variant is used:",
-        (
-            "- floor: one `redis.asyncio.Redis.from_url(url)` client with default settings, "
-            "`SET key token NX PX 30000` then `EVALSHA` of a compare-and-delete script: the least "
-            "work any redis.asyncio lock can do."
-        ),
-        (
-            "- sync floor: the same two commands with `redis.Redis`; the reference for "
-            "python-redis-lock."
-        ),
-        (
-            "- redis-py: `lock = r.lock(name, timeout=30)`; `await lock.acquire()`; "
-            "`await lock.release()` (what `async with r.lock(...)` does)."
-        ),
-        (
-            "- asynclock: `lock = AsyncLock(state, key, ttl=30.0)`; `await lock.acquire()`; "
-            "`await lock.release()`, with `state = RedisState.from_url(url)`."
-        ),
-        (
-            "- python-redis-lock: `redis_lock.Lock(r, name, expire=30)` on a sync `redis.Redis`, in "
-            "its own blocking loop (the event loop runs nothing else meanwhile)."
-        ),
-        (
-            "- pottery: one `Redlock(key=name, masters={r}, auto_release_time=30)` on a sync "
-            "`redis.Redis`, created once and reused (its documented usage), `acquire()` / "
-            "`release()` in its own blocking loop. pottery is sync and builds a thread pool for "
-            "every acquire and every release, even with one master; that cost is in the number."
-        ),
-        (
-            "- client CPU is `time.process_time()` over the timed loop (the whole process, so "
-            "pottery's worker threads count)."
-        ),
-        (
-            "- Redis commands per pair: `INFO stats` total_commands_processed delta over the timed "
-            "loop / pairs; commands inside Lua scripts count, and so do other clients' commands "
-            "on a shared server."
-        ),
+        kept("uncontended-rows"),
     ]
     headlines = Headlines()
     mine = f" (asynclock {fmt(rounds.spread(ASYNCLOCK, 'pairs_s').median, 0)} pairs/s)"

@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.harness.env import REPO, log
+from benchmarks.harness.report import kept
 from benchmarks.scenarios import contended as _contended
 from benchmarks.scenarios import dedupe as _dedupe
 from benchmarks.scenarios import inbox_scale as _inbox_scale
@@ -97,22 +98,29 @@ def _subtitle(view: View, scenario: str) -> str:
     return f"{scenario}: {view.started(scenario)}"
 
 
-def _draw_uncontended(view: View, plt: Any) -> Any:
-    sc = "uncontended"
-    variants = view.variants(sc, "pairs_s")
+def _bar_chart(
+    view: View, plt: Any, sc: str, metric: str, per_row: float, labels: tuple[str, str], log: bool
+) -> Any:
+    """One bar per variant of ``sc`` that has ``metric``; ``labels``: the x axis's, the title."""
+    variants = view.variants(sc, metric)
     if not variants:
         return None
-    fig, ax = plt.subplots(figsize=(9, 0.65 * len(variants) + 1.6))
-    _barh(ax, view, sc, variants, "pairs_s")
-    ax.set_xlabel("acquire+release pairs/s, 1 task, one key (median, whisker min-max)")
-    ratio = view.spread(sc, _uncontended.ASYNCLOCK, "x_redispy")
+    fig, ax = plt.subplots(figsize=(9, per_row * len(variants) + 1.6))
+    _barh(ax, view, sc, variants, metric, log_scale=log)
+    ax.set_xlabel(labels[0])
+    ax.set_title(labels[1], fontsize=11)
+    fig.text(0.01, 0.01, _subtitle(view, sc), fontsize=7, color="gray")
+    return fig
+
+
+def _draw_uncontended(view: View, plt: Any) -> Any:
+    ratio = view.spread("uncontended", _uncontended.ASYNCLOCK, "x_redispy")
     title = "Uncontended lock throughput"
     if ratio.count:
         title += f"\nasynclock ÷ redis-py Lock: {ratio.median:.2f}x (median of per-round ratios; "
         title += "target >= 1.2x)"
-    ax.set_title(title, fontsize=11)
-    fig.text(0.01, 0.01, _subtitle(view, sc), fontsize=7, color="gray")
-    return fig
+    xlabel = "acquire+release pairs/s, 1 task, one key (median, whisker min-max)"
+    return _bar_chart(view, plt, "uncontended", "pairs_s", 0.65, (xlabel, title), log=False)
 
 
 def _draw_handoff(view: View, plt: Any) -> Any:
@@ -321,20 +329,12 @@ def _draw_growth_curve(view: View, plt: Any) -> Any:
 
 
 def _draw_dedupe_rates(view: View, plt: Any) -> Any:
-    sc = "dedupe"
-    variants = view.variants(sc, "checks_s")
-    if not variants:
-        return None
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(variants) + 1.6))
-    _barh(ax, view, sc, variants, "checks_s", log_scale=True)
-    ax.set_xlabel("first_seen checks/s, one task (log scale; median, whisker min-max)")
-    ratio = view.spread(sc, f"{_dedupe.REDIS}, {_dedupe.NEW}", "x_floor")
+    ratio = view.spread("dedupe", f"{_dedupe.REDIS}, {_dedupe.NEW}", "x_floor")
     title = "Deduper checks/s"
     if ratio.count:
         title += f" (Redis, new ids: {ratio.median:.2f}x the SET NX PX floor)"
-    ax.set_title(title, fontsize=11)
-    fig.text(0.01, 0.01, _subtitle(view, sc), fontsize=7, color="gray")
-    return fig
+    xlabel = "first_seen checks/s, one task (log scale; median, whisker min-max)"
+    return _bar_chart(view, plt, "dedupe", "checks_s", 0.5, (xlabel, title), log=True)
 
 
 _SCALE_COLOR = {
@@ -441,13 +441,7 @@ def markdown(written: list[tuple[str, str]]) -> str:
     lines = [
         "## Plots",
         "",
-        (
-            "Drawn by `python -m benchmarks plots` (or `--plots` on a run) from "
-            "`benchmarks/summary/`, the medians and ranges that `--write` stores with the "
-            "tables below. Bars are medians over the rounds, whiskers min-max; red is "
-            "asynclock, grey its peers, blue the raw redis.asyncio floor, green the in-process "
-            "ideal."
-        ),
+        kept("plots-intro"),
         "",
     ]
     for filename, caption in written:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from benchmarks.harness.report import kept
 from benchmarks.harness.stats import Spread, fmt, fmt_spread
 from benchmarks.scenarios import contended as _contended
 from benchmarks.scenarios import dispatcher as _dispatcher
@@ -43,10 +44,16 @@ def _uncontended_row(view: View) -> list[str]:
         f"{_s(ratio, 2)}x (median of per-round ratios, min-max); {fmt(mine, 0)} against "
         f"{fmt(theirs, 0)} pairs/s"
     )
-    verdict = MET if ratio.median >= 1.2 else NOT_MET
-    if ratio.median >= 1.2 > ratio.low:
-        verdict += " (median; some rounds below 1.2x)"
-    return [target, measured, verdict]
+    return [target, measured, _within(ratio, 1.2, higher=True)]
+
+
+def _within(ratio: Spread, bound: float, *, higher: bool) -> str:
+    """Met on the median against ``bound``, saying when some rounds fell on the other side."""
+    if not ((ratio.median >= bound) if higher else (ratio.median <= bound)):  # NaN: not met
+        return NOT_MET
+    if (ratio.low < bound) if higher else (ratio.high > bound):
+        return MET + f" (median; some rounds {'below' if higher else 'above'} {bound}x)"
+    return MET
 
 
 def _counts(view: View, base: str, metric: str) -> list[tuple[int, Spread]]:
@@ -310,10 +317,7 @@ def _held_rows(view: View) -> list[list[str]]:
         )
         if variant == _held.REDIS and peer.count:
             measured += f"; redis-py's `Lock` on the same server: {_s(peer, 2)}x"
-        verdict = MET if ratio.median <= bound else NOT_MET
-        if ratio.median <= bound < ratio.high:
-            verdict += f" (median; some rounds above {bound}x)"
-        rows.append([what, measured, verdict])
+        rows.append([what, measured, _within(ratio, bound, higher=False)])
     return rows
 
 
@@ -339,10 +343,7 @@ def _sql_dispatcher_rows(view: View) -> list[list[str]]:
         ours = view.spread(sc, me, "events_s").median
         theirs = view.spread(sc, _sql_dispatcher.P_CHAT, "events_s").median
         measured = f"{_s(ratio, 2)}x; {fmt(ours, 0)} against {fmt(theirs, 0)} events/s"
-        verdict = MET if ratio.median >= 1.3 else NOT_MET
-        if ratio.median >= 1.3 > ratio.low:
-            verdict += " (median; some rounds below 1.3x)"
-        rows.append([second, measured, verdict])
+        rows.append([second, measured, _within(ratio, 1.3, higher=True)])
     else:
         rows.append([second, "n/a", NOT_RUN])
     return rows
@@ -394,44 +395,30 @@ def _commands_row(view: View) -> list[str]:
 
 
 def _why_memory(view: View) -> str:
+    """This run's split of the memory pair, after the kept reading of why it misses 3x."""
     sc = "memory"
-    text = (
-        "**Why MemoryState is not within 3x of `asyncio.Lock`.** `asyncio.Lock.acquire()` on a "
-        "free lock sets a flag and returns without suspending, and `release()` is a plain "
-        "method: about 0.1 µs for the pair. Every asynclock operation instead yields to the "
-        "event loop once before it acts, by design (the yield rule of STYLE.md 9.7, trio's "
-        "checkpoint rule): a tight `async with lock:` loop cannot starve the other tasks, and a "
-        "cancellation lands either before the operation or not at all, never halfway. So a "
-        "pair is two passes of the event loop, each of which alone costs an order of magnitude "
-        "more than the whole `asyncio.Lock` pair. The rest is what a distributed lock's "
-        "in-process backend does and `asyncio.Lock` does not: a fresh owner id per "
-        "acquisition, the per-key FIFO line and task checks (the AsyncLock layer), and in the "
-        "State a fencing token, a TTL deadline pushed on the sweep heap, the sweep itself, a "
-        "`threading.Lock` (the state is shared across event loops) and `Grant`/`Release` "
-        "records."
+    tail = (
+        "Under contention the gap is much smaller (the `memory` section's 16-task row), "
+        "because there `asyncio.Lock` suspends too."
     )
     shipped = view.spread(sc, _memory.S_AS_SHIPPED, "us").median
     bare = view.spread(sc, _memory.S_NO_YIELD, "us").median
     state = view.spread(sc, _memory.S_STATE, "us").median
     ideal = view.spread(sc, _memory.S_IDEAL, "us").median
     loop_pass = view.spread(sc, _memory.S_YIELD, "us").median
-    if not any(math.isnan(x) for x in (shipped, bare, state, ideal, loop_pass)):
-        text += (
-            f" Measured (medians, `memory` section): {shipped:.1f} µs per pair = "
-            f"{shipped - bare:.1f} µs for the two yields ({(shipped - bare) / shipped:.0%}; one "
-            f"bare `await asyncio.sleep(0)` is {loop_pass:.1f} µs) + {bare - state:.1f} µs of "
-            f"AsyncLock's layer + {state:.1f} µs in MemoryState's `acquire`/`release`, against "
-            f"{ideal:.2f} µs for `asyncio.Lock`. Even with no yield at all it would be "
-            f"{bare / ideal:.0f}x, and the State calls alone {state / ideal:.0f}x: the 3x target "
-            "is out of reach for a pure-Python lock with owners, tokens and expiry (3x "
-            f"`asyncio.Lock` is {3 * ideal:.2f} µs, the cost of a few Python calls), and the "
-            "yield rule is kept on purpose. We report the gap instead of chasing it."
-        )
-    text += (
-        " Under contention the gap is much smaller (the `memory` section's 16-task row), "
-        "because there `asyncio.Lock` suspends too."
+    if any(math.isnan(x) for x in (shipped, bare, state, ideal, loop_pass)):
+        return tail
+    return (
+        f"Measured (medians, `memory` section): {shipped:.1f} µs per pair = "
+        f"{shipped - bare:.1f} µs for the two yields ({(shipped - bare) / shipped:.0%}; one "
+        f"bare `await asyncio.sleep(0)` is {loop_pass:.1f} µs) + {bare - state:.1f} µs of "
+        f"AsyncLock's layer + {state:.1f} µs in MemoryState's `acquire`/`release`, against "
+        f"{ideal:.2f} µs for `asyncio.Lock`. Even with no yield at all it would be "
+        f"{bare / ideal:.0f}x, and the State calls alone {state / ideal:.0f}x: the 3x target "
+        "is out of reach for a pure-Python lock with owners, tokens and expiry (3x "
+        f"`asyncio.Lock` is {3 * ideal:.2f} µs, the cost of a few Python calls), and the "
+        "yield rule is kept on purpose. We report the gap instead of chasing it. " + tail
     )
-    return text
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -448,26 +435,23 @@ def markdown(view: View) -> str:
     lines = [
         "## Targets",
         "",
-        (
-            "The targets of issues #6 and #16 against the stored results of the last run of "
-            "each scenario (`benchmarks/summary/medians.json`; cells are median (min-max) over "
-            "the rounds). Written by `--write` from the numbers, not by hand."
-        ),
+        kept("targets-intro"),
         "",
         "### Issue #6",
         "",
         *_table(rows),
         "",
+        kept("targets-why-memory"),
+        "",
         _why_memory(view),
         "",
         "### Issue #16",
         "",
-        (
-            "Where a target has a floor and a goal, the verdict is on the floor and says "
-            "whether the goal is reached too."
-        ),
+        kept("targets-goal"),
         "",
         *_table(rows16),
+        "",
+        kept("targets-why-burst"),
         "",
         _why_burst(view),
     ]
@@ -475,25 +459,13 @@ def markdown(view: View) -> str:
 
 
 def _why_burst(view: View) -> str:
-    """Why the burst rows stay below chat-sdk's dispatch calls per second (docs/decisions.md)."""
+    """This run's figures beside the kept reading of the burst rows (docs/decisions.md)."""
     sc = "dispatcher"
-    plain = view.spread(sc, _dispatcher.M_CHAT_B, "x_plain")
-    plain_text = (
-        f" (this run: chat-sdk at {_s(plain, 2)}x the plain baseline)" if plain.count else ""
-    )
     dropped = view.spread(sc, _dispatcher.M_CHAT_B, "dropped")
-    lost = (
-        f" ({fmt(dropped.median, 0)} of the run's events fell out of its queue)"
-        if dropped.count
-        else ""
-    )
-    return (
-        "**Why the burst rows stay below chat-sdk's call rate.** The ratio is of dispatch calls "
-        "per second, and what sets it is the event-loop passes a call needs. chat-sdk answers a "
-        "call whose thread is busy after one: it appends the message to its queue and returns, "
-        f"the caller never told what became of it{lost}. asynclock's `dispatch` returns the "
-        "event's outcome (SPEC section 5), so a folded event (`latest`) needs two passes and a "
-        "queued one three, as many as the plain `dict` of `asyncio.Lock` that runs every "
-        f"event{plain_text}. What that leaves for asynclock's own steps per event, and what "
-        'they measure: docs/decisions.md, "`latest` on `MemoryState`".'
-    )
+    plain = view.spread(sc, _dispatcher.M_CHAT_B, "x_plain")
+    parts = []
+    if dropped.count:
+        parts.append(f"{fmt(dropped.median, 0)} of the run's events fell out of chat-sdk's queue")
+    if plain.count:
+        parts.append(f"chat-sdk at {_s(plain, 2)}x the plain baseline")
+    return f"This run: {'; '.join(parts)}." if parts else ""
