@@ -214,6 +214,17 @@ def _alive(conn: AbstractConnection) -> bool:
 
 
 def _close_soon(conn: AbstractConnection) -> None:
+    """Close ``conn`` without awaiting, at once where redis-py can.
+
+    ``disconnect()`` is a coroutine: a task made for it may never run (a loop that ends cancels
+    it before its first step), and the connection then warns of its open socket when collected.
+    redis-py from 5.1 closes a connection at once with ``_close()`` (what its own ``__del__``
+    does); with an older one, a task disconnects it.
+    """
+    close_now: Callable[[], None] | None = getattr(conn, "_close", None)
+    if close_now is not None:
+        close_now()
+        return
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # pragma: no cover - no loop: nothing left to do
