@@ -512,16 +512,8 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.extend`."""
         keys = (self.lock_key(key),)
-        if not self._replicas:
-            reply = await self._eval("extend", keys, owner, ttl_ms(ttl), idempotent=True)
-            return _as_int(reply) == 1
-        reply, acks = await self._eval_waited("extend", keys, owner, ttl_ms(ttl))
-        if _as_int(reply) != 1:
-            return False
-        error = self._short(acks, f"lock {key!r} was extended")
-        if error is not None:
-            raise error
-        return True
+        what = f"lock {key!r} was extended"
+        return await self._eval_extended("extend", keys, (owner, ttl_ms(ttl)), what)
 
     async def inspect(self, key: str) -> LockInfo | None:
         """See :meth:`asynclock.state.State.inspect`."""
