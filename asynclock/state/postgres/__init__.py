@@ -509,19 +509,10 @@ class PostgresState(
         async with self._guard():
             await ear.start()
 
-    async def _inbox_worker_seen(self, worker: str, channel: str, lease: float) -> object:
+    def _worker_row(self, worker: str) -> Mapping[str, object]:
+        # the session (pid) where the worker waits in inbox_ear (None: none now), see queries.sql
         ear = self._ears.get(worker)
-        return await self._run(
-            "inbox_worker_seen",
-            {
-                "worker": worker,
-                "space": self._id_param(self._space),
-                "channel": channel,
-                "lease_ms": ttl_ms(lease),
-                "ear": ear.pid if ear is not None else None,
-            },
-            idempotent=True,
-        )
+        return {"ear": ear.pid if ear is not None else None}
 
     @staticmethod
     def _listener_from_pool(pool: object) -> Callable[[], Awaitable[_Connection]]:
