@@ -1,25 +1,38 @@
 """The part of RedisState its mixins (:class:`RedisInbox`, :class:`RedisSemaphores`) run scripts
-through: what RedisState supplies, and the replica-confirmed runs they share with it."""
+and watch channels through: what RedisState supplies, and the replica-confirmed runs and the
+pub/sub watches they share with it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, TypeVar
 
+from asynclock.state._watch import EventWatch
 from asynclock.state.redis._scripts import as_int
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from asynclock._errors import StateUnavailableError
+    from asynclock.state._guard import OperationGuard
+    from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
+    from asynclock.state.redis._transport import Transport
+
+W = TypeVar("W", bound=EventWatch)
 
 __all__ = ["ScriptHost"]
 
 
 class ScriptHost:
-    """Base of RedisState and its mixins: script runs with ``replicas=N`` confirmation."""
-
-    __slots__ = ()
+    """Base of RedisState and its mixins: script runs with ``replicas=N`` confirmation, and
+    watches on pub/sub channels."""
 
     # what RedisState supplies
     _replicas: int
+    _op_timeout: float | None
+    _guard: OperationGuard
+    _transport: Transport
+    _subscriber: Subscriber | ShardedSubscriber | None
 
     if TYPE_CHECKING:
 
@@ -61,3 +74,23 @@ class ScriptHost:
         if error is not None:
             raise error
         return True
+
+    @contextlib.asynccontextmanager
+    async def _watching(
+        self,
+        channel: bytes,
+        watch: W,
+        subscriber: Subscriber | ShardedSubscriber | None = None,
+    ) -> AsyncIterator[W]:
+        """``watch`` hears the messages on ``channel`` while the block runs, on ``subscriber``
+        (by default the state's own pub/sub connection, opened on first use)."""
+        if subscriber is None:
+            if self._subscriber is None:
+                self._subscriber = self._transport.subscriber(self._op_timeout or 5.0)
+            subscriber = self._subscriber
+        async with self._guard():
+            await subscriber.add(channel, watch)
+        try:
+            yield watch
+        finally:
+            subscriber.discard(channel, watch)

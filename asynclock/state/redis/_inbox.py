@@ -56,7 +56,6 @@ class RedisInbox(ScriptHost):
     _prefix: str
     _keys: LockKeys
     _ready: ReadyIndex
-    _op_timeout: float | None
     _retention_ms: int
     _reservation_ms: int
 

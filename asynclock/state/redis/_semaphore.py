@@ -25,9 +25,6 @@ from asynclock.state.redis._scripts import as_int, text
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from asynclock.state._guard import OperationGuard
-    from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
-    from asynclock.state.redis._transport import Transport
 
 __all__ = ["RedisSemaphores"]
 
@@ -37,10 +34,6 @@ class RedisSemaphores(ScriptHost):
 
     # what RedisState supplies
     _retention_ms: int
-    _op_timeout: float | None
-    _guard: OperationGuard
-    _transport: Transport
-    _subscriber: Subscriber | ShardedSubscriber | None
 
     if TYPE_CHECKING:
 
@@ -121,16 +114,8 @@ class RedisSemaphores(ScriptHost):
         """See :meth:`asynclock.state.SemaphoreState.semaphore_watch`: the key's wake channel
         on the state's one pub/sub connection, filtered for ``owner``."""
         channel = self._semaphore_keys(key)[-1].encode()
-        if self._subscriber is None:
-            self._subscriber = self._transport.subscriber(self._op_timeout or 5.0)
-        subscriber = self._subscriber
-        watch = OwnerWatch(asyncio.get_running_loop(), owner)
-        async with self._guard():
-            await subscriber.add(channel, watch)
-        try:
+        async with self._watching(channel, OwnerWatch(asyncio.get_running_loop(), owner)) as watch:
             yield watch
-        finally:
-            subscriber.discard(channel, watch)
 
 
 _PARTS = ("holders", "tokens", "meta", "queue", "places", "limits", "wake")
