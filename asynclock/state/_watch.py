@@ -1,4 +1,5 @@
-"""The Watch object shared by the backends: an event that a release notification sets."""
+"""The Watch objects shared by the backends (an event that a release notification sets), and
+the registry a state's listener finds them in."""
 
 from __future__ import annotations
 
