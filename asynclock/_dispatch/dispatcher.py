@@ -32,13 +32,10 @@ from asynclock._inbox.drainer import MAX_KEYS
 from asynclock._inbox.retry import retry_plan
 from asynclock._inbox.service import InboxService
 from asynclock._validate import check_count, check_key, check_seconds, check_ttl
+from asynclock.state._base import ClosesOnExit
 from asynclock.state._protocol import State
 
 if TYPE_CHECKING:
-    from types import TracebackType
-
-    from typing_extensions import Self
-
     from asynclock._inbox.retry import PoisonPolicy
 
 
@@ -51,7 +48,7 @@ _DUPLICATE, _DROPPED = Outcome.DUPLICATE, Outcome.DROPPED
 
 
 @final
-class EventDispatcher:
+class EventDispatcher(ClosesOnExit):
     """Routes events to handlers, one handler per lock key at a time, across processes.
 
     Per event, in order:
@@ -477,14 +474,3 @@ class EventDispatcher:
         await self._inbox.checked()
         await self._marks.cancel()
         await asyncio.sleep(0)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

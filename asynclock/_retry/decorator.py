@@ -7,25 +7,20 @@ The decorator only: its pieces (waits, exhaustion policies, :class:`Retrying`) a
 from __future__ import annotations
 
 import functools
-import inspect
-from typing import TYPE_CHECKING, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, cast, overload
 
 from asynclock._retry.retrying import (
     ExhaustionSpec,
     Retrying,
     RetryStatistics,
     WaitSpec,
-    function_name,
+    check_coroutine_function,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-    from typing_extensions import ParamSpec
-
-    P = ParamSpec("P")
-else:
-    P = TypeVar("P")
+P = ParamSpec("P")
 
 R = TypeVar("R")
 
@@ -151,11 +146,7 @@ def retry_on_lock_conflict(
                 "Callable[P, Coroutine[object, object, R | None]]",
                 descriptor(decorate(function.__func__)),
             )
-        if not inspect.iscoroutinefunction(function):
-            raise TypeError(
-                f"retry_on_lock_conflict decorates async def functions; {function_name(function)} is "
-                f"{type(function).__name__}"
-            )
+        check_coroutine_function(function, "functions")
 
         @functools.wraps(function)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:

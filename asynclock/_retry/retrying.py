@@ -250,6 +250,16 @@ def function_name(function: object) -> str:
     return cast("str", getattr(function, "__qualname__", None) or repr(function))
 
 
+def check_coroutine_function(function: object, kind: str) -> None:
+    """Raise ``TypeError`` unless ``function`` is an ``async def`` (``kind``: what the decorator
+    takes, in the message: ``"functions"``, ``"arq jobs"``)."""
+    if not inspect.iscoroutinefunction(function):
+        raise TypeError(
+            f"retry_on_lock_conflict decorates async def {kind}; {function_name(function)} is "
+            f"{type(function).__name__}"
+        )
+
+
 # -- one decoration's policy, shared by the core decorator and the job-queue integrations --------
 
 

@@ -20,7 +20,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._errors import StateUnavailableError
 from asynclock._inbox.drainer import MAX_KEYS
@@ -35,25 +35,47 @@ if TYPE_CHECKING:
 
 __all__ = ("main",)
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+N = TypeVar("N", int, float)
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be finite seconds >= 0, got {text}")
-    return value
+def _number(
+    kind: Callable[[str], N], expected: str, refusal: Callable[[str, N], str | None]
+) -> Callable[[str], N]:
+    """An argparse ``type``: ``kind(text)``, else "expected ``expected``"; then ``refusal``
+    (the message for a value out of range, ``None`` for one in it)."""
+
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        refused = refusal(text, value)
+        if refused is not None:
+            raise argparse.ArgumentTypeError(refused)
+        return value
+
+    return parse
+
+
+_positive_int = _number(
+    int,
+    "a whole number",
+    lambda _, value: None if value >= 1 else f"must be at least 1, got {value}",
+)
+_seconds = _number(
+    float,
+    "seconds",
+    lambda text, value: (
+        None if 0 <= value < float("inf") else f"must be finite seconds >= 0, got {text}"
+    ),
+)
+_port = _number(
+    int,
+    "a port number",
+    lambda _, value: (
+        None if 0 <= value <= 65535 else f"must be a port from 0 to 65535, got {value}"
+    ),
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,16 +184,6 @@ def _parser() -> argparse.ArgumentParser:
         )
     )
     return parser
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {value}")
-    return value
 
 
 def _dashboard_options(sub: argparse.ArgumentParser) -> None:

@@ -13,23 +13,18 @@ arguments, and how to re-enqueue it.
 from __future__ import annotations
 
 import functools
-import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from asynclock._errors import LockAcquisitionError
-from asynclock._retry.retrying import function_name
+from asynclock._retry.retrying import check_coroutine_function
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-    from typing_extensions import ParamSpec
-
     from asynclock._retry.retrying import Retrying
 
-    P = ParamSpec("P")
-else:
-    P = TypeVar("P")
+P = ParamSpec("P")
 
 R = TypeVar("R")
 H = TypeVar("H")
@@ -84,11 +79,7 @@ def job_decorator(
     def decorate(
         function: Callable[P, Coroutine[object, object, R]],
     ) -> Callable[P, Coroutine[object, object, R | None]]:
-        if not inspect.iscoroutinefunction(function):
-            raise TypeError(
-                f"retry_on_lock_conflict decorates async def {queue.noun}; "
-                f"{function_name(function)} is {type(function).__name__}"
-            )
+        check_coroutine_function(function, queue.noun)
 
         @functools.wraps(function)
         async def job(*args: P.args, **kwargs: P.kwargs) -> R | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import ParamSpec, TypeVar, cast
 
 try:
     from arq.worker import Function, Retry, Worker
@@ -32,12 +32,7 @@ from asynclock.integrations._jobs import (
     too_few_tries,
 )
 
-if TYPE_CHECKING:
-    from typing_extensions import ParamSpec
-
-    P = ParamSpec("P")
-else:
-    P = TypeVar("P")
+P = ParamSpec("P")
 
 R = TypeVar("R")
 S = TypeVar("S")

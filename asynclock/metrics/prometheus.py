@@ -16,6 +16,7 @@ labelled ``event_type`` and ``outcome``.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -48,85 +49,48 @@ class PrometheusMetrics:
         namespace: str = "asynclock",
         key_label: Callable[[str], str] = default_key_label,
     ) -> None:
+        # every metric of this sink has the same prefix and registry
         where = registry if registry is not None else REGISTRY
+        counter = functools.partial(Counter, namespace=namespace, registry=where)
+        gauge = functools.partial(Gauge, namespace=namespace, registry=where)
+        histogram = functools.partial(Histogram, namespace=namespace, registry=where)
         self._label = key_label
-        self.wait = Histogram(
+        self.wait = histogram(
             "lock_wait_seconds",
             "Seconds from an acquire call to holding the lock.",
             ["name"],
-            namespace=namespace,
-            registry=where,
             buckets=_LATENCY_BUCKETS,
         )
-        self.hold = Histogram(
-            "lock_hold_seconds",
-            "Seconds a lock was held.",
-            ["name"],
-            namespace=namespace,
-            registry=where,
-            buckets=_HOLD_BUCKETS,
+        self.hold = histogram(
+            "lock_hold_seconds", "Seconds a lock was held.", ["name"], buckets=_HOLD_BUCKETS
         )
-        self.acquired = Counter(
-            "lock_acquired",
-            "Locks acquired.",
-            ["name", "contended"],
-            namespace=namespace,
-            registry=where,
+        self.acquired = counter("lock_acquired", "Locks acquired.", ["name", "contended"])
+        self.conflicts = counter("lock_conflicts", "Acquires that gave up on a held key.", ["name"])
+        self.renewals = counter("lock_renewals", "Auto-renewals of held locks.", ["name"])
+        self.losses = counter("lock_losses", "Held locks lost.", ["name"])
+        self.outcomes = counter(
+            "dispatch_outcomes", "EventDispatcher outcomes.", ["event_type", "outcome"]
         )
-        self.conflicts = Counter(
-            "lock_conflicts",
-            "Acquires that gave up on a held key.",
-            ["name"],
-            namespace=namespace,
-            registry=where,
-        )
-        self.renewals = Counter(
-            "lock_renewals",
-            "Auto-renewals of held locks.",
-            ["name"],
-            namespace=namespace,
-            registry=where,
-        )
-        self.losses = Counter(
-            "lock_losses", "Held locks lost.", ["name"], namespace=namespace, registry=where
-        )
-        self.outcomes = Counter(
-            "dispatch_outcomes",
-            "EventDispatcher outcomes.",
-            ["event_type", "outcome"],
-            namespace=namespace,
-            registry=where,
-        )
-        self.dispatch_seconds = Histogram(
+        self.dispatch_seconds = histogram(
             "dispatch_seconds",
             "Seconds per EventDispatcher.dispatch.",
             ["event_type", "outcome"],
-            namespace=namespace,
-            registry=where,
             buckets=_LATENCY_BUCKETS,
         )
 
-        self.inbox_lag = Histogram(
+        self.inbox_lag = histogram(
             "inbox_lag_seconds",
             "Seconds from accept to a worker taking the entry (the oldest of its key).",
             ["name"],
-            namespace=namespace,
-            registry=where,
             buckets=_HOLD_BUCKETS,
         )
-        self.inbox_pending = Gauge(
+        self.inbox_pending = gauge(
             "inbox_pending",
             "Entries pending in an inbox when a worker last took one (per key label).",
             ["name"],
-            namespace=namespace,
-            registry=where,
         )
-        self.dead_letters = Counter(
-            "inbox_dead_letters",
-            "Inbox entries dead-lettered after their last attempt.",
-            ["name"],
-            namespace=namespace,
-            registry=where,
+        self.dead_letters = counter(
+            "inbox_dead_letters", "Inbox entries dead-lettered after their last attempt.", ["name"]
         )
 
     def lock_acquired(self, key: str, wait: float, contended: bool) -> None:

@@ -11,12 +11,13 @@ if TYPE_CHECKING:
 
 
 class ClosesOnExit:
-    """Mixin: ``async with state:`` returns the state and awaits its ``aclose()`` on exit."""
+    """Mixin: ``async with state:`` returns the state and awaits its ``aclose()`` on exit (the
+    states, and the ``EventDispatcher``)."""
 
     __slots__ = ()
 
     async def aclose(self) -> None:
-        """Release the state's resources (each state defines it)."""
+        """Release the resources (each class defines it)."""
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:

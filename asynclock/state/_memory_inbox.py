@@ -89,8 +89,7 @@ class MemoryInbox:
         lock_ttl: float = 30.0,
         with_entry: bool = True,
     ) -> InboxAccepted:
-        """See :meth:`asynclock.state.InboxState.inbox_accept` (kept in this process's memory;
-        a key nobody holds is offered to one waiting worker, which takes it in one step)."""
+        """See :meth:`asynclock.state.MemoryState.inbox_accept`."""
         table = self.table
         check_key(key)
         await asyncio.sleep(0)
@@ -133,10 +132,7 @@ class MemoryInbox:
         await asyncio.sleep(0)
         with table.mutex:
             now = table.clock()
-            held = table.live(key, now)
-            if held is None or held.owner != owner:
-                raise LockNotOwnedError(key, owner)
-            inbox = self.inboxes.get(key)
+            inbox = self.held_inbox(key, owner, now)
             if wait is not None or park:
                 finished = (done,) if done is not None else ()
                 self.set_aside(key, owner, inbox, finished, dead, wait, now)
@@ -158,9 +154,7 @@ class MemoryInbox:
                     inbox.due = None  # its holder hands it out: no retry waits any more
                 age = now - head.accepted_at
                 return InboxEntry(head.id, head.attempts, head.payload, age, len(entries))
-            if inbox is not None and not inbox.dead:
-                del self.inboxes[key]
-            table.release(key, owner, None, None, now)
+            self.drained(key, owner, inbox, now)
             return None
 
     async def take(
@@ -182,15 +176,12 @@ class MemoryInbox:
         await asyncio.sleep(0)
         with table.mutex:
             now = table.clock()
-            held = table.live(key, now)
-            if held is None or held.owner != owner:
-                raise LockNotOwnedError(key, owner)
-            inbox = self.inboxes.get(key)
+            inbox = self.held_inbox(key, owner, now)
             if wait is not None or park:
                 self.set_aside(key, owner, inbox, finished, dead, wait, now)
                 return None
             if inbox is None:
-                table.release(key, owner, None, None, now)
+                self.drained(key, owner, inbox, now)
                 return None
             if finished:
                 kept: deque[_Entry] = deque()
@@ -213,10 +204,23 @@ class MemoryInbox:
                     age = now - entry.accepted_at
                     handed.append(InboxEntry(entry.id, entry.attempts, entry.payload, age, pending))
                 return InboxBatch(tuple(handed), pending, now - entries[-1].accepted_at)
-            if not inbox.dead:
-                del self.inboxes[key]
-            table.release(key, owner, None, None, now)
+            self.drained(key, owner, inbox, now)
             return None
+
+    def held_inbox(self, key: str, owner: str, now: float) -> _Inbox | None:
+        """``key``'s inbox for a step of ``owner`` (mutex held): ``LockNotOwnedError`` unless
+        ``owner`` holds ``key``'s lock."""
+        held = self.table.live(key, now)
+        if held is None or held.owner != owner:
+            raise LockNotOwnedError(key, owner)
+        return self.inboxes.get(key)
+
+    def drained(self, key: str, owner: str, inbox: _Inbox | None, now: float) -> None:
+        """A step found nothing pending (mutex held): the inbox goes unless it keeps dead
+        letters, and ``owner``'s lock is released in the same step (release-if-empty)."""
+        if inbox is not None and not inbox.dead:
+            del self.inboxes[key]
+        self.table.release(key, owner, None, None, now)
 
     def set_aside(
         self,

@@ -1,10 +1,34 @@
-"""The Watch object shared by the backends: an event that a release notification sets."""
+"""The Watch objects shared by the backends (an event that a release notification sets), and
+the registry a state's listener finds them in."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._compat import deadline_after
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable, Iterator
+
+K = TypeVar("K", bound="Hashable")
+W = TypeVar("W")
+
+
+@contextlib.contextmanager
+def registered(watches: dict[K, set[W]], where: K, watch: W) -> Iterator[W]:
+    """``watch`` in ``watches[where]`` while the block runs (the entry goes with its last
+    watch): where a state's listener finds the watches to wake."""
+    watches.setdefault(where, set()).add(watch)
+    try:
+        yield watch
+    finally:
+        others = watches.get(where)
+        if others is not None:
+            others.discard(watch)
+            if not others:
+                del watches[where]
 
 
 class EventWatch:

@@ -20,7 +20,7 @@ as any taskiq task does: ``context: Context = TaskiqDepends()``.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from taskiq import AsyncBroker, Context, ScheduleSource
 from taskiq.exceptions import NoResultError
@@ -37,11 +37,7 @@ from asynclock.integrations._jobs import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-    from typing_extensions import ParamSpec
-
-    P = ParamSpec("P")
-else:
-    P = TypeVar("P")
+P = ParamSpec("P")
 
 R = TypeVar("R")
 B = TypeVar("B", bound=AsyncBroker)

@@ -40,7 +40,7 @@ from asynclock._validate import check_key, check_ttl, ttl_ms
 from asynclock.state._pool import ConnectionPool, ConnectionSource
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
-from asynclock.state._watch import EventWatch, TokenWatch
+from asynclock.state._watch import EventWatch, TokenWatch, registered
 from asynclock.state.postgres._connection import Connection as _Connection
 from asynclock.state.postgres._connection import Record as _Record
 from asynclock.state.postgres._ear import PostgresEar
@@ -489,16 +489,9 @@ class PostgresState(
         ident, _ = self._ids(key)
         hex_id = ident.hex()
         watch = TokenWatch(asyncio.get_running_loop())
-        self._supersede_watches.setdefault(hex_id, set()).add(watch)
-        try:
+        with registered(self._supersede_watches, hex_id, watch):
             await self._listen()
             yield watch
-        finally:
-            watches = self._supersede_watches.get(hex_id)
-            if watches is not None:
-                watches.discard(watch)
-                if not watches:
-                    del self._supersede_watches[hex_id]
 
     def _superseded(self, payload: str) -> None:
         hex_id, _, token = payload.partition(" ")
@@ -509,19 +502,10 @@ class PostgresState(
         async with self._guard():
             await ear.start()
 
-    async def _inbox_worker_seen(self, worker: str, channel: str, lease: float) -> object:
+    def _worker_row(self, worker: str) -> Mapping[str, object]:
+        # the session (pid) where the worker waits in inbox_ear (None: none now), see queries.sql
         ear = self._ears.get(worker)
-        return await self._run(
-            "inbox_worker_seen",
-            {
-                "worker": worker,
-                "space": self._id_param(self._space),
-                "channel": channel,
-                "lease_ms": ttl_ms(lease),
-                "ear": ear.pid if ear is not None else None,
-            },
-            idempotent=True,
-        )
+        return {"ear": ear.pid if ear is not None else None}
 
     @staticmethod
     def _listener_from_pool(pool: object) -> Callable[[], Awaitable[_Connection]]:

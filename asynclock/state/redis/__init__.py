@@ -512,16 +512,8 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
     async def extend(self, key: str, owner: str, ttl: float) -> bool:
         """See :meth:`asynclock.state.State.extend`."""
         keys = (self.lock_key(key),)
-        if not self._replicas:
-            reply = await self._eval("extend", keys, owner, ttl_ms(ttl), idempotent=True)
-            return _as_int(reply) == 1
-        reply, acks = await self._eval_waited("extend", keys, owner, ttl_ms(ttl))
-        if _as_int(reply) != 1:
-            return False
-        error = self._short(acks, f"lock {key!r} was extended")
-        if error is not None:
-            raise error
-        return True
+        what = f"lock {key!r} was extended"
+        return await self._eval_extended("extend", keys, (owner, ttl_ms(ttl)), what)
 
     async def inspect(self, key: str) -> LockInfo | None:
         """See :meth:`asynclock.state.State.inspect`."""
@@ -577,7 +569,8 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
     @contextlib.asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[EventWatch]:
         """See :meth:`asynclock.state.State.watch` (one shared pub/sub connection)."""
-        async with self._watch_channel(f"{self.lock_key(key)}:released".encode()) as watch:
+        channel = f"{self.lock_key(key)}:released".encode()
+        async with self._watching(channel, EventWatch(asyncio.get_running_loop())) as watch:
             yield watch
 
     async def supersede(self, key: str, token: int) -> None:
@@ -607,35 +600,9 @@ class RedisState(RedisInbox, RedisSemaphores, ClosesOnExit):
     async def supersede_watch(self, key: str) -> AsyncIterator[TokenWatch]:
         """See :meth:`asynclock.state.SupersedeSignals.supersede_watch` (the state's pub/sub
         connection, as for :meth:`watch`)."""
-        if self._subscriber is None:
-            self._subscriber = self._transport.subscriber(self._op_timeout or 5.0)
-        subscriber = self._subscriber
         channel = f"{self.lock_key(key)}:supersede".encode()
-        watch = TokenWatch(asyncio.get_running_loop())
-        async with self._guard():
-            await subscriber.add(channel, watch)
-        try:
+        async with self._watching(channel, TokenWatch(asyncio.get_running_loop())) as watch:
             yield watch
-        finally:
-            subscriber.discard(channel, watch)
-
-    @contextlib.asynccontextmanager
-    async def _watch_channel(
-        self, channel: bytes, subscriber: Subscriber | ShardedSubscriber | None = None
-    ) -> AsyncIterator[EventWatch]:
-        """A watch woken by every message on ``channel``, on ``subscriber`` (by default the
-        state's own pub/sub connection)."""
-        if subscriber is None and self._subscriber is None:
-            self._subscriber = self._transport.subscriber(self._op_timeout or 5.0)
-        subscriber = subscriber or self._subscriber
-        assert subscriber is not None
-        watch = EventWatch(asyncio.get_running_loop())
-        async with self._guard():
-            await subscriber.add(channel, watch)
-        try:
-            yield watch
-        finally:
-            subscriber.discard(channel, watch)
 
 
 def _lock_info(key: str, reply: object, *, held: bool = True) -> LockInfo | None:

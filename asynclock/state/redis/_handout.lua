@@ -20,12 +20,7 @@ local function free_token(lock)
     end
     last = token or 0
   end
-  local now = redis.call('TIME')
-  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if token <= last then
-    token = last + 1
-  end
-  return token, now
+  return next_token(last)
 end
 
 -- grant(entries, attempts, key, owner, token, now, ttl_ms, with_entry, counted) -> the grant as

@@ -48,6 +48,20 @@ local function wait_for_retry(hold, ready, key, retry_ms)
   redis.call('ZADD', ready, due, key)
 end
 
+-- drained(ready, key, head_count, counts, hold, dead, counter): key's inbox is empty: the key
+-- leaves its set of keys with work and its attempt counts go; unless it is parked, its hold goes
+-- too, and, with no dead letters either, its entry counter
+local function drained(ready, key, head_count, counts, hold, dead, counter)
+  redis.call('ZREM', ready, key)
+  redis.call('DEL', head_count, counts)
+  if not is_parked(hold) then
+    redis.call('DEL', hold)
+    if redis.call('LLEN', dead) == 0 then
+      redis.call('DEL', counter)
+    end
+  end
+end
+
 -- park(hold, ready, key): the key is parked and leaves its set of keys with work
 local function park(hold, ready, key)
   redis.call('SET', hold, 'p')

@@ -30,6 +30,7 @@ from asynclock.state._protocol import (
     InboxKey,
 )
 from asynclock.state.redis._handout import LaneWorker
+from asynclock.state.redis._host import ScriptHost
 from asynclock.state.redis._scripts import as_int, text
 from asynclock.state.redis._transport import glob_escape
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
     from redis.asyncio.connection import AbstractConnection
 
-    from asynclock._errors import StateUnavailableError
     from asynclock.state.redis._ready import ReadyIndex
     from asynclock.state.redis._transport import LockKeys
 
@@ -49,31 +49,17 @@ __all__ = ["REQUEUE_RESERVATION", "RedisInbox"]
 REQUEUE_RESERVATION = 30.0
 
 
-class RedisInbox:
+class RedisInbox(ScriptHost):
     """The :class:`~asynclock.state.InboxState` operations of RedisState (see the module)."""
 
     # what RedisState supplies
     _prefix: str
     _keys: LockKeys
     _ready: ReadyIndex
-    _replicas: int
-    _op_timeout: float | None
     _retention_ms: int
     _reservation_ms: int
 
     if TYPE_CHECKING:
-
-        def lock_key(self, key: str) -> str: ...
-
-        async def _eval(
-            self, name: str, keys: tuple[str, ...], *args: str | int, idempotent: bool = False
-        ) -> object: ...
-
-        async def _eval_waited(
-            self, name: str, keys: tuple[str, ...], *args: str | int
-        ) -> tuple[object, int | None]: ...
-
-        def _short(self, acks: int | None, what: str) -> StateUnavailableError | None: ...
 
         async def _command(self, key: str, *args: str | int | bytes) -> object: ...
 
@@ -197,18 +183,6 @@ class RedisInbox:
         while (wanted := unlisted(reply)) is not None:
             generation = await self._ready.list_for(lock_key, wanted or None)
             reply = await self._eval_confirmed(name, keys, (*args, generation, *tail), what)
-        return reply
-
-    async def _eval_confirmed(
-        self, name: str, keys: tuple[str, ...], args: tuple[str | int, ...], what: str
-    ) -> object:
-        """:meth:`_eval`; with ``replicas=N``, :meth:`_eval_waited`, a shortfall raising."""
-        if not self._replicas:
-            return await self._eval(name, keys, *args)
-        reply, acks = await self._eval_waited(name, keys, *args)
-        error = self._short(acks, what)
-        if error is not None:
-            raise error
         return reply
 
     async def inbox_step(

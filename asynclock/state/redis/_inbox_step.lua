@@ -14,12 +14,7 @@
 -- handed out, which ends a retry's wait); else falls through to release.lua (0): the inbox is
 -- empty, or the key now waits for a retry (the head kept with its count, the key's score in the
 -- set of keys with work its due time), or is parked (taken out of that set: see _hold.lua)
-local held = redis.call('GET', KEYS[1])
-if not held then
-  return -1
-end
-local _, holder = parse(held)
-if holder == '' or holder ~= ARGV[1] then
+if held_by(KEYS[1]) ~= ARGV[1] then
   return -1
 end
 if ARGV[11] ~= '' and redis.call('LLEN', KEYS[3]) > 0 then
@@ -77,13 +72,6 @@ else
     return {head, attempts, now_ms, redis.call('LLEN', KEYS[3])}
   end
   if redis.call('LLEN', KEYS[3]) == 0 then
-    redis.call('ZREM', KEYS[6], ARGV[10])
-    redis.call('DEL', KEYS[4], KEYS[9])
-    if not is_parked(KEYS[8]) then
-      redis.call('DEL', KEYS[8])
-      if redis.call('LLEN', KEYS[5]) == 0 then
-        redis.call('DEL', KEYS[7])
-      end
-    end
+    drained(KEYS[6], ARGV[10], KEYS[4], KEYS[9], KEYS[8], KEYS[5], KEYS[7])
   end
 end

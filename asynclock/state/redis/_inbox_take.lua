@@ -14,12 +14,7 @@
 -- count of each entry handed out incremented; handing the head out ends a retry's wait); else
 -- falls through to release.lua (0): the inbox is empty, or the key now waits for a retry (the
 -- entries done kept with their counts) or is parked (see _hold.lua)
-local held = redis.call('GET', KEYS[1])
-if not held then
-  return -1
-end
-local _, holder = parse(held)
-if holder == '' or holder ~= ARGV[1] then
+if held_by(KEYS[1]) ~= ARGV[1] then
   return -1
 end
 -- deliveries of entry `id` so far; the head's may have been counted by _inbox_step.lua
@@ -82,12 +77,5 @@ if pending > 0 and not retry and not is_parked(KEYS[9]) then
   return reply
 end
 if pending == 0 then
-  redis.call('ZREM', KEYS[6], ARGV[9])
-  redis.call('DEL', KEYS[4], KEYS[8])
-  if not is_parked(KEYS[9]) then
-    redis.call('DEL', KEYS[9])
-    if redis.call('LLEN', KEYS[5]) == 0 then
-      redis.call('DEL', KEYS[7])
-    end
-  end
+  drained(KEYS[6], ARGV[9], KEYS[4], KEYS[8], KEYS[9], KEYS[5], KEYS[7])
 end

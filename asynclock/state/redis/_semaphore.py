@@ -19,41 +19,23 @@ from asynclock._errors import StateUnavailableError
 from asynclock._validate import check_key, check_permits, check_ttl, ttl_ms
 from asynclock.state._protocol import Grant, LockInfo, SemaphoreInfo
 from asynclock.state._watch import OwnerWatch
+from asynclock.state.redis._host import ScriptHost
 from asynclock.state.redis._scripts import as_int, text
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from asynclock.state._guard import OperationGuard
-    from asynclock.state.redis._subscriber import ShardedSubscriber, Subscriber
-    from asynclock.state.redis._transport import Transport
 
 __all__ = ["RedisSemaphores"]
 
 
-class RedisSemaphores:
+class RedisSemaphores(ScriptHost):
     """The :class:`~asynclock.state.SemaphoreState` operations of RedisState (see the module)."""
 
     # what RedisState supplies
     _retention_ms: int
-    _op_timeout: float | None
-    _guard: OperationGuard
-    _transport: Transport
-    _subscriber: Subscriber | ShardedSubscriber | None
 
     if TYPE_CHECKING:
-
-        def lock_key(self, key: str) -> str: ...
-
-        async def _eval(
-            self, name: str, keys: tuple[str, ...], *args: str | int, idempotent: bool = False
-        ) -> object: ...
-
-        async def _eval_waited(
-            self, name: str, keys: tuple[str, ...], *args: str | int
-        ) -> tuple[object, int | None]: ...
-
-        def _short(self, acks: int | None, what: str) -> StateUnavailableError | None: ...
 
         @property
         def replicas(self) -> int: ...
@@ -111,15 +93,8 @@ class RedisSemaphores:
         """See :meth:`asynclock.state.SemaphoreState.semaphore_extend` (one EVALSHA)."""
         keys = self._semaphore_keys(key)
         args = (owner, ttl_ms(check_ttl(ttl, key=key)), self._retention_ms)
-        if not self.replicas:
-            return as_int(await self._eval("semaphore_extend", keys, *args, idempotent=True)) == 1
-        reply, acks = await self._eval_waited("semaphore_extend", keys, *args)
-        if as_int(reply) != 1:
-            return False
-        error = self._short(acks, f"a permit of semaphore {key!r} was extended")
-        if error is not None:
-            raise error
-        return True
+        what = f"a permit of semaphore {key!r} was extended"
+        return await self._eval_extended("semaphore_extend", keys, args, what)
 
     async def semaphore_inspect(self, key: str) -> SemaphoreInfo:
         """See :meth:`asynclock.state.SemaphoreState.semaphore_inspect` (one read-only EVALSHA)."""
@@ -139,16 +114,8 @@ class RedisSemaphores:
         """See :meth:`asynclock.state.SemaphoreState.semaphore_watch`: the key's wake channel
         on the state's one pub/sub connection, filtered for ``owner``."""
         channel = self._semaphore_keys(key)[-1].encode()
-        if self._subscriber is None:
-            self._subscriber = self._transport.subscriber(self._op_timeout or 5.0)
-        subscriber = self._subscriber
-        watch = OwnerWatch(asyncio.get_running_loop(), owner)
-        async with self._guard():
-            await subscriber.add(channel, watch)
-        try:
+        async with self._watching(channel, OwnerWatch(asyncio.get_running_loop(), owner)) as watch:
             yield watch
-        finally:
-            subscriber.discard(channel, watch)
 
 
 _PARTS = ("holders", "tokens", "meta", "queue", "places", "limits", "wake")

@@ -1,4 +1,4 @@
--- Shared prelude, prepended to acquire/release/extend/inspect when they are loaded.
+-- Shared prelude, prepended to every script when it is loaded (_scripts.py).
 -- A lock key's value is one of:
 --   "<token> <owner>"           held by owner
 --   "<token> <owner>|<waiter>"  held, and a blocking waiter of another process (id <waiter>)
@@ -30,6 +30,31 @@ local function parse(value)
     return token, rest, '', marks
   end
   return token, string.sub(rest, 1, bar - 1), string.sub(rest, bar + 1), marks
+end
+
+-- held_by(lock) -> holder, token, flag, marks of lock's value (see parse), or nil when nobody
+-- holds the lock (no value, free or reserved)
+local function held_by(lock)
+  local value = redis.call('GET', lock)
+  if not value then
+    return nil
+  end
+  local token, holder, flag, marks = parse(value)
+  if holder == '' then
+    return nil
+  end
+  return holder, token, flag, marks
+end
+
+-- next_token(last) -> the fencing token of a new holder after last: the server's TIME in
+-- microseconds, or last + 1 when that is not above last; and that TIME ({s, us})
+local function next_token(last)
+  local now = redis.call('TIME')
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if token <= last then
+    token = last + 1
+  end
+  return token, now
 end
 
 -- whether owner has an entry in marks (owner ids hold no whitespace)

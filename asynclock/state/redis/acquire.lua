@@ -46,10 +46,6 @@ end
 if given_up() then
   return -ttl_ms
 end
-local now = redis.call('TIME')
-local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-if token <= last then
-  token = last + 1
-end
+local token = next_token(last)
 redis.call('SET', KEYS[1], fmt(token) .. ' ' .. owner, 'PX', ttl_ms)
 return token

@@ -1,12 +1,7 @@
 -- KEYS[1] lock key | ARGV[1] owner, ARGV[2] ttl_ms
 -- returns 1 when the TTL was reset to ttl_ms, 0 when owner does not hold the key (a lost lock
 -- is never re-created)
-local value = redis.call('GET', KEYS[1])
-if not value then
-  return 0
-end
-local _, holder = parse(value)
-if holder == '' or holder ~= ARGV[1] then
+if held_by(KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))

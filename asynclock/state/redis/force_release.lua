@@ -1,12 +1,8 @@
 -- KEYS[1] lock key, KEYS[2] release channel | ARGV[1] token retention ms
 -- Operator's force-release: free the key whoever holds it, keeping its last fencing token.
 -- returns {owner, token} of the holder it had, or {} when nobody held it
-local value = redis.call('GET', KEYS[1])
-if not value then
-  return {}
-end
-local token, holder = parse(value)
-if holder == '' then
+local holder, token = held_by(KEYS[1])
+if not holder then
   return {}
 end
 redis.call('SET', KEYS[1], fmt(token), 'PX', tonumber(ARGV[1]))

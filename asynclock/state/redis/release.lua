@@ -5,12 +5,8 @@
 -- successor's new fencing token (> 0) when the lock was handed straight to the successor.
 -- A waiter of another process that flagged the key gets it reserved instead of a handoff, so a
 -- process with a busy local queue cannot keep a lock from other processes forever.
-local value = redis.call('GET', KEYS[1])
-if not value then
-  return -1
-end
-local token, holder, flag, marks = parse(value)
-if holder == '' or holder ~= ARGV[1] then
+local holder, token, flag, marks = held_by(KEYS[1])
+if holder ~= ARGV[1] then
   return -1
 end
 -- a successor that gave up already (abandon.lua ran during this hold, see there) must not be

@@ -3,12 +3,8 @@
 -- key is still held under that token: a holder that has gone is not signalled, nor its successor.
 -- returns 1 when the signal was published, 0 otherwise
 local target = tonumber(ARGV[1])
-local value = redis.call('GET', KEYS[1])
-if not value then
-  return 0
-end
-local token, holder = parse(value)
-if holder == '' or token ~= target then
+local holder, token = held_by(KEYS[1])
+if not holder or token ~= target then
   return 0
 end
 redis.call('PUBLISH', KEYS[2], ARGV[1])

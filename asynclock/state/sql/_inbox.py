@@ -32,7 +32,7 @@ from asynclock.state.sql._queries import key_id
 from asynclock.state.sql._state import SQLState
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Collection, Sequence
+    from collections.abc import Awaitable, Collection, Mapping, Sequence
     from contextlib import AbstractAsyncContextManager
 
     from asynclock.state.sql._handout import WakeWatch
@@ -143,31 +143,11 @@ class SQLInboxState(SQLState[C, S, R]):
                 :func:`asynclock._validate.check_inbox_finish`).
         """
         wait = check_inbox_finish(key, done=done, dead=dead, retry_in=retry_in, park=park)
-        ident, _ = self._ids(key)
-        hex_id = ident.hex()
-        answer = await self._run(
-            "inbox_step",
-            {
-                "id": self._id_param(ident),
-                "owner": owner,
-                "done": done,
-                "dead": dead if done is not None else None,
-                "take": bool(take),
-                "retry_ms": ttl_ms(wait) if wait is not None else None,
-                "park": park,
-                "reservation_ms": self._reservation_ms,
-                "channel": self._channel,
-                "payload": hex_id,
-            },
-            idempotent=False,
-        )
-        row = self._rows(answer)[0]
-        status = _text(row[0])
-        if status == "not_owner":
-            raise LockNotOwnedError(key, owner)
-        if status == "released":
-            self._released_here(hex_id)
+        params = {"done": done, "dead": dead if done is not None else None, "take": bool(take)}
+        answer = await self._inbox_finish("inbox_step", key, owner, wait, park, params)
+        if answer is None:
             return None
+        row = answer[1]
         return InboxEntry(_int(row[1]), _int(row[2]), _text(row[3]), _float(row[4]), _int(row[5]))
 
     async def inbox_take(
@@ -192,16 +172,43 @@ class SQLInboxState(SQLState[C, S, R]):
         finished = frozenset(done)
         wait = check_inbox_finish(key, done=finished, dead=dead, retry_in=retry_in, park=park)
         ids = ",".join(str(int(entry)) for entry in sorted(finished))
+        params = {"done": ids, "dead": dead if ids else None, "limit": limit}
+        answer = await self._inbox_finish("inbox_take", key, owner, wait, park, params)
+        if answer is None:
+            return None
+        rows, head = answer
+        pending = _int(head[5])
+        entries = sorted(
+            InboxEntry(_int(row[1]), _int(row[2]), _text(row[3]), _float(row[4]), pending)
+            for row in rows
+            if _text(row[0]) == "entry"
+        )
+        return InboxBatch(tuple(entries), pending, _float(head[4]))
+
+    async def _inbox_finish(
+        self,
+        name: str,
+        key: str,
+        owner: str,
+        wait: float | None,
+        park: bool,
+        params: Mapping[str, object],
+    ) -> tuple[Sequence[Sequence[object]], Sequence[object]] | None:
+        """Run the step ``name`` (``inbox_step``, ``inbox_take``: ``params`` are its own) as
+        ``owner`` on ``key``: its rows and its status row (the first that is not an ``'entry'``
+        row, else the first), or ``None`` when it released the lock.
+
+        Raises:
+            LockNotOwnedError: ``owner`` does not hold ``key``'s lock (nothing changed).
+        """
         ident, _ = self._ids(key)
         hex_id = ident.hex()
         answer = await self._run(
-            "inbox_take",
+            name,
             {
                 "id": self._id_param(ident),
                 "owner": owner,
-                "done": ids,
-                "dead": dead if ids else None,
-                "limit": limit,
+                **params,
                 "retry_ms": ttl_ms(wait) if wait is not None else None,
                 "park": park,
                 "reservation_ms": self._reservation_ms,
@@ -211,20 +218,14 @@ class SQLInboxState(SQLState[C, S, R]):
             idempotent=False,
         )
         rows = self._rows(answer)
-        head = next(row for row in rows if _text(row[0]) != "entry")
+        head = next((row for row in rows if _text(row[0]) != "entry"), rows[0])
         status = _text(head[0])
         if status == "not_owner":
             raise LockNotOwnedError(key, owner)
         if status == "released":
             self._released_here(hex_id)
             return None
-        pending = _int(head[5])
-        entries = sorted(
-            InboxEntry(_int(row[1]), _int(row[2]), _text(row[3]), _float(row[4]), pending)
-            for row in rows
-            if _text(row[0]) == "entry"
-        )
-        return InboxBatch(tuple(entries), pending, _float(head[4]))
+        return rows, head
 
     async def inbox_ready(self) -> list[str]:
         """See :meth:`asynclock.state.InboxState.inbox_ready` (one indexed read).
@@ -291,9 +292,14 @@ class SQLInboxState(SQLState[C, S, R]):
                 "space": self._id_param(self._space),
                 "channel": channel,
                 "lease_ms": ttl_ms(lease),
+                **self._worker_row(worker),
             },
             idempotent=True,
         )
+
+    def _worker_row(self, worker: str) -> Mapping[str, object]:
+        """The backend's own columns of ``worker``'s row in ``inbox_worker_seen`` (none here)."""
+        return {}
 
     async def _inbox_worker_gone(self, worker: str) -> object:
         return await self._run("inbox_worker_gone", {"worker": worker}, idempotent=True)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from asynclock._validate import check_key, check_permits, check_ttl, ttl_ms
 from asynclock.state._protocol import Grant, LockInfo, SemaphoreInfo
+from asynclock.state._watch import registered
 from asynclock.state.sql._state import PURGE_BATCH, SQLState
 
 if TYPE_CHECKING:
@@ -164,15 +165,8 @@ class SQLSemaphoreState(SQLState[C, S, R]):
         where = f"{hex_id}:{owner}"
         watch = self._new_semaphore_watch(asyncio.get_running_loop())
         await self._semaphore_listen()
-        self._watches.setdefault(where, set()).add(watch)
-        try:
+        with registered(self._watches, where, watch):
             yield watch
-        finally:
-            watches = self._watches.get(where)
-            if watches is not None:
-                watches.discard(watch)
-                if not watches:
-                    del self._watches[where]
 
 
 def _owners(value: object) -> list[str]:

@@ -31,6 +31,7 @@ from asynclock._validate import check_key, check_seconds, check_ttl, ttl_ms
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._guard import OperationGuard
 from asynclock.state._protocol import LockInfo
+from asynclock.state._watch import registered
 from asynclock.state.sql._driver import SQLDriver
 from asynclock.state.sql._options import DEFAULT_OP_TIMEOUT
 from asynclock.state.sql._queries import (
@@ -503,15 +504,8 @@ class SQLState(ClosesOnExit, SQLDriver[C, S, R]):
         hex_id = ident.hex()
         watch = self._new_key_watch(asyncio.get_running_loop(), hex_id)
         await self._listen()
-        self._watches.setdefault(hex_id, set()).add(watch)
-        try:
+        with registered(self._watches, hex_id, watch):
             yield watch
-        finally:
-            watches = self._watches.get(hex_id)
-            if watches is not None:
-                watches.discard(watch)
-                if not watches:
-                    del self._watches[hex_id]
 
     async def purge_expired(self) -> int:
         """Delete expired dedupe records and lock rows free for over ``token_retention`` seconds.
