@@ -498,7 +498,7 @@ class TestInboxKill:
             # the webhook's tables first: once the proxy opens, the worker makes its schema in one
             # transaction under the schema's lock, and an accept making its own at that moment
             # would wait for it longer than this test's 0.5 s op_timeout on a loaded machine
-            await webhook.inbox_keys()
+            await webhook.inspect("schema")
             bot = EventDispatcher(worker, on_lock_conflict="queue", lock_ttl=self.LOCK_TTL)
 
             @bot.on("*")
