@@ -44,7 +44,7 @@ from asynclock._validate import check_seconds
 from asynclock.state._pool import ConnectionPool
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
-from asynclock.state._watch import TokenWatch
+from asynclock.state._watch import TokenWatch, registered
 from asynclock.state.mysql._ear import InboxEar
 from asynclock.state.mysql._semaphore_ear import EarWatch, SemaphoreEar
 from asynclock.state.mysql._supersede import SupersedeEar
@@ -408,21 +408,17 @@ class MySQLState(
         hex_id = ident.hex()
         ear = await self._open_supersede_ear()
         watch = TokenWatch(asyncio.get_running_loop())
-        self._supersede_watches.setdefault(hex_id, set()).add(watch)
         params = {"id": hex_id, "conn": ear.conn}
         try:
-            await self._run(
-                "supersede_listen", {**params, "lease_ms": _EAR_LEASE_MS}, idempotent=True
-            )
-            yield watch
+            with registered(self._supersede_watches, hex_id, watch):
+                await self._run(
+                    "supersede_listen", {**params, "lease_ms": _EAR_LEASE_MS}, idempotent=True
+                )
+                yield watch
         finally:
-            watches = self._supersede_watches.get(hex_id)
-            if watches is not None:
-                watches.discard(watch)
-                if not watches:
-                    del self._supersede_watches[hex_id]
-                    with contextlib.suppress(StateUnavailableError):  # the lease ends it
-                        await self._run("supersede_unlisten", params, idempotent=True)
+            if hex_id not in self._supersede_watches:  # the key's last watch is gone
+                with contextlib.suppress(StateUnavailableError):  # the lease ends it
+                    await self._run("supersede_unlisten", params, idempotent=True)
 
     async def _open_supersede_ear(self) -> SupersedeEar:
         async with self._supersede_opening:
