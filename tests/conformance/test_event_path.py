@@ -38,41 +38,22 @@ if TYPE_CHECKING:
 
 ROOT = Path(asynclock.__file__).parent
 
+#: what every path runs: the dispatcher (the entry point, the outcome), the claim, the engine (or
+#: its line), the event, its handlers, the handling time for Retry-After, and the state
+EVERY_PATH = {
+    "_dispatch.dispatcher",
+    "_dispatch.freeing",
+    "_dedupe.claim",
+    "_lock.engine",
+    "_events.event",
+    "_events.handlers",
+    "state",
+}
 #: the modules each path runs, as counted above (keep docs/architecture.md in step)
 PATHS: dict[str, set[str]] = {
-    "dispatch-memory": {
-        "_dispatch.dispatcher",
-        "_dispatch.fast_route",
-        "_dispatch.lean_hold",
-        "_dispatch.freeing",
-        "_dedupe.claim",
-        "_lock.engine",
-        "_events.event",
-        "_events.handlers",
-        "state",
-    },
-    "dispatch-redis": {
-        "_dispatch.dispatcher",
-        "_dispatch.general_route",
-        "_dispatch.freeing",
-        "_dedupe.claim",
-        "_lock.engine",
-        "_events.event",
-        "_events.handlers",
-        "state",
-    },
-    "inbox-redis": {
-        "_dispatch.dispatcher",
-        "_inbox.service",
-        "_inbox.drainer",
-        "_dispatch.freeing",
-        "_dedupe.claim",
-        "_lock.engine",
-        "_events.event",
-        "_events.codec",
-        "_events.handlers",
-        "state",
-    },
+    "dispatch-memory": EVERY_PATH | {"_dispatch.fast_route", "_dispatch.lean_hold"},
+    "dispatch-redis": EVERY_PATH | {"_dispatch.general_route"},
+    "inbox-redis": EVERY_PATH | {"_inbox.service", "_inbox.drainer", "_events.codec"},
 }
 PATHS["inbox-memory"] = PATHS["inbox-redis"]
 
@@ -112,11 +93,12 @@ class Trace:
         self.files: set[str] = set()
 
     def __enter__(self) -> Self:
+        self.previous = sys.getprofile()
         sys.setprofile(self.profile)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sys.setprofile(None)
+        sys.setprofile(self.previous)
 
     def profile(self, frame: FrameType, event: str, arg: object) -> None:
         if event == "call":
