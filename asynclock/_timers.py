@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["Timer", "TimerEntry", "arm", "call_later", "disarm"]
+__all__ = ["Timer", "TimerEntry", "arm", "call_after", "call_later", "disarm", "first_renewal"]
 
 
 def _disarmed() -> None:
@@ -125,6 +125,27 @@ def call_later(delay: float, callback: Callable[[], None]) -> Timer:
     timer = Timer()
     arm(timer, delay, callback)
     return timer
+
+
+def call_after(started: float | None, delay: float, callback: Callable[[], None]) -> Timer | None:
+    """Run ``callback()`` ``delay`` seconds after loop time ``started`` (``None``: now).
+
+    At once, returning ``None``, if that time has passed already; else :func:`call_later`.
+    ``None`` arms exactly ``delay``, so timers armed "from now" share one bucket.
+    """
+    if started is None:
+        return call_later(delay, callback)
+    left = started + delay - asyncio.get_running_loop().time()
+    if left <= 0:
+        callback()
+        return None
+    return call_later(left, callback)
+
+
+def first_renewal(ttl: float, max_lifetime: float | None) -> float:
+    """Seconds from taking a lock (or permit) of ``ttl`` to its first renewal, or to the end of
+    its ``max_lifetime`` if that comes first."""
+    return ttl / 3 if max_lifetime is None else min(ttl / 3, max_lifetime)
 
 
 def arm(

@@ -8,7 +8,7 @@ redelivery for at most the lease, never for the whole dedupe TTL.
 * :class:`WaitingClaims`: the records of events that wait together (a ``latest`` backlog on
   MemoryState's lean path), one timer for all of them until a renewal is due.
 * :class:`EventClaim` is one dispatch's claim on an event, moving through :class:`Phase`. It
-  composes with the event's lock (its engine, ``asynclock._lock.acquisition.Acquisition``) only
+  composes with the event's lock (its engine, ``asynclock._lock.engine.Engine``) only
   through the lock's two generic hooks (``arm_first_attempt`` and ``arm_release``): on a
   :class:`ClaimingState` the claim rides on the lock's acquire and release scripts (one round
   trip each); elsewhere it makes calls of its own. The lock knows nothing of dedupe.
@@ -29,8 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from asynclock._events.event import Event
-    from asynclock._lock.acquisition import Acquisition
-    from asynclock._lock.waiters import ReleaseStep
+    from asynclock._lock.engine import Engine, ReleaseStep
     from asynclock._timers import Bucket
     from asynclock.state._protocol import ClaimingState, Grant, Release, State
 
@@ -208,7 +207,7 @@ class EventClaim:
         """Whether the event's handlers returned (a failure after that leaves it handled)."""
         return self.phase in (_HANDLED, _DONE_IN_RELEASE)
 
-    def ride_on_acquire(self, lock: Acquisition, state: ClaimingState, lease: float) -> None:
+    def ride_on_acquire(self, lock: Engine, state: ClaimingState, lease: float) -> None:
         """Record the claim in ``lock``'s first server attempt, if it makes one (one round trip).
 
         If the claim exists already the attempt is refused (``lock.refused``): a duplicate,
@@ -264,7 +263,7 @@ class EventClaim:
         """The event's handlers returned."""
         self.phase = _HANDLED
 
-    async def settle_in_release(self, lock: Acquisition, state: ClaimingState, ttl: float) -> None:
+    async def settle_in_release(self, lock: Engine, state: ClaimingState, ttl: float) -> None:
         """Handled under ``lock``: mark the claim done (``ttl``) in the lock's release."""
         await self._stop_keeping()
         claim = self.key

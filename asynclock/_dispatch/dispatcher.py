@@ -1,29 +1,39 @@
 """EventDispatcher: events in, handlers out, one handler per lock key at a time, no silent loss.
 
-The public face of the dispatcher: its configuration, handler registration, the entry points
-(``dispatch``, ``deliver``, ``submit``, ``accept``, ``serve``, ``aclose``) and what every event
-goes through around its route (the in-process duplicate check, the claim's end, the outcome).
+Size: the public face of the dispatcher and the one record every event ends in, kept together
+so that an event's path visits one module for both (docs/decisions.md, "What the path of one
+event costs in modules"): the configuration, handler registration, the entry points
+(``dispatch``, ``deliver``, ``submit``, ``accept``, ``serve``, ``aclose``), what every event
+goes through around its route (the in-process duplicate check, the claim's end), and
+:class:`OutcomeLog`, where a dispatch (and an inbox entry drained by ``serve()``, an event
+stored by ``accept()``) ends up: counted in ``EventDispatcher.stats``, reported to the metrics
+sink with its duration, logged on the ``asynclock`` logger at its outcome's level with the
+event's keys, and handed to the ``on_outcome`` hook, whose own errors are logged and
+swallowed: no silent loss.
+
 Its parts live beside it: the route interface (``route.py``) and its implementations, the
 general route (``general_route.py``), the fast route on MemoryState (``fast_route.py``) and the
 supersede route (``_supersede/route.py``); the latest/debounce backlogs (``backlog.py``); the
-settings they share (``context.py``); the conflict policies (``policies.py``); outcome records
-(``outcomes.py``); done-mark retries (``done_marks.py``); webhook answers and ``Retry-After``
-(``delivery.py``, ``freeing.py``); ``accept`` / ``serve`` (``_inbox/service.py``).
+settings they share (``context.py``); the conflict policies (``policies.py``); done-mark
+retries (``done_marks.py``); webhook answers and ``Retry-After`` (``delivery.py``,
+``freeing.py``); ``accept`` / ``serve`` (``_inbox/service.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal, TypeVar, cast, final
 
+from asynclock import metrics as _metrics
 from asynclock._cancel import finish_despite_cancellation
 from asynclock._dedupe.claim import EventClaim
 from asynclock._dispatch.context import DispatchContext
 from asynclock._dispatch.delivery import Delivery, DeliveryAnswers
 from asynclock._dispatch.done_marks import DoneMarks
-from asynclock._dispatch.outcomes import OutcomeHook, OutcomeLog
 from asynclock._dispatch.policies import SUPERSEDE, ConflictPolicy, check_policy, name
 from asynclock._dispatch.route import pick_route
 from asynclock._events.event import Event, Outcome
@@ -32,11 +42,105 @@ from asynclock._inbox.drainer import MAX_KEYS
 from asynclock._inbox.retry import retry_plan
 from asynclock._inbox.service import InboxService
 from asynclock._validate import check_count, check_key, check_seconds, check_ttl
+from asynclock.metrics._active import active
 from asynclock.state._base import ClosesOnExit
 from asynclock.state._protocol import State
 
 if TYPE_CHECKING:
     from asynclock._inbox.retry import PoisonPolicy
+
+
+logger = logging.getLogger("asynclock")
+
+OutcomeHook = Callable[[Event, Outcome, "BaseException | None"], "object | Awaitable[object]"]
+
+LEVELS = {
+    Outcome.HANDLED: logging.INFO,
+    Outcome.DUPLICATE: logging.INFO,
+    Outcome.QUEUED: logging.INFO,
+    Outcome.SKIPPED: logging.INFO,
+    Outcome.FORCED: logging.WARNING,
+    Outcome.DROPPED: logging.WARNING,
+    Outcome.FAILED: logging.ERROR,
+    Outcome.ACCEPTED: logging.INFO,
+    Outcome.SUPERSEDED: logging.INFO,
+}
+
+
+class OutcomeLog:
+    """The outcome counts of one dispatcher (``stats``) and its ``on_outcome`` hook."""
+
+    __slots__ = ("hook", "stats")
+
+    def __init__(self, hook: OutcomeHook | None) -> None:
+        self.hook = hook
+        self.stats: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
+
+    async def record(
+        self,
+        event: Event,
+        outcome: Outcome,
+        lock_key: str,
+        error: BaseException | None = None,
+        started: float | None = None,
+    ) -> Outcome:
+        """Count and log ``outcome`` (:meth:`count`), then pass it to the ``on_outcome`` hook."""
+        self.count(event, outcome, lock_key, error, started)
+        hook = self.hook
+        if hook is not None:
+            try:
+                result = hook(event, outcome, error)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                logger.exception("asynclock: the on_outcome hook failed")
+        return outcome
+
+    def count(
+        self,
+        event: Event,
+        outcome: Outcome,
+        lock_key: str,
+        error: BaseException | None = None,
+        started: float | None = None,
+    ) -> Outcome:
+        """:meth:`record` but the ``on_outcome`` hook (all of it, without one): count and log."""
+        self.stats[outcome] += 1
+        if active.sink is not None and started is not None:
+            duration = asyncio.get_running_loop().time() - started
+            _metrics.report("dispatch_outcome", event.type, outcome.value, duration)
+        level = LEVELS[outcome]
+        if logger.isEnabledFor(level):  # the record's fields cost more than the rest of record()
+            log(event, outcome, lock_key, level, error)
+        return outcome
+
+
+def log(
+    event: Event, outcome: Outcome, lock_key: str, level: int, error: BaseException | None
+) -> None:
+    """Log ``event``'s ``outcome`` at ``level``, its keys as the record's fields."""
+    logger.log(
+        level,
+        "asynclock: event %s %s/%s/%s message=%s -> %s%s",
+        event.type,
+        event.adapter,
+        event.channel_id,
+        event.thread_id,
+        event.message_id,
+        outcome.value,
+        f" ({type(error).__name__}: {error})" if error is not None else "",
+        exc_info=error if outcome is Outcome.FAILED else None,
+        extra={
+            "event_type": event.type,
+            "adapter": event.adapter,
+            "channel_id": event.channel_id,
+            "thread_id": event.thread_id,
+            "message_id": event.message_id,
+            "dedupe_key": event.dedupe_key,
+            "lock_key": lock_key,
+            "outcome": outcome.value,
+        },
+    )
 
 
 LockScope = Literal["thread", "channel"] | Callable[[Event], str]

@@ -44,9 +44,9 @@ from asynclock._dispatch.general_route import release_failed
 from asynclock._dispatch.lean_hold import LeanHold
 from asynclock._events.event import HandlerContext, Outcome
 from asynclock._events.handlers import resume
+from asynclock._lock.acquisition import Place
+from asynclock._lock.engine import line_for
 from asynclock._lock.grant import granted_reason
-from asynclock._lock.place import Place
-from asynclock._lock.waiters import line_for
 from asynclock._owner import new_owner
 from asynclock._validate import check_key
 from asynclock.metrics._active import active
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from asynclock._dispatch.context import DispatchContext
     from asynclock._dispatch.general_route import GeneralRoute
     from asynclock._events.event import Event
-    from asynclock._lock.waiters import Line
+    from asynclock._lock.engine import Line
     from asynclock.state._immediate import ImmediateSteps
 
 #: the context passed to handlers that take none (``(event)`` only): never read

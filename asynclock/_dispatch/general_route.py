@@ -18,9 +18,8 @@ from asynclock._cancel import finish_despite_cancellation
 from asynclock._dispatch.policies import conflict_policy
 from asynclock._events.event import HandlerContext, Outcome
 from asynclock._events.handlers import call_all
-from asynclock._lock.acquisition import Acquisition
+from asynclock._lock.acquisition import Acquisition, Place
 from asynclock._lock.grant import granted_reason
-from asynclock._lock.place import Place
 from asynclock._validate import check_key
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from asynclock import metrics as _metrics
 from asynclock._cancel import BodyCanceller, body_entered
 from asynclock._errors import LockLostError
 from asynclock._lock.acquisition import Acquisition
-from asynclock._lock.waiters import Ticket, release_now
+from asynclock._lock.engine import Ticket, release_now
 from asynclock._timers import arm, disarm
 from asynclock.metrics._active import active
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from asynclock._dedupe.claim import EventClaim
-    from asynclock._lock.waiters import Line
+    from asynclock._lock.engine import Line
     from asynclock._timers import Bucket
     from asynclock.state._immediate import ImmediateSteps
     from asynclock.state._protocol import ClaimingState, Release, State

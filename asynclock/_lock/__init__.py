@@ -1,7 +1,8 @@
-"""``AsyncLock`` and its parts: the public lock (``lock.py``), the face of its engine
-``Acquisition`` (``acquisition.py``: acquiring; its base ``Hold`` in ``holding.py``: holding and
-releasing; ``Place`` in ``place.py``: the dispatcher's place in line), the per-key line of
-waiters of one process (``waiters.py``), auto-renewal (``renew.py``), release on exit
-(``leave.py``, shared with the semaphore) and the two ambient contexts the lock reads: the grant
-of ``process_without_lock`` (``grant.py``) and the fair turn of a retried call (``turn.py``).
+"""``AsyncLock`` and its parts: the public lock (``lock.py``) and its engine, split by concern:
+``engine.py`` (the uncontended path: this process's line of each key, a place in it, one try,
+holding, the release and its hand-over to the next waiter, release on exit, shared with the
+semaphore), ``acquisition.py`` (``Acquisition``, the engine's class: waiting in line and
+contending, which only a busy key runs), auto-renewal (``renew.py``, made when the first
+renewal is due) and the two ambient contexts the lock reads: the grant of
+``process_without_lock`` (``grant.py``) and the fair turn of a retried call (``turn.py``).
 """

@@ -1,13 +1,14 @@
-"""The lock's engine: :class:`Acquisition`, one per lock object, one acquisition at a time.
+"""The lock's engine, contended: waiting in this process's line, contending at the server.
 
-:class:`~asynclock.AsyncLock` is its public face (``lock.py``). The dispatcher, the inbox's
-drainers and the event claims make an ``Acquisition`` of their own where they need more than
-that face: their own work folded into the acquire and release steps, a lock the state (or the
-dispatcher's lean path) acquired already, a place in the key's line kept across their awaits
-(:class:`~asynclock._lock.place.Place`, ``place.py``). This module is the acquiring half:
-acquire, the attempts at the server, contending and waiting in this process's line for the key
-(the line itself is in ``waiters.py``); the holding half, the base class
-:class:`~asynclock._lock.holding.Hold`, is in ``holding.py``.
+:class:`Acquisition` is the engine's one class of objects: the uncontended part, its base
+:class:`~asynclock._lock.engine.Engine` (a place in the key's line, one try, holding, the
+release; ``engine.py``), and here what only a busy key runs: ``AsyncLock.acquire`` with its
+blocking and timeout, waiting in line to be handed the lock (or for the turn to contend),
+contending (attempts at the server, woken by releases), abandoning a wait, waiting from a place
+kept (:meth:`Acquisition.wait_turn`) or leaving it, and taking over a place or a hold of the
+dispatcher's lean path. :class:`~asynclock.AsyncLock` is its public face (``lock.py``); the
+dispatcher, the inbox's drainers and the event claims make an ``Acquisition`` of their own where
+they need more than that face (``Place`` is its name for the dispatcher).
 """
 
 from __future__ import annotations
@@ -18,28 +19,19 @@ import math
 import sys
 from typing import TYPE_CHECKING
 
-from asynclock import metrics as _metrics
 from asynclock._cancel import BodyCanceller, finish_despite_cancellation, run_in_background
 from asynclock._errors import LockAcquisitionError
+from asynclock._lock.engine import Engine, handed_token, join_line, left_to, release_chain
 from asynclock._lock.grant import granted_reason
-from asynclock._lock.holding import Hold
 from asynclock._lock.renew import Renewer
 from asynclock._lock.turn import current_turn
-from asynclock._lock.waiters import Line, Ticket, line_for, release_chain, wait_for_turn
-from asynclock._owner import new_owner
 from asynclock._validate import check_seconds
 from asynclock.metrics._active import active
-from asynclock.state._immediate import immediate_steps
-from asynclock.state._protocol import Grant
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from asynclock.state._protocol import State
+    from asynclock._lock.engine import Line, Ticket
 
 logger = logging.getLogger("asynclock")
-
-NOT_GRANTED = Grant(None, None)
 
 # A waiter re-checks a holder that should have expired this long after its expected expiry;
 # covers the small gap between the client's estimate and the server's clock.
@@ -48,79 +40,17 @@ EXPIRY_GRACE = 0.005
 MIN_WAIT = 0.001
 
 
-class Acquisition(Hold):
-    """A lock's acquisitions of one key, one at a time, by the task that made each.
+class Acquisition(Engine):
+    """A lock's acquisitions of one key, one at a time: :class:`Engine` and, when the key is
+    busy, the waiting (see :class:`Engine` for the invariants).
 
-    The arguments are the checked ones of :class:`~asynclock.AsyncLock` (whose docstring says
-    what each means); nothing here checks them again.
-
-    Invariants (besides :class:`Hold`'s):
-
-    * Every acquisition gets a fresh owner id and :class:`~asynclock._lock.waiters.Ticket`; only
-      the line's member asks the server, the others wait in arrival order (``waiters.py``).
-    * ``busy`` while an acquire or a place's attempt runs. Acquiring while busy, held or granted
-      raises ``RuntimeError`` (not reentrant); so does taking a place or a lock handed out
-      (:meth:`hold_granted`) while placed as well.
-    * Cancellation: at every await, a cancelled acquisition leaves nothing behind: an attempt
-      whose outcome is unknown is undone at the server, a lock handed over meanwhile is passed on
-      (or released) before the ``CancelledError`` goes on, and the line forgets the ticket.
-    * ``refused``: the armed first attempt (:meth:`arm_first_attempt`) refused; the lock was
-      not acquired (and a :class:`~asynclock._lock.place.Place`'s place is gone).
+    Invariants (besides :class:`Engine`'s): at every await, a cancelled wait leaves nothing
+    behind: a lock handed over meanwhile is passed on (or released) before the
+    ``CancelledError`` goes on, and the line forgets the ticket. A lock handed over to a place
+    is never lost: it is taken (:meth:`wait_turn`) or passed on (:meth:`leave_place`).
     """
 
-    __slots__ = (
-        "blocking",
-        "busy",
-        "contended",
-        "first_attempt",
-        "first_attempt_now",
-        "placed",
-        "refused",
-        "retry_after",
-        "timeout",
-    )
-
-    def __init__(
-        self,
-        state: State,
-        key: str,
-        ttl: float,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_renew: bool = False,
-        max_lifetime: float | None = None,
-    ) -> None:
-        self.key = key
-        self.ttl = ttl
-        self.timeout = timeout
-        self.max_lifetime = max_lifetime
-        self.state = state
-        # the lean path (docs/decisions.md): a state whose steps need no await (MemoryState),
-        # so the lock yields once itself and acts at once
-        self.lean = immediate_steps(state)
-        self.blocking = blocking
-        self.auto_renew = auto_renew
-        self.owner = ""
-        self.token = None
-        self.ticket = None
-        self.line = None
-        self.task = None
-        self.busy = False
-        #: the acquire waited (for a handover or a release) before it got the lock
-        self.contended = False
-        self.held_since = 0.0
-        self.granted = False
-        #: a place taken in the key's line, not yet tried from or left (``place.py``)
-        self.placed = False
-        self.refused = False
-        self.first_attempt: Callable[[str], Awaitable[Grant | None]] | None = None
-        self.first_attempt_now: Callable[[str], Grant | None] | None = None
-        self.last_token = None
-        self.lost = False
-        #: after a failed acquire: seconds until the holder's lock expires, if known
-        self.retry_after: float | None = None
-        self.renewer = None
-        self.body = None
+    __slots__ = ()
 
     # -- acquire ------------------------------------------------------------------------------
 
@@ -186,50 +116,10 @@ class Acquisition(Hold):
             return acquired
         raise LockAcquisitionError(self.key, self.ttl, self.retry_after)
 
-    def entered(self) -> None:
-        """After :meth:`acquire` for ``async with``: the body begins (raises
-        ``LockAcquisitionError`` if a non-blocking acquire found the lock held)."""
-        if self.granted:
-            return
-        if self.token is None:
-            raise LockAcquisitionError(self.key, self.ttl, self.retry_after)
-        self.start_holding()
-
     async def enter(self) -> None:
-        """``async with``'s entry (``AsyncLock.__aenter__``); :meth:`Hold.exit` leaves it."""
+        """``async with``'s entry (``AsyncLock.__aenter__``); :meth:`Engine.exit` leaves it."""
         await self.acquire()  # raises LockAcquisitionError when a timeout runs out
         self.entered()
-
-    def report(self, acquired: bool, started: float) -> None:
-        """Report the acquire begun at loop time ``started`` to the metrics sink, if any."""
-        if active.sink is not None:
-            if acquired:
-                waited = asyncio.get_running_loop().time() - started
-                _metrics.report("lock_acquired", self.key, waited, self.contended)
-            else:
-                _metrics.report("lock_conflict", self.key)
-
-    def new_ticket(self, task: asyncio.Task[object] | None = None) -> tuple[Line, Ticket]:
-        """A fresh acquisition: a new owner id and its ticket in this process's line for the key.
-
-        ``task``: the current task, when the caller has it at hand already.
-        """
-        line, ticket = line_for(self.state, self.key), Ticket(new_owner(task), self.ttl)
-        self.use_ticket(line, ticket)
-        return line, ticket
-
-    def use_ticket(self, line: Line, ticket: Ticket) -> None:
-        """Make ``ticket`` of ``line`` the current acquisition's (not held yet)."""
-        self.owner = ticket.owner
-        self.lost = False
-        self.refused = False
-        self.retry_after = None
-        self.ticket, self.line = ticket, line
-
-    def check_idle(self) -> None:
-        """Raise ``RuntimeError`` if the lock is held, granted, being acquired or placed."""
-        if self.busy or self.placed or self.token is not None or self.granted:
-            raise RuntimeError(f"AsyncLock {self.key!r} is already held or being acquired")
 
     async def acquire_in_line(
         self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
@@ -248,6 +138,8 @@ class Acquisition(Hold):
             return False
         join_line(line, ticket)
         return await self.wait_in_line(line, ticket, deadline)
+
+    # -- waiting and contending ---------------------------------------------------------------
 
     async def wait_in_line(self, line: Line, ticket: Ticket, deadline: float | None) -> bool:
         """As a waiter of ``line``: wait to be handed the lock, or for our turn to contend."""
@@ -313,20 +205,10 @@ class Acquisition(Hold):
             await finish_despite_cancellation(release_chain(self.state, line, ticket))
 
     async def contend(
-        self,
-        line: Line,
-        ticket: Ticket,
-        blocking: bool,
-        deadline: float | None,
-        *,
-        keep_place: bool = False,
+        self, line: Line, ticket: Ticket, blocking: bool, deadline: float | None
     ) -> bool:
-        """As the line's member, take the lock from the server (waiting for releases).
-
-        With ``keep_place``, a non-blocking attempt that finds the key busy leaves ``ticket``
-        the line's member (see :meth:`take_place`).
-        """
-        won = flagged = kept = False
+        """As the line's member, take the lock from the server (waiting for releases)."""
+        won = flagged = False
         try:
             grant = await self.attempt(line, ticket, waiting=False)
             if grant.token is not None:
@@ -334,7 +216,6 @@ class Acquisition(Hold):
                 return self.won(line, ticket, grant.token)
             if not blocking:
                 self.retry_after = grant.retry_after
-                kept = keep_place and not self.refused
                 return False
             loop = asyncio.get_running_loop()
             self.contended = True
@@ -355,7 +236,7 @@ class Acquisition(Hold):
                         wait = min(wait, left)
                     await watch.wait(wait)
         finally:
-            if not won and not kept:
+            if not won:
                 line.leave(ticket)
                 if flagged and line.member is None:
                     # nobody of this process waits for the key any more: withdraw our flag or
@@ -366,67 +247,50 @@ class Acquisition(Hold):
                     else:
                         run_in_background(withdraw)
 
-    async def attempt(self, line: Line, ticket: Ticket, *, waiting: bool) -> Grant:
-        """One server acquire. If its outcome is unknown (cancelled, timed out), undo it."""
-        ticket.asked_at = asyncio.get_running_loop().time()
+    # -- from a place kept --------------------------------------------------------------------
+
+    async def wait_turn(self, deadline: float | None) -> bool:
+        """Wait from the place kept until the lock is ours (``False``: ``deadline`` passed)."""
+        ticket, line = self.ticket, self.line
+        assert self.placed
+        assert ticket is not None
+        assert line is not None
+        placed_at = self.held_since
+        self.busy = True
         try:
-            first = self.first_attempt
-            if first is not None and not waiting:
-                self.first_attempt = None
-                grant = await first(ticket.owner)
-                if grant is None:
-                    self.refused = True
-                    return NOT_GRANTED
-                return grant
-            turn = current_turn()
-            if turn is not None and not waiting:
-                # a fair retry (asynclock._lock.turn): take the key only in first-conflict order
-                return await turn.acquire(self.state, self.key, ticket.owner, self.ttl)
-            return await self.state.acquire(self.key, ticket.owner, self.ttl, waiting=waiting)
-        except asyncio.CancelledError:
-            # The server may have granted the lock, or may still if the command is on the
-            # wire. Undo it before the cancellation goes on, so the key is free once the task
-            # is done (bounded by the backend's operation timeout).
-            await finish_despite_cancellation(self.state.abandon(self.key, ticket.owner))
-            raise
-        except BaseException:
-            run_in_background(self.state.abandon(self.key, ticket.owner))
-            raise
+            handed = handed_token(ticket)
+            if handed is not None:
+                won = self.won(line, ticket, handed, handed=True)
+            elif line.member is ticket:
+                won = await self.contend(line, ticket, True, deadline)
+            else:
+                won = await self.wait_in_line(line, ticket, deadline)
+        finally:
+            self.placed = False
+            self.busy = False
+        self.contended = True
+        if won:
+            self.report(True, placed_at)
+        return won
 
-    def arm_first_attempt(
-        self,
-        attempt: Callable[[str], Awaitable[Grant | None]],
-        now: Callable[[str], Grant | None] | None = None,
-    ) -> None:
-        """Send ``attempt(owner)`` instead of the state's acquire for the next first try.
+    async def leave_place(self) -> None:
+        """Give the place up, passing on a lock handed over meanwhile. Idempotent."""
+        ticket, line = self.ticket, self.line
+        if not self.placed or ticket is None or line is None:
+            return
+        self.placed = False
+        if ticket.future is not None:
+            await self.abandon_waiting(line, ticket)
+        else:  # the member, with nothing on the server: its one attempt found the key busy
+            line.leave(ticket)
 
-        For callers that fold more work into the acquire's atomic step (the dispatcher records
-        an event's dedupe claim in it: one round trip per fresh event). ``attempt`` answers like
-        ``State.acquire``, or ``None`` to refuse: the lock is then not acquired and
-        :attr:`refused` is set. Used once, and only if this acquisition does reach the server.
-        ``now``: the same step without an await, used instead on the lean path.
-        """
-        self.first_attempt = attempt
-        self.first_attempt_now = now
+    # -- handed over by the dispatcher's lean path --------------------------------------------
 
-    # -- a lock acquired elsewhere --------------------------------------------------------------
-
-    def hold_granted(self, owner: str, token: int, since: float) -> None:
-        """Hold the lock the state handed to this task for ``owner`` at loop time ``since``
-        (the inbox's hand-out), as if this object had acquired it then.
-
-        ``async with self.holding()`` follows: it renews the lock on the schedule that began at
-        ``since`` and releases it on exit (unless a step of the caller released it first).
-        """
-        self.check_idle()
-        line, ticket = line_for(self.state, self.key), Ticket(owner, self.ttl)
+    def adopt_place(self, line: Line, ticket: Ticket) -> None:
+        """``take_place`` with ``ticket``, the member of ``line`` already (the dispatcher's
+        lean path hands its place over when it found the key busy)."""
         self.use_ticket(line, ticket)
-        if line.member is None:
-            line.hold(ticket, self.ttl, since)
-        else:  # an acquirer of this process contends at the server: the release wakes it
-            ticket.expires = since + self.ttl
-        self.won(line, ticket, token, handed=True)
-        self.held_since = since
+        self.placed_now()
 
     def adopt_held(
         self, line: Line, ticket: Ticket, token: int, since: float, body: BodyCanceller
@@ -445,14 +309,32 @@ class Acquisition(Hold):
         )
 
 
-def join_line(line: Line, ticket: Ticket) -> None:
-    """Append ``ticket`` to ``line``'s waiters, with the future it is woken through."""
-    ticket.future = asyncio.get_running_loop().create_future()
-    line.join(ticket)
+#: the dispatcher's name for an acquisition that takes its place in the key's line on arrival
+#: (``Engine.take_place``) and tries or waits from there later
+Place = Acquisition
 
 
-def left_to(holder: Ticket | None, now: float) -> float | None:
-    """Seconds until ``holder``'s lock expires, if it holds one (``None``: unknown)."""
-    if holder is None or math.isinf(holder.expires):
-        return None
-    return max(holder.expires - now, 0.0)
+async def wait_for_turn(future: asyncio.Future[int | None], until: float) -> None:
+    """Wait until a waiter's ``future`` is done, or until loop time ``until`` (``inf``: no limit).
+
+    ``asyncio.wait((future,), timeout=...)`` for one future, without its generality (a set, a
+    check of every awaitable, an inner coroutine): a third of a queued event's waiting cost.
+    Like it, this never cancels ``future``; a cancellation of the caller only ends the wait.
+    """
+    if future.done():
+        return
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    handle = loop.call_at(until, wake) if until != math.inf else None
+    try:
+        await waiter
+    finally:
+        if handle is not None:
+            handle.cancel()
+        future.remove_done_callback(wake)

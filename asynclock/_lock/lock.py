@@ -1,8 +1,8 @@
 """AsyncLock: a TTL lock with fencing tokens, FIFO wake-ups and cancellation safety.
 
 The public face only: every acquisition runs in the lock's engine,
-:class:`~asynclock._lock.acquisition.Acquisition` (``acquisition.py``: acquiring, the place in
-this process's line, waiting for a turn; its base ``holding.py``: holding, renewal, release, a
+:class:`~asynclock._lock.acquisition.Acquisition` (``acquisition.py``: waiting for a turn and
+contending; its base in ``engine.py``: the line, a place in it, one try, holding, release, a
 loss). The dispatcher, the inbox and the event claims use that engine directly.
 """
 

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from asynclock import metrics as _metrics
 from asynclock._compat import deadline_at
 from asynclock._errors import StateUnavailableError
-from asynclock._timers import Timer, call_later
+from asynclock._timers import Timer, call_after, first_renewal
 from asynclock.metrics._active import active
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from asynclock._lock.waiters import Ticket
     from asynclock.state._protocol import State
+
+
+class Renewed(Protocol):
+    """What a renewer reads and updates of the acquisition it renews (the engine's ``Ticket``,
+    which imports this module: hence a protocol, not the class)."""
+
+    owner: str
+    expires: float
 
 
 class Renewer:
@@ -47,7 +54,7 @@ class Renewer:
         self,
         state: State,
         key: str,
-        ticket: Ticket,
+        ticket: Renewed,
         ttl: float,
         max_lifetime: float | None,
         on_lost: Callable[[str], None],
@@ -66,18 +73,13 @@ class Renewer:
         self._on_lost = on_lost
         self._task: asyncio.Task[None] | None = None
         self._timer: Timer | None = None
-        now = asyncio.get_running_loop().time()
         #: held since then (``started``: the lock was taken before this renewer, e.g. handed
-        #: over by the state or by the lean path): the schedule counts from there
-        self._started = now if started is None else started
+        #: over by the state, by the lean path, or by the engine's own timer): the schedule
+        #: counts from there
+        self._started = asyncio.get_running_loop().time() if started is None else started
         # Lazy: nothing but a cheap timer exists until the first renewal (or the max_lifetime
         # cap) is due, so a body shorter than ttl/3 costs no task, which is nearly every one.
-        first = ttl / 3 if max_lifetime is None else min(ttl / 3, max_lifetime)
-        delay = self._started + first - now
-        if delay <= 0:
-            self._start()
-        else:
-            self._timer = call_later(delay, self._start)
+        self._timer = call_after(started, first_renewal(ttl, max_lifetime), self._start)
 
     def _start(self) -> None:
         self._timer = None

@@ -12,10 +12,9 @@ from asynclock._errors import (
     LockLostError,
     LockNotOwnedError,
 )
+from asynclock._lock.engine import Ticket, release_on_exit
 from asynclock._lock.grant import granted_reason
-from asynclock._lock.leave import release_on_exit
 from asynclock._lock.renew import Renewer
-from asynclock._lock.waiters import Ticket
 from asynclock._owner import new_owner
 from asynclock._semaphore.capability import semaphore_state
 from asynclock._semaphore.contend import take_permit

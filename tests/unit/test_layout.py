@@ -20,7 +20,7 @@ FLOORS = 8
 
 
 def part_of(module: str) -> str:
-    """``asynclock._lock.place`` -> ``asynclock._lock``; a top-level module is its own part."""
+    """``asynclock._lock.engine`` -> ``asynclock._lock``; a top-level module is its own part."""
     return ".".join(module.split(".")[:2])
 
 

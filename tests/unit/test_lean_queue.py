@@ -10,7 +10,7 @@ from asynclock import Event, EventDispatcher, MemoryState, Outcome
 from asynclock import metrics as asynclock_metrics
 from asynclock._dedupe.claim import EventClaim
 from asynclock._dispatch.lean_hold import LeanHold
-from asynclock._lock.waiters import line_for
+from asynclock._lock.engine import line_for
 
 KEY = "slack:C1:T1"
 
