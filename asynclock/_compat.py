@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from typing import TYPE_CHECKING, TypeVar
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline_after
@@ -13,7 +14,12 @@ else:  # pragma: no cover - exercised on 3.10 only
     from async_timeout import timeout as deadline_after  # type: ignore[import-not-found,unused-ignore]
     from async_timeout import timeout_at as deadline_at  # type: ignore[import-not-found,unused-ignore]
 
-__all__ = ["deadline_after", "deadline_at", "wait_set"]
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+T = TypeVar("T")
+
+__all__ = ["deadline_after", "deadline_at", "kept_cancellation", "wait_set"]
 
 
 async def wait_set(event: asyncio.Event, timeout: float) -> bool:
@@ -29,3 +35,27 @@ async def wait_set(event: asyncio.Event, timeout: float) -> bool:
         async with deadline_after(timeout):
             await event.wait()
     return event.is_set()
+
+
+async def kept_cancellation(opening: Awaitable[T], close: Callable[[T], object]) -> T:
+    """``opening``'s result, or the cancellation it lost on the way.
+
+    A driver that waits with ``asyncio.wait_for`` (aiomysql's connect) returns its result when a
+    cancellation arrives just as the result is made, before Python 3.12: the cancelled task then
+    runs on with the cancellation requested and never raised (a stopped worker went on to claim
+    and wait for work, and ``serve()`` outlived ``aclose()``). Such a result is closed here and
+    the cancellation raised again. After a return, more cancellations requested than before can
+    only be lost ones: one delivered would have raised. (Python 3.10 cannot tell.)
+    """
+    task = asyncio.current_task()
+    before = _cancelling(task)
+    result = await opening
+    if _cancelling(task) > before:
+        close(result)
+        raise asyncio.CancelledError
+    return result
+
+
+def _cancelling(task: asyncio.Task[object] | None) -> int:
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling() if cancelling is not None else 0

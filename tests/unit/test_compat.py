@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from typing import TYPE_CHECKING
 
 import pytest
 
-from asynclock._compat import wait_set
+from asynclock._compat import kept_cancellation, wait_set
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 
 @pytest.mark.parametrize("turns", [0, 1, 2, 3])
@@ -34,3 +39,46 @@ async def test_wait_set_answers_whether_the_event_was_set() -> None:
     assert await wait_set(event, 0) is True
     asyncio.get_running_loop().call_later(0.01, event.clear)
     assert await wait_set(event, 1.0) is True
+
+
+async def _connect_like_aiomysql() -> str:
+    # aiomysql opens its socket under asyncio.wait_for
+    made = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(made.set_result, "connection")
+    return await asyncio.wait_for(made, 10.0)
+
+
+async def _outcomes(opening: Callable[[], Awaitable[str]]) -> set[str]:
+    """What a cancellation sent after 0, 1, 2, ... loop turns makes of ``opening``."""
+    outcomes = set()
+    for turns in range(6):
+        task = asyncio.ensure_future(opening())
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if not task.cancel():
+            outcomes.add("done before the cancellation")
+            continue
+        try:
+            await task
+        except asyncio.CancelledError:
+            outcomes.add("cancelled")
+        else:
+            outcomes.add("cancellation lost")
+    return outcomes
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 cannot tell a lost cancellation")
+async def test_a_cancellation_a_driver_loses_in_its_connect_is_raised_again() -> None:
+    if sys.version_info < (3, 12):  # the driver's shape loses one: else this test proves nothing
+        assert "cancellation lost" in await _outcomes(_connect_like_aiomysql)
+    closed: list[str] = []
+
+    async def kept() -> str:
+        return await kept_cancellation(_connect_like_aiomysql(), closed.append)
+
+    outcomes = await _outcomes(kept)
+    assert "cancellation lost" not in outcomes
+    assert "cancelled" in outcomes
+    if sys.version_info < (3, 12):
+        assert closed  # each connection made as the cancellation came: closed, not handed on
+        assert set(closed) == {"connection"}

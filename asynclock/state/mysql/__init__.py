@@ -38,7 +38,7 @@ import aiomysql  # type: ignore[import-untyped]
 from pymysql import err as mysql_errors  # type: ignore[import-untyped]
 from pymysql.constants import CLIENT  # type: ignore[import-untyped]
 
-from asynclock._compat import deadline_after
+from asynclock._compat import deadline_after, kept_cancellation
 from asynclock._errors import StateUnavailableError
 from asynclock._validate import check_seconds
 from asynclock.state._pool import ConnectionPool
@@ -168,6 +168,7 @@ class MySQLState(
         max_connections: int = 10,
         **options: Unpack[SQLOptions],
     ) -> None:
+        connect = _keeping_cancellation(connect)
         pool = ConnectionPool(
             connect, _discard, _close, check_max_connections(max_connections), alive=_alive
         )
@@ -510,6 +511,18 @@ class MySQLState(
 def _code(exc: BaseException) -> int:
     code = exc.args[0] if exc.args else 0
     return code if isinstance(code, int) else 0
+
+
+def _keeping_cancellation(
+    connect: Callable[[], Coroutine[object, object, _Connection]],
+) -> Callable[[], Coroutine[object, object, _Connection]]:
+    """``connect``, raising a cancellation aiomysql's connect lost (its ``asyncio.wait_for``
+    before Python 3.12: see :func:`asynclock._compat.kept_cancellation`)."""
+
+    async def opened() -> _Connection:
+        return await kept_cancellation(connect(), _discard)
+
+    return opened
 
 
 def _discard(conn: _Connection) -> None:
