@@ -101,7 +101,6 @@ ROUTINES = {
         "inbox_step_v4",
         "inbox_take_v4",
         "inbox_open_v1",
-        "inbox_claim_v2",
         # the hand-out wakes a worker through its ear, not a NOTIFY (#24: a NOTIFY costs every
         # LISTENing session of the database a transaction)
         "inbox_wake_one_v2",
@@ -109,7 +108,9 @@ ROUTINES = {
         "inbox_hand_out_v2",
         "inbox_requeue_v4",
         "inbox_discard_v2",
-        "inbox_claim_v3",
+        # a claim passes over a key promised to another live worker (#24)
+        "inbox_promised_v1",
+        "inbox_claim_v4",
         "inbox_ear_v1",
         # a stopping worker hands its unclaimed hint on
         "inbox_worker_gone_v1",
@@ -131,13 +132,12 @@ ROUTINES = {
         "inbox_requeue_rows_v2",
         "inbox_requeue_v4",
         "inbox_discard_v2",
-        "inbox_claim_v2",
         # the hand-out's hint (#24): the woken worker's key in its row; its ear answers only that
         "inbox_upgrade_v2",
         "inbox_wake_one_v2",
         "inbox_hand_out_v2",
         "inbox_accept_v4",
-        "inbox_claim_v3",
+        "inbox_claim_v4",
         "inbox_worker_gone_v1",
         # the semaphore waiters' ears (push wake-ups through KILL QUERY)
         "ear_kill_v1",

@@ -188,12 +188,12 @@ CALL {prefix}inbox_accept_v4(UNHEX(%(id)s), %(name)s, UNHEX(%(space)s), %(payloa
 
 -- inbox_claim --
 -- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock,
--- neither parked nor waiting for a retry not due yet (hint's first), for ttl_ms, with its head
--- handed out when "take". Answers one row (status, name, token, entry, attempts, payload, age,
--- pending, more). The hint in worker's row (the key it was woken for) comes first after hint, and
--- is consumed. Atomic: one CALL of inbox_claim_v3 (schema.sql), one transaction that passes over
--- every row another one holds (SKIP LOCKED).
-CALL {prefix}inbox_claim_v3(UNHEX(%(space)s), %(owner)s, %(ttl_ms)s, %(take)s, UNHEX(%(hint)s),
+-- neither parked nor waiting for a retry not due yet, nor promised to another live worker (the
+-- hint in its row), for ttl_ms, with its head handed out when "take": hint's first, then the hint
+-- in worker's row (the key it was woken for, consumed). Answers one row (status, name, token,
+-- entry, attempts, payload, age, pending, more). Atomic: one CALL of inbox_claim_v4 (schema.sql),
+-- one transaction that passes over every row another one holds (SKIP LOCKED).
+CALL {prefix}inbox_claim_v4(UNHEX(%(space)s), %(owner)s, %(ttl_ms)s, %(take)s, UNHEX(%(hint)s),
                             %(worker)s)
 
 -- inbox_worker_seen --

@@ -470,130 +470,6 @@ BEGIN
 END
 $$;
 
--- inbox_claim_v2: the hand-out's take. As p_owner, take one key of the space that has pending
--- entries, whose lock is free, and that is neither parked nor waiting for a retry not due yet
--- (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the next fencing token, and
--- with p_take its head entry handed out (attempts + 1); a retry it takes no longer waits. Never
--- waits for a row: the lock row, then the inboxes row (the order of inbox_step and inbox_take),
--- each FOR UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two
--- claims never take one key; the key's state is checked again under the inboxes row lock.
--- Answers one row: status 'none' or 'taken' (the key's prefixed name, its token, and with p_take
--- the entry: id, attempts, payload, age in seconds, pending), and whether another free key with
--- work was seen ("more": the worker claims again at once).
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v2(
-    IN p_space BINARY(32), IN p_owner VARBINARY(512), IN p_ttl_ms BIGINT, IN p_take BOOLEAN,
-    IN p_hint BINARY(32)
-)
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE v_done INT DEFAULT 0;
-    DECLARE v_id BINARY(32);
-    DECLARE v_name LONGTEXT CHARACTER SET utf8mb4;
-    DECLARE v_found INT;
-    DECLARE v_free INT;
-    DECLARE v_last BIGINT;
-    DECLARE v_pending INT;
-    DECLARE v_closed INT;
-    DECLARE v_retrying INT;
-    DECLARE v_token BIGINT;
-    DECLARE v_status VARCHAR(16) DEFAULT 'none';
-    DECLARE v_taken BINARY(32);
-    DECLARE v_taken_name LONGTEXT CHARACTER SET utf8mb4;
-    DECLARE v_entry BIGINT;
-    DECLARE v_attempts INT;
-    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
-    DECLARE v_age_us BIGINT;
-    DECLARE v_more INT DEFAULT 0;
-    DECLARE candidates CURSOR FOR
-        SELECT c.id, c.name FROM (
-            SELECT i.id, i.name, 0 AS o, i.ready_at FROM {prefix}inboxes AS i
-            WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space
-            UNION ALL
-            SELECT i.id, i.name, 1 AS o, i.ready_at FROM {prefix}inboxes AS i
-            LEFT JOIN {prefix}locks AS l ON l.id = i.id
-            WHERE i.space = p_space AND i.ready_at IS NOT NULL
-              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= UTC_TIMESTAMP(3))
-              AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3)
-                   OR (l.owner IS NULL AND l.flag IS NULL))
-        ) AS c
-        ORDER BY c.o, c.ready_at
-        LIMIT 17;
-    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
-    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
-    START TRANSACTION;
-    OPEN candidates;
-    scan: LOOP
-        FETCH candidates INTO v_id, v_name;
-        IF v_done = 1 THEN
-            LEAVE scan;
-        END IF;
-        IF v_status = 'taken' THEN
-            IF v_id <> v_taken THEN  -- another free key with work: claim again
-                SET v_more = 1;
-                LEAVE scan;
-            END IF;
-            ITERATE scan;
-        END IF;
-        -- the lock row first, without waiting: a missing row is created (and so locked by us)
-        SELECT COUNT(*), COALESCE(MAX(expires_at <= UTC_TIMESTAMP(3)
-                                      OR (owner IS NULL AND flag IS NULL)), 0),
-               COALESCE(MAX(token), 0)
-        INTO v_found, v_free, v_last
-        FROM {prefix}locks WHERE id = v_id FOR UPDATE SKIP LOCKED;
-        IF v_found = 0 THEN
-            IF EXISTS (SELECT 1 FROM {prefix}locks WHERE id = v_id) THEN
-                ITERATE scan;  -- another transaction is changing it: pass it over
-            END IF;
-            INSERT IGNORE INTO {prefix}locks
-                (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
-            VALUES (v_id, v_name, NULL, NULL, 0, '1970-01-01 00:00:00', '',
-                    '1970-01-01 00:00:00');
-            IF ROW_COUNT() = 0 THEN
-                ITERATE scan;
-            END IF;
-            SET v_free = 1, v_last = 0;
-        END IF;
-        IF v_free = 0 THEN
-            ITERATE scan;  -- held, or reserved for a waiter of another state
-        END IF;
-        SELECT COUNT(*), COALESCE(MAX(pending), 0),
-               COALESCE(MAX(parked OR retry_at > UTC_TIMESTAMP(3)), 0),
-               COALESCE(MAX(retry_at IS NOT NULL), 0)
-        INTO v_found, v_pending, v_closed, v_retrying
-        FROM {prefix}inboxes WHERE id = v_id FOR UPDATE SKIP LOCKED;
-        IF v_found = 0 OR v_pending = 0 OR v_closed > 0 THEN
-            ITERATE scan;  -- being changed (an accept: it wakes a worker if need be), drained or closed
-        END IF;
-        SET v_token = GREATEST(v_last + 1,
-                               TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
-        UPDATE {prefix}locks
-        SET owner = p_owner, flag = NULL, token = v_token,
-            expires_at = UTC_TIMESTAMP(3) + INTERVAL p_ttl_ms * 1000 MICROSECOND
-        WHERE id = v_id;
-        IF v_retrying > 0 THEN  -- the retry is taken: it no longer waits
-            UPDATE {prefix}inboxes SET retry_at = NULL WHERE id = v_id;
-        END IF;
-        IF p_take THEN
-            SELECT id, attempts, payload,
-                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
-            INTO v_entry, v_attempts, v_payload, v_age_us
-            FROM {prefix}inbox_entries
-            WHERE inbox = v_id AND error IS NULL
-            ORDER BY id LIMIT 1;
-            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
-            WHERE inbox = v_id AND id = v_entry;
-            SET v_attempts = v_attempts + 1;
-        END IF;
-        SET v_status = 'taken', v_taken = v_id, v_taken_name = v_name;
-    END LOOP;
-    CLOSE candidates;
-    COMMIT;
-    SELECT v_status, v_taken_name, v_token, v_entry, v_attempts, v_payload,
-           GREATEST(v_age_us, 0) / 1000000, v_pending, v_more;
-END
-$$;
-
 -- ==== The hand-out's hint (#24): a woken worker's key, that no other worker's ear answers ========
 -- inbox_ear once answered at once whenever any free key had work: so a worker re-arming its ear
 -- claimed the key another worker had just been woken for, and one of the two claims found nothing
@@ -689,21 +565,143 @@ BEGIN
 END
 $$;
 
--- inbox_claim_v3: inbox_claim_v2 for worker p_worker, its hint taken first (p_hint, if given, comes
--- before it) and consumed; cleared only if still the one read (a newer wake-up's stays).
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v3(
+-- inbox_claim_v4: the hand-out's take, for worker p_worker. Its hint first (the key a wake-up
+-- wrote in its row), consumed, after p_hint if given. Then as p_owner, take one key of the space
+-- that has pending entries, whose lock is free, that is neither parked nor waiting for a retry
+-- not due yet, nor promised to another live worker (its hint: that worker is about to claim it,
+-- and a worker claiming again for "more" would leave its claim with nothing), the longest waiting
+-- first, for p_ttl_ms: its lock, the next fencing token, and with p_take its head entry handed
+-- out (attempts + 1); a retry it takes no longer waits. A rescan's take names its key (p_hint),
+-- so a key promised to a worker gone without saying so is still taken. Never waits for a key's
+-- row: the lock row, then the inboxes row (the order of inbox_step and inbox_take), each FOR
+-- UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two claims
+-- never take one key; the key's state is checked again under the inboxes row lock. Answers one
+-- row: status 'none' or 'taken' (the key's prefixed name, its token, and with p_take the entry:
+-- id, attempts, payload, age in seconds, pending), and whether another free key with work,
+-- promised to nobody else, was seen ("more": the worker claims again at once).
+CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_claim_v4(
     IN p_space BINARY(32), IN p_owner VARBINARY(512), IN p_ttl_ms BIGINT, IN p_take BOOLEAN,
     IN p_hint BINARY(32), IN p_worker VARBINARY(128)
 )
 SQL SECURITY INVOKER
 $$
 BEGIN
+    DECLARE v_done INT DEFAULT 0;
+    DECLARE v_id BINARY(32);
+    DECLARE v_name LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_found INT;
+    DECLARE v_free INT;
+    DECLARE v_last BIGINT;
+    DECLARE v_pending INT;
+    DECLARE v_closed INT;
+    DECLARE v_retrying INT;
+    DECLARE v_token BIGINT;
+    DECLARE v_status VARCHAR(16) DEFAULT 'none';
+    DECLARE v_taken BINARY(32);
+    DECLARE v_taken_name LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_entry BIGINT;
+    DECLARE v_attempts INT;
+    DECLARE v_payload LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE v_age_us BIGINT;
+    DECLARE v_more INT DEFAULT 0;
     DECLARE v_hint BINARY(32) DEFAULT NULL;
+    DECLARE candidates CURSOR FOR
+        SELECT c.id, c.name FROM (
+            SELECT i.id, i.name, 0 AS o, i.ready_at FROM {prefix}inboxes AS i
+            WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space
+            UNION ALL
+            SELECT i.id, i.name, 1 AS o, i.ready_at FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL
+              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= UTC_TIMESTAMP(3))
+              AND (l.id IS NULL OR l.expires_at <= UTC_TIMESTAMP(3)
+                   OR (l.owner IS NULL AND l.flag IS NULL))
+              AND NOT EXISTS (SELECT 1 FROM {prefix}inbox_workers AS w
+                              WHERE w.space = p_space AND w.hint = i.id AND w.id <> p_worker
+                                AND w.expires_at > UTC_TIMESTAMP(3))
+        ) AS c
+        ORDER BY c.o, c.ready_at
+        LIMIT 17;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- the worker's hint first, consumed (cleared only if still the one read: a newer wake-up's
+    -- stays); the cursor reads p_hint when it opens
     SELECT hint INTO v_hint FROM {prefix}inbox_workers WHERE id = p_worker AND hint IS NOT NULL;
+    SET v_done = 0;  -- a worker without a row (or a hint) is NOT FOUND: not the scan's end
     IF v_hint IS NOT NULL THEN
         UPDATE {prefix}inbox_workers SET hint = NULL WHERE id = p_worker AND hint = v_hint;
+        SET p_hint = COALESCE(p_hint, v_hint);
     END IF;
-    CALL {prefix}inbox_claim_v2(p_space, p_owner, p_ttl_ms, p_take, COALESCE(p_hint, v_hint));
+    START TRANSACTION;
+    OPEN candidates;
+    scan: LOOP
+        FETCH candidates INTO v_id, v_name;
+        IF v_done = 1 THEN
+            LEAVE scan;
+        END IF;
+        IF v_status = 'taken' THEN
+            IF v_id <> v_taken THEN  -- another free key with work: claim again
+                SET v_more = 1;
+                LEAVE scan;
+            END IF;
+            ITERATE scan;
+        END IF;
+        -- the lock row first, without waiting: a missing row is created (and so locked by us)
+        SELECT COUNT(*), COALESCE(MAX(expires_at <= UTC_TIMESTAMP(3)
+                                      OR (owner IS NULL AND flag IS NULL)), 0),
+               COALESCE(MAX(token), 0)
+        INTO v_found, v_free, v_last
+        FROM {prefix}locks WHERE id = v_id FOR UPDATE SKIP LOCKED;
+        IF v_found = 0 THEN
+            IF EXISTS (SELECT 1 FROM {prefix}locks WHERE id = v_id) THEN
+                ITERATE scan;  -- another transaction is changing it: pass it over
+            END IF;
+            INSERT IGNORE INTO {prefix}locks
+                (id, name, owner, flag, token, expires_at, abandoned, abandoned_until)
+            VALUES (v_id, v_name, NULL, NULL, 0, '1970-01-01 00:00:00', '',
+                    '1970-01-01 00:00:00');
+            IF ROW_COUNT() = 0 THEN
+                ITERATE scan;
+            END IF;
+            SET v_free = 1, v_last = 0;
+        END IF;
+        IF v_free = 0 THEN
+            ITERATE scan;  -- held, or reserved for a waiter of another state
+        END IF;
+        SELECT COUNT(*), COALESCE(MAX(pending), 0),
+               COALESCE(MAX(parked OR retry_at > UTC_TIMESTAMP(3)), 0),
+               COALESCE(MAX(retry_at IS NOT NULL), 0)
+        INTO v_found, v_pending, v_closed, v_retrying
+        FROM {prefix}inboxes WHERE id = v_id FOR UPDATE SKIP LOCKED;
+        IF v_found = 0 OR v_pending = 0 OR v_closed > 0 THEN
+            ITERATE scan;  -- being changed (an accept: it wakes a worker if need be), drained or closed
+        END IF;
+        SET v_token = GREATEST(v_last + 1,
+                               TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)));
+        UPDATE {prefix}locks
+        SET owner = p_owner, flag = NULL, token = v_token,
+            expires_at = UTC_TIMESTAMP(3) + INTERVAL p_ttl_ms * 1000 MICROSECOND
+        WHERE id = v_id;
+        IF v_retrying > 0 THEN  -- the retry is taken: it no longer waits
+            UPDATE {prefix}inboxes SET retry_at = NULL WHERE id = v_id;
+        END IF;
+        IF p_take THEN
+            SELECT id, attempts, payload,
+                   TIMESTAMPDIFF(MICROSECOND, accepted_at, UTC_TIMESTAMP(3))
+            INTO v_entry, v_attempts, v_payload, v_age_us
+            FROM {prefix}inbox_entries
+            WHERE inbox = v_id AND error IS NULL
+            ORDER BY id LIMIT 1;
+            UPDATE {prefix}inbox_entries SET attempts = attempts + 1
+            WHERE inbox = v_id AND id = v_entry;
+            SET v_attempts = v_attempts + 1;
+        END IF;
+        SET v_status = 'taken', v_taken = v_id, v_taken_name = v_name;
+    END LOOP;
+    CLOSE candidates;
+    COMMIT;
+    SELECT v_status, v_taken_name, v_token, v_entry, v_attempts, v_payload,
+           GREATEST(v_age_us, 0) / 1000000, v_pending, v_more;
 END
 $$;
 

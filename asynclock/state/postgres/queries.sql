@@ -290,14 +290,14 @@ FROM {prefix}inbox_accept_v6(%(id)s, %(name)s, %(space)s, %(payload)s, %(claim)s
 
 -- inbox_claim --
 -- The hand-out's take: as owner, take one key of the prefix with pending entries and a free lock,
--- neither parked nor waiting for a retry not due yet (hint's first), for ttl_ms, with its head
--- handed out when "take"; the hint a wake-up wrote in the worker's row comes next (consumed).
--- Answers (status, name, token, entry, attempts, payload, age, pending, more). Atomic: one call of
--- inbox_claim_v3 (schema.sql), which waits only for the worker's own row (a wake-up in flight
--- commits in microseconds) and passes over every other row another transaction holds (SKIP
--- LOCKED).
+-- neither parked nor waiting for a retry not due yet, nor promised to another live worker (the
+-- hint in its row), for ttl_ms, with its head handed out when "take": hint's first, then the hint
+-- a wake-up wrote in this worker's row (consumed). Answers (status, name, token, entry, attempts,
+-- payload, age, pending, more). Atomic: one call of inbox_claim_v4 (schema.sql), which waits only
+-- for the worker's own row (a wake-up in flight commits in microseconds) and passes over every
+-- other row another transaction holds (SKIP LOCKED).
 SELECT status, name, token, entry, attempts, payload, age, pending, more
-FROM {prefix}inbox_claim_v3(%(space)s, %(owner)s, %(ttl_ms)s, %(take)s, %(hint)s, %(worker)s)
+FROM {prefix}inbox_claim_v4(%(space)s, %(owner)s, %(ttl_ms)s, %(take)s, %(hint)s, %(worker)s)
 
 -- inbox_worker_seen --
 -- A serving worker of the prefix is alive until lease_ms from now, LISTENs on "channel" and

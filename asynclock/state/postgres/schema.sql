@@ -418,103 +418,6 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                        WHERE i.id = p_id AND (i.parked OR i.retry_at > now()))
 $$;
 
--- inbox_claim_v2: the hand-out's take. As p_owner, take one key of the space that has pending
--- entries, whose lock is free, and that is neither parked nor waiting for a retry not due yet
--- (p_hint's first, else the longest waiting), for p_ttl_ms: its lock, the next fencing token, and
--- with p_take its head entry handed out (attempts + 1); a retry it takes no longer waits. Never
--- waits for a row: the lock row, then the inboxes row (the order of inbox_step and inbox_take),
--- each FOR UPDATE SKIP LOCKED, so a key another transaction is changing is passed over, and two
--- claims never take one key; the key's state is checked again under the inboxes row lock.
--- Answers one row: status 'none' (nothing to take) or 'taken' (the key's prefixed name, its
--- token, and with p_take the entry: id, attempts, payload, age in seconds, pending), and "more":
--- whether another free key with work was seen (the worker claims again at once).
-CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v2(
-    p_space bytea, p_owner text, p_ttl_ms bigint, p_take boolean, p_hint bytea
-) RETURNS TABLE (
-    status text, name text, token bigint, entry bigint, attempts integer, payload text,
-    age float8, pending integer, more boolean
-) LANGUAGE plpgsql AS $$
-DECLARE
-    v_id bytea;
-    v_lock {prefix}locks%ROWTYPE;
-    v_name text;
-    v_pending integer;
-    v_closed boolean;
-    v_token bigint;
-    v_seen integer := 0;
-    v_head {prefix}inbox_entries%ROWTYPE;
-    v_more boolean;
-BEGIN
-    FOR v_id, v_name IN
-        (SELECT i.id, i.name FROM {prefix}inboxes AS i
-         WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space)
-        UNION ALL
-        (SELECT c.id, c.name FROM (
-            SELECT i.id, i.name FROM {prefix}inboxes AS i
-            LEFT JOIN {prefix}locks AS l ON l.id = i.id
-            WHERE i.space = p_space AND i.ready_at IS NOT NULL
-              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= now())
-              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL))
-            ORDER BY i.ready_at
-            LIMIT 16) AS c)
-    LOOP
-        v_seen := v_seen + 1;
-        SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            IF NOT (v_lock.expires_at <= now() OR (v_lock.owner IS NULL AND v_lock.flag IS NULL))
-            THEN
-                CONTINUE;  -- held, or reserved for a waiter of another state
-            END IF;
-        ELSE
-            IF EXISTS (SELECT 1 FROM {prefix}locks AS l WHERE l.id = v_id) THEN
-                CONTINUE;  -- another transaction is changing it: pass it over
-            END IF;
-            INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at)
-            VALUES (v_id, v_name, NULL, 0, '-infinity')
-            ON CONFLICT (id) DO NOTHING;
-            IF NOT FOUND THEN
-                CONTINUE;
-            END IF;
-            SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id;
-        END IF;
-        SELECT i.pending, i.parked OR coalesce(i.retry_at > now(), false)
-        INTO v_pending, v_closed FROM {prefix}inboxes AS i
-        WHERE i.id = v_id FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND OR coalesce(v_pending, 0) = 0 OR v_closed THEN
-            CONTINUE;  -- being changed (an accept: it wakes a worker if need be), drained or closed
-        END IF;
-        v_token := greatest(v_lock.token + 1, (extract(epoch FROM now()) * 1000000)::bigint);
-        UPDATE {prefix}locks AS l
-        SET owner = p_owner, flag = NULL, token = v_token,
-            expires_at = now() + p_ttl_ms * interval '1 millisecond'
-        WHERE l.id = v_id;
-        UPDATE {prefix}inboxes AS i SET woken_at = NULL, retry_at = NULL WHERE i.id = v_id;
-        v_more := v_seen > 1 OR EXISTS (
-            SELECT 1 FROM {prefix}inboxes AS i
-            LEFT JOIN {prefix}locks AS l ON l.id = i.id
-            WHERE i.space = p_space AND i.ready_at IS NOT NULL AND i.id <> v_id
-              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= now())
-              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL)));
-        IF p_take THEN
-            SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
-            WHERE e.inbox = v_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
-            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
-            WHERE e.inbox = v_id AND e.id = v_head.id;
-            RETURN QUERY SELECT 'taken'::text, v_name, v_token, v_head.id, v_head.attempts + 1,
-                                v_head.payload,
-                                greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
-                                v_pending, v_more;
-        ELSE
-            RETURN QUERY SELECT 'taken'::text, v_name, v_token, NULL::bigint, NULL::integer,
-                                NULL::text, NULL::float8, v_pending, v_more;
-        END IF;
-        RETURN;
-    END LOOP;
-    RETURN QUERY SELECT 'none'::text, NULL::text, NULL::bigint, NULL::bigint, NULL::integer,
-                        NULL::text, NULL::float8, NULL::integer, false;
-END
-$$;
-
 -- ==== The inbox hand-out's ear (#24): a wake-up that reaches one worker without a NOTIFY ========
 -- On PostgreSQL up to 18 at least, every commit that NOTIFYs signals every LISTENing session of
 -- the database, whatever its channel, and each reads the queue in a transaction of its own: a
@@ -681,17 +584,49 @@ BEGIN
 END
 $$;
 
--- inbox_claim_v3: inbox_claim_v2 for worker p_worker, first reading the hint in its row: locked
+-- inbox_promised_v1: whether key p_id is the hint of another live worker of the space than
+-- p_worker: a key an accept woke that worker for, not claimed yet. Another worker's claim passes
+-- over it, so a worker that claims again ("more") does not take the key the woken one is about to
+-- claim (its claim would find nothing: one wasted transaction per such event). The woken worker
+-- takes it with its hint; a rescan's take names it (p_hint) and so takes it even from a worker
+-- gone without saying so.
+CREATE OR REPLACE FUNCTION {prefix}inbox_promised_v1(p_id bytea, p_space bytea, p_worker text)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM {prefix}inbox_workers AS w
+                   WHERE w.space = p_space AND w.hint = p_id AND w.id <> p_worker
+                     AND w.expires_at > now())
+$$;
+
+-- inbox_claim_v4: the hand-out's take, for worker p_worker. Its hint first: the row read locked,
 -- without skip locked, so a wake-up still in flight (its accept not committed: the ear's cancel
--- came first) is waited for, and its key is claimed first (p_hint, if given, comes before it).
--- The hint is consumed; another free key with work shows as "more".
-CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v3(
+-- came first) is waited for; the hint is consumed, and its key comes first (after p_hint, if
+-- given). Then as p_owner, take one key of the space that has pending entries, whose lock is
+-- free, that is neither parked nor waiting for a retry not due yet, nor promised to another live
+-- worker (inbox_promised_v1), the longest waiting first, for p_ttl_ms: its lock, the next fencing
+-- token, and with p_take its head entry handed out (attempts + 1); a retry it takes no longer
+-- waits. Never waits for a key's row: the lock row, then the inboxes row (the order of
+-- inbox_step and inbox_take), each FOR UPDATE SKIP LOCKED, so a key another transaction is
+-- changing is passed over, and two claims never take one key; the key's state is checked again
+-- under the inboxes row lock. Answers one row: status 'none' (nothing to take) or 'taken' (the
+-- key's prefixed name, its token, and with p_take the entry: id, attempts, payload, age in
+-- seconds, pending), and "more": whether another free key with work, promised to nobody else,
+-- waits (the worker claims again at once).
+CREATE OR REPLACE FUNCTION {prefix}inbox_claim_v4(
     p_space bytea, p_owner text, p_ttl_ms bigint, p_take boolean, p_hint bytea, p_worker text
 ) RETURNS TABLE (
     status text, name text, token bigint, entry bigint, attempts integer, payload text,
     age float8, pending integer, more boolean
 ) LANGUAGE plpgsql AS $$
 DECLARE
+    v_id bytea;
+    v_lock {prefix}locks%ROWTYPE;
+    v_name text;
+    v_pending integer;
+    v_closed boolean;
+    v_token bigint;
+    v_seen integer := 0;
+    v_head {prefix}inbox_entries%ROWTYPE;
+    v_more boolean;
     v_hint bytea;
 BEGIN
     -- the tables in the order every other transaction (and the schema script: CREATE INDEX IF
@@ -701,14 +636,82 @@ BEGIN
     IF v_hint IS NOT NULL THEN
         UPDATE {prefix}inbox_workers AS w SET hint = NULL WHERE w.id = p_worker;
     END IF;
-    RETURN QUERY SELECT * FROM {prefix}inbox_claim_v2(p_space, p_owner, p_ttl_ms, p_take,
-                                                      coalesce(p_hint, v_hint));
+    p_hint := coalesce(p_hint, v_hint);
+    FOR v_id, v_name IN
+        (SELECT i.id, i.name FROM {prefix}inboxes AS i
+         WHERE p_hint IS NOT NULL AND i.id = p_hint AND i.space = p_space)
+        UNION ALL
+        (SELECT c.id, c.name FROM (
+            SELECT i.id, i.name FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL
+              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= now())
+              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL))
+              AND NOT {prefix}inbox_promised_v1(i.id, p_space, p_worker)
+            ORDER BY i.ready_at
+            LIMIT 16) AS c)
+    LOOP
+        v_seen := v_seen + 1;
+        SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            IF NOT (v_lock.expires_at <= now() OR (v_lock.owner IS NULL AND v_lock.flag IS NULL))
+            THEN
+                CONTINUE;  -- held, or reserved for a waiter of another state
+            END IF;
+        ELSE
+            IF EXISTS (SELECT 1 FROM {prefix}locks AS l WHERE l.id = v_id) THEN
+                CONTINUE;  -- another transaction is changing it: pass it over
+            END IF;
+            INSERT INTO {prefix}locks AS l (id, name, owner, token, expires_at)
+            VALUES (v_id, v_name, NULL, 0, '-infinity')
+            ON CONFLICT (id) DO NOTHING;
+            IF NOT FOUND THEN
+                CONTINUE;
+            END IF;
+            SELECT * INTO v_lock FROM {prefix}locks AS l WHERE l.id = v_id;
+        END IF;
+        SELECT i.pending, i.parked OR coalesce(i.retry_at > now(), false)
+        INTO v_pending, v_closed FROM {prefix}inboxes AS i
+        WHERE i.id = v_id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND OR coalesce(v_pending, 0) = 0 OR v_closed THEN
+            CONTINUE;  -- being changed (an accept: it wakes a worker if need be), drained or closed
+        END IF;
+        v_token := greatest(v_lock.token + 1, (extract(epoch FROM now()) * 1000000)::bigint);
+        UPDATE {prefix}locks AS l
+        SET owner = p_owner, flag = NULL, token = v_token,
+            expires_at = now() + p_ttl_ms * interval '1 millisecond'
+        WHERE l.id = v_id;
+        UPDATE {prefix}inboxes AS i SET woken_at = NULL, retry_at = NULL WHERE i.id = v_id;
+        v_more := v_seen > 1 OR EXISTS (
+            SELECT 1 FROM {prefix}inboxes AS i
+            LEFT JOIN {prefix}locks AS l ON l.id = i.id
+            WHERE i.space = p_space AND i.ready_at IS NOT NULL AND i.id <> v_id
+              AND NOT i.parked AND (i.retry_at IS NULL OR i.retry_at <= now())
+              AND (l.id IS NULL OR l.expires_at <= now() OR (l.owner IS NULL AND l.flag IS NULL))
+              AND NOT {prefix}inbox_promised_v1(i.id, p_space, p_worker));
+        IF p_take THEN
+            SELECT * INTO STRICT v_head FROM {prefix}inbox_entries AS e
+            WHERE e.inbox = v_id AND e.error IS NULL ORDER BY e.id LIMIT 1;
+            UPDATE {prefix}inbox_entries AS e SET attempts = e.attempts + 1
+            WHERE e.inbox = v_id AND e.id = v_head.id;
+            RETURN QUERY SELECT 'taken'::text, v_name, v_token, v_head.id, v_head.attempts + 1,
+                                v_head.payload,
+                                greatest(extract(epoch FROM now() - v_head.accepted_at), 0)::float8,
+                                v_pending, v_more;
+        ELSE
+            RETURN QUERY SELECT 'taken'::text, v_name, v_token, NULL::bigint, NULL::integer,
+                                NULL::text, NULL::float8, v_pending, v_more;
+        END IF;
+        RETURN;
+    END LOOP;
+    RETURN QUERY SELECT 'none'::text, NULL::text, NULL::bigint, NULL::bigint, NULL::integer,
+                        NULL::text, NULL::float8, NULL::integer, false;
 END
 $$;
 
 -- inbox_ear_v1: the ear's wait. Fails at once with SQLSTATE ALE02 if the worker's row holds a
 -- hint (an error, not an answer: the statement's transaction commits nothing, like a cancelled
--- one), read with the row locked (a wake-up in flight is waited for, as in inbox_claim_v3) in a
+-- one), read with the row locked (a wake-up in flight is waited for, as in inbox_claim_v4) in a
 -- subtransaction rolled back at once, so no waker waits for the sleep; else sleeps p_wait seconds
 -- (false), unless a wake-up cancels the sleep first (the statement then fails with
 -- query_canceled).
