@@ -12,6 +12,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from asynclock._compat import cancelling
+
 if TYPE_CHECKING:
     from collections.abc import Coroutine
 
@@ -63,14 +65,7 @@ def body_entered(task: asyncio.Task[object] | None = None) -> tuple[asyncio.Task
         task = asyncio.current_task()
     if task is None:
         raise RuntimeError("a cancellable body must run in an asyncio task")
-    if _cancelling is not None and isinstance(task, asyncio.Task):
-        return task, _cancelling(task)
-    cancelling = getattr(task, "cancelling", None)  # another loop's task class, or Python 3.10
-    return task, cancelling() if cancelling is not None else 0
-
-
-#: ``Task.cancelling`` (Python 3.11+), looked up once rather than per body
-_cancelling = getattr(asyncio.Task, "cancelling", None)
+    return task, cancelling(task)
 
 
 class BodyCanceller:
@@ -89,10 +84,10 @@ class BodyCanceller:
     __slots__ = ("_cancelling", "_requested", "_task")
 
     def __init__(self, entered: tuple[asyncio.Task[object], int] | None = None) -> None:
-        task, cancelling = entered if entered is not None else body_entered()
+        task, pending = entered if entered is not None else body_entered()
         self._task: asyncio.Task[object] | None = task
         #: cancellations pending on entry, which are not ours to take back
-        self._cancelling: int = cancelling
+        self._cancelling: int = pending
         self._requested = False
 
     def cancel(self) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["deadline_after", "deadline_at", "kept_cancellation", "wait_set"]
+__all__ = ["cancelling", "deadline_after", "deadline_at", "kept_cancellation", "wait_set"]
 
 
 async def wait_set(event: asyncio.Event, timeout: float) -> bool:
@@ -48,14 +48,24 @@ async def kept_cancellation(opening: Awaitable[T], close: Callable[[T], object])
     only be lost ones: one delivered would have raised. (Python 3.10 cannot tell.)
     """
     task = asyncio.current_task()
-    before = _cancelling(task)
+    before = cancelling(task)
     result = await opening
-    if _cancelling(task) > before:
+    if cancelling(task) > before:
         close(result)
         raise asyncio.CancelledError
     return result
 
 
-def _cancelling(task: asyncio.Task[object] | None) -> int:
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling() if cancelling is not None else 0
+def cancelling(task: asyncio.Task[object] | None) -> int:
+    """The cancellations requested of ``task`` and not taken back (``Task.cancelling``); 0 where
+    that cannot be told (Python 3.10, another loop's task class, no task)."""
+    if _task_cancelling is not None and isinstance(task, asyncio.Task):
+        pending: int = _task_cancelling(task)
+        return pending
+    other = getattr(task, "cancelling", None)
+    return other() if other is not None else 0
+
+
+#: ``Task.cancelling`` (Python 3.11+), looked up once rather than per call: an auto-renewed lock
+#: body and every state operation ask
+_task_cancelling = getattr(asyncio.Task, "cancelling", None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from asynclock._compat import cancelling
 from asynclock.state._errors import unavailable_error
 
 if TYPE_CHECKING:
@@ -45,8 +46,7 @@ class Deadline:
         self.expired = False
         # cancellations already pending when the operation started (Python 3.11+), which are
         # not ours to take back
-        cancelling = getattr(task, "cancelling", None)
-        self.cancelling: int = cancelling() if cancelling is not None else 0
+        self.cancelling: int = cancelling(task)
 
     def timed_out(self) -> bool:
         """After a ``CancelledError``: whether it came from this deadline alone.
