@@ -151,24 +151,32 @@ CREATE TABLE IF NOT EXISTS {prefix}inbox_workers (
 -- behind it. Both are columns of the key's inboxes row, so they survive every crash and change
 -- under its row lock like the counters.
 --
--- inbox_upgrade: adds them to an inboxes table made before they existed (MySQL 8 has no ADD
--- COLUMN IF NOT EXISTS): looked up first, as ALTER TABLE copies or locks the table even when they
+-- column_upgrade: "ALTER TABLE p_table p_add" for a table made before its newer columns existed,
+-- unless p_table already has the column p_column (the first p_add adds; MySQL 8 has no ADD COLUMN
+-- IF NOT EXISTS): looked up first, as ALTER TABLE copies or locks the table even when the columns
 -- exist; a process that added them meanwhile (error 1060, duplicate column) leaves nothing to do.
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_upgrade_v1()
+-- Every guarded upgrade of this file is one CALL of it.
+CREATE PROCEDURE IF NOT EXISTS {prefix}column_upgrade_v1(
+    IN p_table VARCHAR(64), IN p_column VARCHAR(64), IN p_add TEXT
+)
 SQL SECURITY INVOKER
 $$
 BEGIN
     DECLARE CONTINUE HANDLER FOR 1060 BEGIN END;
     IF NOT EXISTS (SELECT 1 FROM information_schema.COLUMNS
-                   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{prefix}inboxes'
-                     AND COLUMN_NAME = 'retry_at') THEN
-        ALTER TABLE {prefix}inboxes ADD COLUMN retry_at DATETIME(3) NULL,
-                                    ADD COLUMN parked BOOLEAN NOT NULL DEFAULT FALSE;
+                   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = p_table
+                     AND COLUMN_NAME = p_column) THEN
+        SET @asynclock_upgrade = CONCAT('ALTER TABLE ', p_table, ' ', p_add);
+        PREPARE asynclock_upgrade FROM @asynclock_upgrade;
+        EXECUTE asynclock_upgrade;
+        DEALLOCATE PREPARE asynclock_upgrade;
     END IF;
 END
 $$;
 
-CALL {prefix}inbox_upgrade_v1();
+-- the two columns, to an inboxes table made before they existed
+CALL {prefix}column_upgrade_v1('{prefix}inboxes', 'retry_at',
+    'ADD COLUMN retry_at DATETIME(3) NULL, ADD COLUMN parked BOOLEAN NOT NULL DEFAULT FALSE');
 
 -- inbox_lock_rows_v2: the start of inbox_step and inbox_take, inside their transaction. Locks the
 -- key's lock row if p_owner holds the lock, then (only then) its inboxes row: always in that
@@ -479,22 +487,8 @@ $$;
 -- worker's claim takes its hint first. Keys nobody was told about (a kill refused, a worker gone
 -- with its hint) are found by each worker's rescan and by the claim every ear timeout makes.
 --
--- inbox_upgrade_v2: adds the hint column to an inbox_workers table made before it existed (as
--- inbox_upgrade_v1 does for the inboxes table).
-CREATE PROCEDURE IF NOT EXISTS {prefix}inbox_upgrade_v2()
-SQL SECURITY INVOKER
-$$
-BEGIN
-    DECLARE CONTINUE HANDLER FOR 1060 BEGIN END;
-    IF NOT EXISTS (SELECT 1 FROM information_schema.COLUMNS
-                   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{prefix}inbox_workers'
-                     AND COLUMN_NAME = 'hint') THEN
-        ALTER TABLE {prefix}inbox_workers ADD COLUMN hint BINARY(32) NULL;
-    END IF;
-END
-$$;
-
-CALL {prefix}inbox_upgrade_v2();
+-- the hint column, to an inbox_workers table made before it existed
+CALL {prefix}column_upgrade_v1('{prefix}inbox_workers', 'hint', 'ADD COLUMN hint BINARY(32) NULL');
 
 -- inbox_wake_one_v2: the hand-out's wake-up, after an accept, a requeue or a discard committed:
 -- unless the key's lock is held (its holder's next step takes the entry), pick one live worker of
