@@ -3,6 +3,8 @@
 A cancelled acquire or release may leave a lock granted on the server with nobody to release it.
 These helpers run the undoing step to its end (or in the background when nobody waits for it),
 and log rather than raise its failure, since the caller is already propagating an exception.
+Beside them, the one reading of a task's pending cancellations (:func:`cancelling`) and a
+driver call that must not lose one (:func:`kept_cancellation`).
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
-
-from asynclock._compat import cancelling
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Awaitable, Callable, Coroutine
+
+T = TypeVar("T")
 
 logger = logging.getLogger("asynclock")
 
@@ -105,3 +107,37 @@ class BodyCanceller:
         # without uncancel (Python 3.10) a cancellation from elsewhere cannot be told apart
         ours = uncancel() <= self._cancelling if uncancel is not None else True
         return ours and exc_type is asyncio.CancelledError
+
+
+async def kept_cancellation(opening: Awaitable[T], close: Callable[[T], object]) -> T:
+    """``opening``'s result, or the cancellation it lost on the way.
+
+    A driver that waits with ``asyncio.wait_for`` (aiomysql's connect) returns its result when a
+    cancellation arrives just as the result is made, before Python 3.12: the cancelled task then
+    runs on with the cancellation requested and never raised (a stopped worker went on to claim
+    and wait for work, and ``serve()`` outlived ``aclose()``). Such a result is closed here and
+    the cancellation raised again. After a return, more cancellations requested than before can
+    only be lost ones: one delivered would have raised. (Python 3.10 cannot tell.)
+    """
+    task = asyncio.current_task()
+    before = cancelling(task)
+    result = await opening
+    if cancelling(task) > before:
+        close(result)
+        raise asyncio.CancelledError
+    return result
+
+
+def cancelling(task: asyncio.Task[object] | None) -> int:
+    """The cancellations requested of ``task`` and not taken back (``Task.cancelling``); 0 where
+    that cannot be told (Python 3.10, another loop's task class, no task)."""
+    if _task_cancelling is not None and isinstance(task, asyncio.Task):
+        pending: int = _task_cancelling(task)
+        return pending
+    other = getattr(task, "cancelling", None)
+    return other() if other is not None else 0
+
+
+#: ``Task.cancelling`` (Python 3.11+), looked up once rather than per call: an auto-renewed lock
+#: body and every state operation ask
+_task_cancelling = getattr(asyncio.Task, "cancelling", None)

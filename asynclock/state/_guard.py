@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from asynclock._compat import cancelling
+from asynclock._cancel import cancelling
 from asynclock.state._errors import unavailable_error
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from asynclock._compat import kept_cancellation, wait_set
+from asynclock._cancel import kept_cancellation
+from asynclock._compat import wait_set
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -38,7 +38,8 @@ import aiomysql  # type: ignore[import-untyped]
 from pymysql import err as mysql_errors  # type: ignore[import-untyped]
 from pymysql.constants import CLIENT  # type: ignore[import-untyped]
 
-from asynclock._compat import deadline_after, kept_cancellation
+from asynclock._cancel import kept_cancellation
+from asynclock._compat import deadline_after
 from asynclock._errors import StateUnavailableError
 from asynclock._validate import check_seconds
 from asynclock.state._pool import ConnectionPool
