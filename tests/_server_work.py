@@ -78,12 +78,15 @@ class RedisMonitor:
         self.url = url
         self.prefix = prefix
         self.record = Record()
-        self._names: dict[str, str] = {}  # "host:port" of a connection -> its name
+        #: (master's index, "host:port" of a connection) -> its name: a client's local address
+        #: names one connection per master only (the kernel reuses a local port for another
+        #: destination), so one master's CLIENT LIST must not name another master's lines
+        self._names: dict[tuple[int, str], str] = {}
         self._readers: list[asyncio.Task[None]] = []
         self._streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._masters: list[tuple[str, int]] = []
         self._marks: dict[bytes, asyncio.Event] = {}
-        self._pending: list[tuple[float, str, str]] = []
+        self._pending: list[tuple[float, int, str, str]] = []
         #: lines of connections gone before they could be named (a test may assert none)
         self.unknown = 0
 
@@ -98,7 +101,7 @@ class RedisMonitor:
                 self._masters = [(kwargs.get("host", "127.0.0.1"), int(kwargs.get("port", 6379)))]
         finally:
             await client.aclose()
-        for host, port in self._masters:
+        for index, (host, port) in enumerate(self._masters):
             # a line per command of every client of the server: another test's large value or
             # script makes a line longer than the reader's default limit (64 KiB), which would
             # end the reading task and leave every sync waiting for its mark
@@ -107,7 +110,7 @@ class RedisMonitor:
             await writer.drain()
             assert await reader.readline() == b"+OK\r\n"
             self._streams.append((reader, writer))
-            self._readers.append(asyncio.create_task(self._read(reader)))
+            self._readers.append(asyncio.create_task(self._read(index, reader)))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -119,7 +122,7 @@ class RedisMonitor:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    async def _read(self, master: int, reader: asyncio.StreamReader) -> None:
         while line := await reader.readline():
             match = _MONITOR_LINE.match(line)
             if match is None:
@@ -132,12 +135,12 @@ class RedisMonitor:
                     if mark in line:
                         seen.set()
                 continue
-            self._pending.append((float(stamp), source.decode(), command.decode().upper()))
+            self._pending.append((float(stamp), master, source.decode(), command.decode().upper()))
 
     def _attribute(self) -> None:
         """Move the pending lines whose connection is ours into the record (the others go)."""
-        for stamp, addr, command in self._pending:
-            name = self._names.get(addr)
+        for stamp, master, addr, command in self._pending:
+            name = self._names.get((master, addr))
             if name is None:
                 self.unknown += 1  # closed before CLIENT LIST saw it: whose is not known
             elif name.startswith(self.prefix):
@@ -146,7 +149,7 @@ class RedisMonitor:
 
     async def names(self) -> None:
         """Read every master's ``CLIENT LIST``: which connection is whose."""
-        for host, port in self._masters:
+        for master, (host, port) in enumerate(self._masters):
             reader, writer = await asyncio.open_connection(host, port)
             try:
                 writer.write(b"CLIENT LIST\r\n")
@@ -159,7 +162,7 @@ class RedisMonitor:
                     await writer.wait_closed()
             for entry in body.decode().splitlines():
                 fields = dict(part.split("=", 1) for part in entry.split(" ") if "=" in part)
-                self._names[fields.get("addr", "")] = fields.get("name", "")
+                self._names[master, fields.get("addr", "")] = fields.get("name", "")
         self._attribute()
 
     async def sync(self, within: float = 120.0) -> None:
