@@ -12,7 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from asynclock._dispatch.freeing import FreeingEstimate
-from asynclock.state._protocol import ClaimingState
+from asynclock.state._protocol import ClaimingState, DedupeReading
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -40,6 +40,7 @@ class DispatchContext:
         "lock_ttl",
         "policy",
         "queue_timeout",
+        "reading",
         "state",
         "supersede_grace",
         "tasks",
@@ -72,6 +73,8 @@ class DispatchContext:
         self.freeing = FreeingEstimate()
         #: the state as a ClaimingState, if it is one
         self.claiming = state if isinstance(state, ClaimingState) else None
+        #: the state as a DedupeReading, if it is one
+        self.reading = state if isinstance(state, DedupeReading) else None
         #: submitted dispatches and backlog drainers still running (``in_flight``)
         self.tasks: set[asyncio.Task[object]] = set()
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from asynclock._dedupe.claim import EventClaim
 from asynclock._events.event import Event, Outcome
 from asynclock._retry.slots import RetrySlots
-from asynclock.state._protocol import DedupeReading
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -83,13 +82,14 @@ class DeliveryAnswers:
         context = self.context
         if outcome is _DROPPED:
             return Delivery(outcome, retry_after=await self.promise_retry(self.key_of(event)))
-        if outcome is not _DUPLICATE or not isinstance(context.state, DedupeReading):
+        reading = context.reading
+        if outcome is not _DUPLICATE or reading is None:
             return Delivery(outcome)
         lock_key = self.key_of(event)
         claim = EventClaim.of(event, lock_key)
         if claim is None:  # not deduped: a DUPLICATE cannot come from a record
             return Delivery(outcome)
-        remaining = await context.state.dedupe_remaining(claim.key)
+        remaining = await reading.dedupe_remaining(claim.key)
         if remaining is None:  # forgotten (not handled) or lapsed since: redeliver when it frees
             retry_after = await self.promise_retry(lock_key)
             return Delivery(outcome, in_progress=True, retry_after=retry_after)

@@ -97,14 +97,22 @@ class GeneralRoute:
                 claim.not_ours()
                 return _DUPLICATE
             if claim is not None:
-                # an event behind another of this process never reached the server: its claim
-                # is recorded on its own
-                if not claim.recorded and not await context.claim_alone(claim):
+                if claim.recorded:
+                    claim.keep(context.state, context.lock_ttl)  # waits or runs under a policy
+                elif not acquired and context.policy == "drop" and context.reading is not None:
+                    # an event behind another of this process, dropped whatever its record says:
+                    # the record is read, not written. A claim recorded only to be forgotten
+                    # would refuse, for that moment, another process's delivery of the event,
+                    # the one about to take the free lock: with each delivery refused there or
+                    # dropped here, nobody would handle the key until the platform redelivers
+                    if await context.reading.dedupe_remaining(claim.key) is not None:
+                        await lock.leave_place()
+                        return _DUPLICATE
+                elif not await context.claim_alone(claim):
+                    # an event behind another of this process never reached the server: its
+                    # claim is recorded on its own (and kept from here)
                     await lock.leave_place()
                     return _DUPLICATE
-                claim.keep(
-                    context.state, context.lock_ttl
-                )  # waits or runs under a policy from here
             if acquired:
                 await self.under_lock(lock, handlers, event, claim)
                 return _HANDLED

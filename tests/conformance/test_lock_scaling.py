@@ -31,6 +31,9 @@ PAIRS = 30
 BATCHES = 12
 #: the lowest batch of each side: a neighbour's burst falls into some batches of both sides
 BOUND = 1.5
+#: rounds of BATCHES at most: a busy stretch of a shared machine (another xdist worker's
+#: 16-process test) can span one whole round on one side; a cost per held lock is in every round
+ROUNDS = 3
 
 
 async def test_a_pair_costs_the_same_with_10000_locks_held_by_the_task(
@@ -39,15 +42,18 @@ async def test_a_pair_costs_the_same_with_10000_locks_held_by_the_task(
     held = [AsyncLock(server_state, f"{key}:held-{n}", ttl=120.0) for n in range(HELD)]
     for lock in held:
         await lock.acquire()
-    holder = fresh = float("inf")
     gc.disable()  # a full collection with 10,000 locks alive is not what is measured
     try:
-        for _ in range(BATCHES):
-            holder = min(holder, await pair_seconds(server_state, f"{key}:", PAIRS))
-            # another task of this process, holding nothing
-            fresh = min(
-                fresh, await asyncio.create_task(pair_seconds(server_state, f"{key}:", PAIRS))
-            )
+        for _ in range(ROUNDS):
+            holder = fresh = float("inf")
+            for _ in range(BATCHES):
+                holder = min(holder, await pair_seconds(server_state, f"{key}:", PAIRS))
+                # another task of this process, holding nothing
+                fresh = min(
+                    fresh, await asyncio.create_task(pair_seconds(server_state, f"{key}:", PAIRS))
+                )
+            if holder <= BOUND * fresh:
+                break
     finally:
         gc.enable()
         for lock in held:
