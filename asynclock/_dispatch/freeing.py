@@ -132,10 +132,6 @@ class FreeingEstimate:
         return max(0.0, min(slot - now + jitter, cap))
 
 
-def _blend(average: float, sample: float) -> float:
-    return average + ALPHA * (sample - average)
-
-
 def _trim(table: OrderedDict[str, float]) -> None:
     while len(table) > MAX_KEYS:
         table.popitem(last=False)
