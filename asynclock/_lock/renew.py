@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Protocol
 
 from asynclock import metrics as _metrics
@@ -132,9 +131,3 @@ class Renewer:
             next_at = sent + interval
             if active.sink is not None:
                 _metrics.report("lock_renewed", self._key)
-
-    async def wait_stopped(self) -> None:
-        """Wait until the task has ended (tests use it)."""
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task

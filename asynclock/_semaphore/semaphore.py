@@ -99,7 +99,6 @@ class Semaphore:
         "_busy",
         "_ended",
         "_granted",
-        "_held_since",
         "_key",
         "_last_token",
         "_limit",
@@ -153,7 +152,6 @@ class Semaphore:
         self._ended = self._task_ended  # one bound method: added and removed as a done callback
         self._busy = self._granted = self._lost = False
         self._retry_after: float | None = None
-        self._held_since = 0.0
         self._renewer: Renewer | None = None
         self._body: BodyCanceller | None = None
 
@@ -296,7 +294,6 @@ class Semaphore:
         ticket.expires = sent + self._ttl  # the server started the TTL after we sent
         self._ticket = ticket
         self._token = token
-        self._held_since = asyncio.get_running_loop().time()
         self._task = task
         if task is not None:
             task.add_done_callback(self._ended)

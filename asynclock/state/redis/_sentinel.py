@@ -98,7 +98,6 @@ class SentinelMaster:
         self._size = size
         self._op_timeout = op_timeout
         self.address: Address | None = None
-        self.switches = 0  # times the master changed after the first lookup
         self._stale = True
         self._pool = LeanPool(self.new_connection, size)
         self._lookup: asyncio.Task[None] | None = None
@@ -152,7 +151,6 @@ class SentinelMaster:
         if address != self.address:
             old, self.address = self.address, address
             if old is not None:
-                self.switches += 1
                 logger.warning(
                     "asynclock: Redis Sentinel service %r: master moved from %s:%d to %s:%d",
                     self.service,
