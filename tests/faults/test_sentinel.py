@@ -189,7 +189,10 @@ async def test_failover_mid_load(
 ) -> None:
     """The master dies (SIGKILL) or is demoted (``SENTINEL FAILOVER``) under load."""
     a, b = open_state(), open_state()
-    holder = AsyncLock(a, "held", ttl=3.0)
+    # the waiter's fallback attempt comes when the holder's TTL runs out: 6 s leaves the
+    # failover (0.5 s to notice the master down, then the election) time to finish first on a
+    # loaded machine; an attempt inside the window raises StateUnavailableError, as it must
+    holder = AsyncLock(a, "held", ttl=6.0)
     assert await bounded(holder.acquire(), "the holder", 5.0)
     waiting = asyncio.create_task(serve(AsyncLock(b, "held", ttl=3.0, timeout=30.0)))
     load = Load(a)
