@@ -558,6 +558,31 @@ class TestFolding:
         assert bot.stats[Outcome.SKIPPED] == 4
         assert bot.stats[Outcome.HANDLED] == 1
 
+    async def test_a_webhook_of_another_policy_counts_no_delivery(self, state: State) -> None:
+        # The webhook's dispatcher queues, the worker's folds: on Redis the accept hands the key
+        # out with its head, counted as delivered, and the worker takes its batch itself. Each
+        # batch's call is still attempt 1: a grant that waited past its reservation (the worker
+        # started late), and a fresh one (the worker serving).
+        folds = Folds()
+        worker = EventDispatcher(state, on_lock_conflict="latest", lock_ttl=1.0)
+        worker.add_handler("*", folds)
+        webhook = EventDispatcher(state, on_lock_conflict="queue", lock_ttl=1.0)
+        for n in range(3):
+            assert await webhook.accept(ev(n)) is Outcome.ACCEPTED
+        deadline = time.monotonic() + SOON
+        while await state.inspect("slack:C1:T1") is not None:  # the reservation lapses
+            assert time.monotonic() < deadline, "the hand-out's reservation never lapsed"
+            await asyncio.sleep(0.02)
+        task = await serving(worker)
+        await until(lambda: len(folds.calls) == 1, "the first batch")
+        await quiet_key(state, "slack:C1:T1")
+        assert await webhook.accept(ev(3)) is Outcome.ACCEPTED
+        await until(lambda: len(folds.calls) == 2, "the second batch")
+        await quiet_key(state, "slack:C1:T1")
+        await stop(worker, task)
+        await webhook.aclose()
+        assert folds.calls == [("message", "m2", ["m0", "m1"], 1), ("message", "m3", [], 1)]
+
     async def test_folded_per_thread_and_route_as_dispatch_does(self, state: State) -> None:
         messages, reactions = Folds(), Folds()
         bot = EventDispatcher(state, on_lock_conflict="latest", lock_scope="channel", lock_ttl=5.0)

@@ -185,12 +185,16 @@ class LaneWorker:
         has most of its TTL left, else after ``inbox_adopt.lua`` (``None``: nothing to drain).
         A grant without the head although this worker hands it out (``with_entry``; a
         requeue's or discard's, which knows no deployment's choice) gets it there too: one
-        round trip, for an operator's command only."""
+        round trip, for an operator's command only. A grant with the head although this worker
+        takes its batches itself (an accept of a dispatcher with another policy) gives the
+        head's count back there, or the worker's take would count that delivery twice: one
+        round trip, for such a deployment only."""
         key, owner, token, pushed_ms, reserved_ms, *head = json.loads(item)
         loop = asyncio.get_running_loop()
         handed = self._entry(head)
         bare = self._with_entry and handed is None
-        if self._offset is not None and not bare:
+        unwanted = not self._with_entry and handed is not None
+        if self._offset is not None and not bare and not unwanted:
             age = max(loop.time() * 1000.0 + self._offset - pushed_ms, 0.0)
             left = (reserved_ms - age) / 1000.0
             if left >= max(self._lock_ttl / 3, min(1.0, self._lock_ttl / 2)):
@@ -205,7 +209,7 @@ class LaneWorker:
             return None  # another worker holds the key, or it was drained meanwhile
         left = self._lock_ttl - (loop.time() - sent)
         if text(reply) == "held":
-            return InboxGrant(key, owner, int(token), left, handed)
+            return InboxGrant(key, owner, int(token), left, None if unwanted else handed)
         key, owner, token, _, _, *head = json.loads(text(reply))
         return InboxGrant(key, owner, int(token), left, self._entry(head))
 

@@ -13,13 +13,29 @@
 -- handed out does not count it again if its count is still the one the old grant gave it: nobody
 -- delivered it since (a worker that did would have counted one more, or removed it).
 -- With ARGV[7] '1' a reservation that holds is answered with a grant of it that hands the head
--- out (counted), as an accept's hand-out would have. A key with a hold (parked, or a retry not due
--- yet) is not taken (false); one whose retry is due is, which ends the wait.
+-- out (counted), as an accept's hand-out would have. With ARGV[3] '0' (a worker that takes its
+-- batches itself) the head an accept's hand-out counted is given back if nobody delivered it (still
+-- the head, with the count the grant gave it): an accept of a dispatcher with another policy than
+-- the worker's hands heads out, and the worker's own take would count the head a second time. A
+-- key with a hold (parked, or a retry not due yet) is not taken (false); one whose retry is due
+-- is, which ends the wait.
+local function still_handed(entries, attempts, id, count)
+  if id == '' then
+    return false
+  end
+  local head = redis.call('LINDEX', entries, 0)
+  return head ~= false and string.sub(head, 1, string.find(head, ' ', 1, true) - 1) == id
+    and redis.call('GET', attempts) == count
+end
+
 local value = redis.call('GET', KEYS[1])
 if value then
   local token, holder = parse(value)
   if holder == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+    if ARGV[3] == '0' and still_handed(KEYS[2], KEYS[3], ARGV[5], ARGV[6]) then
+      redis.call('DECR', KEYS[3])
+    end
     if ARGV[7] == '1' and redis.call('LLEN', KEYS[2]) > 0 then
       return grant(KEYS[2], KEYS[3], ARGV[4], ARGV[1], token, redis.call('TIME'),
         tonumber(ARGV[2]), '1', false)
@@ -39,10 +55,9 @@ if waits(KEYS[4], tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
 end
 redis.call('DEL', KEYS[4])
 redis.call('SET', KEYS[1], fmt(token) .. ' ' .. ARGV[1], 'PX', tonumber(ARGV[2]))
-local counted = false
-if ARGV[5] ~= '' then
-  local head = redis.call('LINDEX', KEYS[2], 0)
-  counted = string.sub(head, 1, string.find(head, ' ', 1, true) - 1) == ARGV[5]
-    and redis.call('GET', KEYS[3]) == ARGV[6]
+local counted = still_handed(KEYS[2], KEYS[3], ARGV[5], ARGV[6])
+if counted and ARGV[3] == '0' then
+  redis.call('DECR', KEYS[3])
+  counted = false
 end
 return grant(KEYS[2], KEYS[3], ARGV[4], ARGV[1], token, now, tonumber(ARGV[2]), ARGV[3], counted)
