@@ -24,8 +24,7 @@ local function still_handed(entries, attempts, id, count)
     return false
   end
   local head = redis.call('LINDEX', entries, 0)
-  return head ~= false and string.sub(head, 1, string.find(head, ' ', 1, true) - 1) == id
-    and redis.call('GET', attempts) == count
+  return head ~= false and id_of(head) == id and redis.call('GET', attempts) == count
 end
 
 local value = redis.call('GET', KEYS[1])
@@ -57,7 +56,6 @@ redis.call('DEL', KEYS[4])
 redis.call('SET', KEYS[1], fmt(token) .. ' ' .. ARGV[1], 'PX', tonumber(ARGV[2]))
 local counted = still_handed(KEYS[2], KEYS[3], ARGV[5], ARGV[6])
 if counted and ARGV[3] == '0' then
-  redis.call('DECR', KEYS[3])
-  counted = false
+  redis.call('DECR', KEYS[3])  -- given back; a grant without the head counts nothing
 end
 return grant(KEYS[2], KEYS[3], ARGV[4], ARGV[1], token, now, tonumber(ARGV[2]), ARGV[3], counted)
