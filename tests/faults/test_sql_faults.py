@@ -54,6 +54,7 @@ from asynclock import (
     Semaphore,
     StateUnavailableError,
 )
+from asynclock._semaphore import contend as contend_module
 from asynclock.state import SemaphoreState
 from asynclock.state.mysql import _wake as wake_module
 from asynclock.state.mysql._wake import wake_name
@@ -677,8 +678,11 @@ class TestSemaphoreEarKill:
     #: served within this of the release while the ear is down (polling: 100 ms at most
     #: between looks, plus a loaded machine's margin); a waiter left waiting would take 1.7 s
     PROMPT = 0.6
-    #: a pushed handoff
-    PUSHED = 0.05
+    #: a pushed handoff, on a loaded machine: once the ear is back, polling and the place's
+    #: refresh are slowed to 30 s, so nothing but the push serves the waiter this soon (a
+    #: missed push leaves it waiting for the holder's 10 s TTL, past ``semaphore_handoff``'s
+    #: bound)
+    PUSHED = 1.0
 
     async def test_a_killed_ear_falls_back_to_polling_and_pushes_again(
         self, mysql_sql: SQLTarget, monkeypatch: pytest.MonkeyPatch
@@ -710,9 +714,10 @@ class TestSemaphoreEarKill:
             return bool(await sql.running("asynclock-semaphore-ear"))
 
         back = await until(ear_back, "b's ear to be reopened", within=5.0)
-        # polling slowed down to seconds: only the push meets the bound now
+        # polling and the place's refresh slowed down to 30 s: only the push meets the bound now
         monkeypatch.setattr(wake_module, "FIRST_POLL", 30.0)
         monkeypatch.setattr(wake_module, "MAX_POLL", 30.0)
+        monkeypatch.setattr(contend_module, "PLACE_REFRESH", 30.0)
         pushed = await semaphore_handoff(a, b, "k")
         assert pushed < self.PUSHED, f"served {pushed:.3f} s after the release"
         report("semaphore-ear-kill", served_after=delay, ear_back_after=back, pushed=pushed)
