@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from asynclock import Event, EventDispatcher, HandlerContext, state_from_url
+from asynclock.state import SupersedeSignals
 from tests.support.processes import report_back
 
 if TYPE_CHECKING:
@@ -48,7 +49,17 @@ async def _run(
 ) -> dict[str, Any]:
     state = state_from_url(url, **options)
     bot = EventDispatcher(state, on_lock_conflict="supersede", supersede_grace=grace)
-    report: dict[str, Any] = {"pid": os.getpid(), "role": role}
+    report: dict[str, Any] = {"pid": os.getpid(), "role": role, "signals": []}
+    if isinstance(state, SupersedeSignals):
+        # when each signal left this process: a late flag then tells a late first signal from
+        # a lost one (a signal is sent again after every slice of the wait)
+        signal = state.supersede
+
+        async def timed_signal(key: str, token: int) -> None:
+            report["signals"].append(time.time())
+            await signal(key, token)
+
+        state.supersede = timed_signal  # type: ignore[method-assign]
 
     @bot.on("message")
     async def stream(event: Event, ctx: HandlerContext) -> None:

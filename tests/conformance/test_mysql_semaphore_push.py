@@ -2,7 +2,7 @@
 
 Two MySQLStates share nothing in the process (no local wake-up between them), exactly like two
 processes: the waiter hears the release only through the server, through its state's ear (a
-connection parked in a marked ``SLEEP`` that the release's procedure interrupts with ``KILL
+connection parked in a marked ``GET_LOCK`` that the release's procedure interrupts with ``KILL
 QUERY``; ``asynclock/state/mysql/_semaphore_ear.py``). The polling back-off is set to seconds
 here, so a waiter that polled would be seen a second or more late: the bounds below are met by
 the push alone. The waiting state's statements are counted exactly, through a counting proxy
@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from asynclock import MySQLState, Semaphore
+from asynclock._semaphore import contend
 from asynclock._semaphore.contend import PLACE_REFRESH
 from asynclock.state.mysql import _wake
+from asynclock.state.mysql._ear import Anchor
 from asynclock.state.mysql._semaphore_ear import SemaphoreEar
 from tests._matrix import MYSQL, purge_namespace, require
 from tests._server_work import CountingProxy, Record, proxied_url
@@ -164,14 +166,19 @@ async def test_a_collect_interrupted_by_a_second_kill_wakes_every_waiter(two: Tw
     """
     connect = two.holder._connect_dedicated
     heard: list[str] = []
+    anchor = Anchor(connect, op_timeout=10.0)
     ear = SemaphoreEar(
         connect,
         (
-            "SELECT 'asynclock-semaphore-ear', IF(0, 1, SLEEP(%(wait)s))",
+            (
+                "SELECT 'asynclock-semaphore-ear', IF(0, 1, CASE GET_LOCK(%(anchor)s, %(wait)s) "
+                "WHEN 0 THEN 0 WHEN 1 THEN 1 + RELEASE_LOCK(%(anchor)s) ELSE 1 END)"
+            ),
             "SELECT 'asynclock-test-collect', SLEEP(5)",  # a collect slow enough to interrupt
         ),
         wake=heard.append,
         wake_all=lambda: heard.append("all"),
+        anchor=anchor,
         op_timeout=10.0,
     )
     admin = await connect()
@@ -209,3 +216,60 @@ async def test_a_collect_interrupted_by_a_second_kill_wakes_every_waiter(two: Tw
     finally:
         admin.close()
         await ear.aclose()
+        anchor.aclose()
+
+
+async def handoff(two: Two) -> float:
+    """Seconds from a release in the holder's state to the waiter's state taking the permit."""
+    permit = Semaphore(two.holder, "k", limit=1, ttl=30.0)
+    assert await permit.acquire(blocking=False)
+    entered: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(wait(two.waiter, entered))
+    await queued(two.holder, "k", 1)
+    released = time.perf_counter()
+    await permit.release()
+    latency = await entered - released
+    await waiting
+    return latency
+
+
+async def test_an_anchor_whose_connection_dies_is_opened_again(
+    two: Two, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ears wait on a name the state's anchor holds (``_ear.py``): killed, it comes back.
+
+    The ear that finds the name free gives it back and the anchor is opened again before it
+    waits again; the next release reaches the waiter by push. Polling and the place's refresh
+    are slowed to 30 s, so nothing else serves the waiter within the bound.
+    """
+    monkeypatch.setattr(_wake, "FIRST_POLL", SLOW_POLL)
+    monkeypatch.setattr(_wake, "MAX_POLL", SLOW_POLL)
+    monkeypatch.setattr(contend, "PLACE_REFRESH", SLOW_POLL)
+    await handoff(two)  # the waiter's state has its ear and its anchor now
+    name = two.waiter._ear_anchor.name
+    admin = await two.holder._connect_dedicated()
+    try:
+
+        async def holder_of_name() -> int | None:
+            cursor = await admin.cursor()
+            await cursor.execute("SELECT IS_USED_LOCK(%(name)s)", {"name": name})
+            (session,) = (await cursor.fetchall())[0]
+            await cursor.close()
+            return None if session is None else int(str(session))
+
+        anchor = await holder_of_name()
+        assert anchor is not None
+        cursor = await admin.cursor()
+        await cursor.execute(f"KILL CONNECTION {anchor}")
+        await cursor.close()
+        for _ in range(2000):
+            again = await holder_of_name()
+            if again not in (None, anchor):
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("the anchor was not opened again")
+        latency = await handoff(two)
+        assert latency < 1.0, f"served {latency:.3f} s after the release: not pushed"
+    finally:
+        admin.close()

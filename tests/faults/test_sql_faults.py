@@ -15,7 +15,7 @@ injection is ``pg_terminate_backend`` / ``KILL`` of every session with that tag 
 * ``TestWakeKill`` (MariaDB): the waiter's ear (blocked in ``GET_LOCK``) or the holder's bell
   (holding the key's wake name) alone: the waiter polls and is served promptly, and the push
   path comes back by itself.
-* ``TestSemaphoreEarKill`` (MariaDB): a state's semaphore ear (in its marked ``SLEEP``): its
+* ``TestSemaphoreEarKill`` (MariaDB): a state's semaphore ear (in its marked ``GET_LOCK``): its
   waiter is woken to ask again, polls while the ear is down, and is pushed again once it is back.
 
 Expected, on both servers:

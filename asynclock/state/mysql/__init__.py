@@ -16,7 +16,7 @@ state at once. Where the push path does not reach (the ear waits for another key
 is down, the holder does not ring), a waiter re-checks after a bounded back-off (5 ms, doubling
 up to 100 ms, never past the holder's remaining TTL): see :class:`PollingWatch`. The durable
 inbox's hand-out and the semaphore waiters reach other processes another way, an *ear* (a
-connection of its own waiting in a ``SLEEP`` that a procedure interrupts with ``KILL QUERY``,
+connection of its own waiting in a ``GET_LOCK`` that a procedure interrupts with ``KILL QUERY``,
 ``_ear.py``): each serving worker has one, which an accept for a free key interrupts; each state
 whose semaphore waiters wait has one, which a release interrupts when it makes one of them
 eligible (``_semaphore_ear.py``).
@@ -46,7 +46,7 @@ from asynclock.state._pool import ConnectionPool
 from asynclock.state._protocol import Grant, LockInfo, Release
 from asynclock.state._url import StateURL, redact
 from asynclock.state._watch import TokenWatch, registered
-from asynclock.state.mysql._ear import InboxEar
+from asynclock.state.mysql._ear import Anchor, InboxEar
 from asynclock.state.mysql._semaphore_ear import EarWatch, SemaphoreEar
 from asynclock.state.mysql._supersede import SupersedeEar
 from asynclock.state.mysql._wake import PollingWatch, PushWatch, WakeChannel
@@ -127,7 +127,7 @@ class MySQLState(
     * A waiter in another process is woken by the holder's bell (a named lock freed after the
       release) once the key is contended (see :meth:`acquire`); where that does not reach, it
       polls with a bounded back-off (:class:`PollingWatch`). An inbox worker is woken by the
-      ``KILL QUERY`` of its own ear's ``SLEEP``, and so are the semaphore waiters of a state
+      ``KILL QUERY`` of its own ear's wait, and so are the semaphore waiters of a state
       (one ear per state, interrupted by the release that makes one of them eligible). None of
       them ever blocks a pooled connection: the bell, the ears are connections of their own.
     * The durable inbox's accept, step and requeue are each one ``CALL`` of a stored procedure
@@ -185,12 +185,15 @@ class MySQLState(
         self._supersede_ear: SupersedeEar | None = None
         self._supersede_opening = asyncio.Lock()
         self._supersede_watches: dict[str, set[TokenWatch]] = {}
+        #: what every ear of the state (semaphore, supersede, inbox workers') waits on
+        self._ear_anchor = Anchor(connect, op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT)
         #: the semaphore waiters' ear, opened on their first wait
         self._semaphore_ears = SemaphoreEar(
             connect,
             (self._statements["semaphore_ear"], self._statements["semaphore_heard"]),
             wake=self._wake,
             wake_all=self._wake_semaphore_waiters,
+            anchor=self._ear_anchor,
             op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,
         )
         self._semaphore_ears_started = False
@@ -213,8 +216,9 @@ class MySQLState(
         are open for operations; a burst waits for a free one within ``op_timeout``. Two more,
         never pooled, carry the lock's cross-process wake-ups once the state waits or holds a
         contended key (see :mod:`asynclock.state.mysql._wake`); one more, the semaphore
-        waiters' ear, once a semaphore waiter of the state waits (``_semaphore_ear.py``), and
-        one per worker serving the durable inbox.
+        waiters' ear, once a semaphore waiter of the state waits (``_semaphore_ear.py``), one
+        per worker serving the durable inbox, one for supersede signals, and one idle *anchor*
+        that every ear of the state waits on (``_ear.py``).
         """
         parsed = StateURL(url)
         if parsed.scheme != "mysql":
@@ -366,6 +370,7 @@ class MySQLState(
             self._connect_dedicated,
             self._statements["inbox_ear"],
             worker=worker,
+            anchor=self._ear_anchor,
             op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,
         )
         async with self._guard():
@@ -393,6 +398,7 @@ class MySQLState(
         ear, self._supersede_ear = self._supersede_ear, None
         if ear is not None:
             await ear.aclose()
+        self._ear_anchor.aclose()
 
     # -- supersede signals: supersede_v1 kills the query of the holder's ear ----------------
 
@@ -431,6 +437,7 @@ class MySQLState(
                     self._connect_dedicated,
                     self._statements,
                     self._superseded,
+                    anchor=self._ear_anchor,
                     op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,
                 )
                 async with self._guard():

@@ -1,11 +1,18 @@
-"""Cross-process push on MySQL through an *ear*: a session that waits in a marked ``SLEEP``.
+"""Cross-process push on MySQL through an *ear*: a session that waits in a marked statement.
 
 MySQL has no NOTIFY; but a session may kill the running query of another session of its own user
-(``KILL QUERY``), and a ``SLEEP`` killed returns at once. So a process that waits for something
+(``KILL QUERY``), and a wait killed returns at once. So a process that waits for something
 keeps one connection of its own (the ear) in a statement that first looks whether what it waits
-for is there already and else sleeps, and registers that connection's id where the writers find
+for is there already and else waits, and registers that connection's id where the writers find
 it; a writer that makes it ready interrupts the ear (a procedure's ``KILL QUERY``, after checking
 in ``information_schema.PROCESSLIST`` that the connection runs the ear's marked statement).
+
+The wait is ``GET_LOCK`` of a name that the state's :class:`Anchor` (one more connection of its
+own) holds, not ``SLEEP``: the server wakes a killed ``SLEEP`` through one mutex that every
+sleeping session shares, and while sleepers come and go the killer retries it every 50 ms for up
+to 2 s. With a few ears killed at once (an inbox's accepts, a supersede signal) a ``KILL QUERY``
+took up to 2 s and a wake-up up to 6 s on MariaDB 10.11; a ``GET_LOCK`` waiter is woken through
+a mutex of its own (p99 under 12 ms in the same test, ``docs/decisions.md``).
 
 :class:`Ear` is that connection and its loop, the same for every user; what an ear waits for and
 what its owner does once it is interrupted is an :class:`EarListener`. Two use it:
@@ -26,6 +33,9 @@ Invariants:
 * An interrupted statement keeps the connection (only its query was killed); a connection that
   fails (or a listener that raises) is closed and reopened after a pause, the listener told
   that wake-ups may have been lost, and the new id is what it registers next.
+* An ear waits only while its anchor holds the name. An ear whose ``GET_LOCK`` took the name
+  (the anchor's connection was gone) gives it back in the same statement and answers
+  :data:`ANCHOR_LOST`; the anchor is opened again before any ear of the state waits again.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from typing import TYPE_CHECKING, Protocol
 
 from asynclock._compat import deadline_after, wait_set
@@ -43,17 +54,77 @@ if TYPE_CHECKING:
 
     from asynclock.state.mysql._wake import DedicatedConnection
 
-__all__ = ["EAR_WAIT", "Ear", "EarListener", "InboxEar"]
+__all__ = ["ANCHOR_LOST", "EAR_WAIT", "Anchor", "Ear", "EarListener", "InboxEar"]
 
 logger = logging.getLogger("asynclock")
 
-#: seconds the ear's SLEEP lasts (whole seconds: MySQL 8 takes no fraction); an idle ear costs
-#: one statement per this
+#: seconds an ear's wait lasts; an idle ear costs one statement per this
 EAR_WAIT = 5
+#: what an ear's statement answers when its ``GET_LOCK`` took the anchor's name (and gave it back)
+ANCHOR_LOST = 2
 #: seconds before a failed ear connection is opened again
 RECONNECT_DELAY = 1.0
-#: "Query execution was interrupted": what a killed SLEEP inside a larger statement answers
+#: "Query execution was interrupted": what a statement killed outside its wait answers
 INTERRUPTED = 1317
+
+
+class Anchor:
+    """A connection of the state's own that holds one named lock: what the state's ears wait on.
+
+    :meth:`hold` opens it (and takes the name) when it is not open; an ear that found the name
+    free calls :meth:`lost`, and the next :meth:`hold` opens it again. It runs no statement once
+    it holds the name: an idle session, one per state however many ears wait on it.
+    """
+
+    __slots__ = ("_closed", "_conn", "_connect", "_op_timeout", "_opening", "name")
+
+    def __init__(
+        self,
+        connect: Callable[[], Coroutine[object, object, DedicatedConnection]],
+        *,
+        op_timeout: float,
+    ) -> None:
+        #: the lock's name (at most 64 characters, as MySQL 5.7+ allows), unique to this anchor
+        self.name = f"asynclock-ear-anchor:{uuid.uuid4().hex}"
+        self._connect = connect
+        self._op_timeout = op_timeout
+        self._conn: DedicatedConnection | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
+
+    async def hold(self) -> None:
+        """Return once the anchor's connection holds the name (opening it within
+        ``op_timeout`` if it does not)."""
+        async with self._opening:  # a free asyncio.Lock is taken without a yield
+            if self._conn is not None:
+                return
+            if self._closed:  # an ear still running past its state's close: it fails, and stops
+                raise RuntimeError("the state is closed: its ears no longer wait")
+            async with deadline_after(self._op_timeout):
+                conn = await self._connect()
+                try:
+                    cursor = await conn.cursor()
+                    await cursor.execute("SELECT GET_LOCK(%(name)s, 0)", {"name": self.name})
+                    (taken,) = (await cursor.fetchall())[0]
+                    await cursor.close()
+                except BaseException:
+                    conn.close()
+                    raise
+            if taken != 1:  # nobody else names it; a failure here is the server's
+                conn.close()
+                raise RuntimeError(f"the ear anchor could not take {self.name!r}: {taken!r}")
+            self._conn = conn
+
+    def lost(self) -> None:
+        """An ear found the name free: the anchor's connection is gone; open it again."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def aclose(self) -> None:
+        """Close the anchor's connection (the server frees the name with it), for good."""
+        self._closed = True
+        self.lost()
 
 
 class EarListener(Protocol):
@@ -78,6 +149,7 @@ class Ear:
     then :meth:`aclose`. ``channel`` is its connection id, ``None`` while it is down."""
 
     __slots__ = (
+        "_anchor",
         "_args",
         "_channel",
         "_connect",
@@ -95,14 +167,17 @@ class Ear:
         args: Mapping[str, object],
         listener: EarListener,
         *,
+        anchor: Anchor,
         op_timeout: float,
         role: str,
     ) -> None:
-        """``statement`` sleeps ``%(wait)s`` seconds unless what it waits for is there; ``args``
+        """``statement`` waits ``%(wait)s`` seconds for the lock ``%(anchor)s`` unless what it
+        waits for is there (answering :data:`ANCHOR_LOST` last when it took the lock); ``args``
         are its other parameters; ``role`` names the ear in logs and in its task's name."""
         self._connect = connect
         self._statement = statement
-        self._args = {**args, "wait": EAR_WAIT}
+        self._anchor = anchor
+        self._args = {**args, "wait": EAR_WAIT, "anchor": anchor.name}
         self._listener = listener
         self._op_timeout = op_timeout
         self._role = role
@@ -152,6 +227,7 @@ class Ear:
                         conn = await self._open()
                         self._listener.lost()  # wake-ups may have gone to the old connection
                     answer: Sequence[object] | None = None
+                    await self._anchor.hold()
                     try:
                         async with deadline_after(EAR_WAIT + self._op_timeout):
                             cursor = await conn.cursor()
@@ -165,6 +241,8 @@ class Ear:
                     except Exception as exc:
                         if error_code(exc) != INTERRUPTED:
                             raise
+                    if answer is not None and answer[-1] == ANCHOR_LOST:
+                        self._anchor.lost()
                     await self._listener.heard(conn, answer)
                 except asyncio.CancelledError:  # noqa: PERF203 - one try per wait, not per row
                     raise
@@ -200,13 +278,20 @@ class InboxEar:
         statement: str,
         *,
         worker: str,
+        anchor: Anchor,
         op_timeout: float,
     ) -> None:
         """``statement``: ``inbox_ear`` of ``queries.sql``; ``worker``: the id of the worker's row
-        (its hint is what the ear looks for)."""
+        (its hint is what the ear looks for); ``anchor``: the state's."""
         self._watch = HintWatch()
         self._ear = Ear(
-            connect, statement, {"worker": worker}, self, op_timeout=op_timeout, role="inbox"
+            connect,
+            statement,
+            {"worker": worker},
+            self,
+            anchor=anchor,
+            op_timeout=op_timeout,
+            role="inbox",
         )
 
     async def start(self) -> HintWatch:

@@ -1,7 +1,7 @@
 """Push wake-ups for the semaphore waiters of a MySQLState, through one :class:`~._ear.Ear`.
 
 A state whose semaphore waiters wait keeps one ear (opened on the first wait): a connection of
-its own parked in ``semaphore_ear``, a marked ``SLEEP``. Each waiter's place names that ear's
+its own parked in ``semaphore_ear``, a marked wait on the state's anchor. Each waiter's place names that ear's
 ``CONNECTION_ID()`` in its row of ``{prefix}semaphore_ears`` (written by the acquire that queues
 it, no extra statement). A release or abandon that makes waiters eligible marks their rows and,
 once committed, interrupts each of their ears once (``KILL QUERY``, ``semaphore_ring_v1``); the
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable, Coroutine, Sequence
 
+    from asynclock.state.mysql._ear import Anchor
     from asynclock.state.mysql._wake import DedicatedConnection
 
 __all__ = ["EarWatch", "SemaphoreEar"]
@@ -63,14 +64,24 @@ class SemaphoreEar:
         *,
         wake: Callable[[str], None],
         wake_all: Callable[[], None],
+        anchor: Anchor,
         op_timeout: float,
     ) -> None:
-        """``statements``: ``semaphore_ear`` and ``semaphore_heard`` of ``queries.sql``."""
+        """``statements``: ``semaphore_ear`` and ``semaphore_heard`` of ``queries.sql``;
+        ``anchor``: the state's."""
         ear_statement, self._heard = statements
         self._wake = wake
         self._wake_all = wake_all
         self._op_timeout = op_timeout
-        self._ear = Ear(connect, ear_statement, {}, self, op_timeout=op_timeout, role="semaphore")
+        self._ear = Ear(
+            connect,
+            ear_statement,
+            {},
+            self,
+            anchor=anchor,
+            op_timeout=op_timeout,
+            role="semaphore",
+        )
 
     @property
     def channel(self) -> int | None:

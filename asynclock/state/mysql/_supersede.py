@@ -1,11 +1,12 @@
-"""Supersede signals on MySQL: the state's supersede ear, a session that waits in ``SLEEP``.
+"""Supersede signals on MySQL: the state's supersede ear, a session that waits on the anchor.
 
 As for the inbox's hand-out (``_ear.py``), MySQL has no NOTIFY, but a session may kill the
-running query of another session of its own user (``KILL QUERY``), and a ``SLEEP`` killed
-returns at once. A state that listens for a key's supersede signals keeps one connection of its
-own (the ear) in the ``supersede_ear`` statement and names that connection in one row of
-``supersede_ears`` per key it listens on; ``supersede_v1`` (``schema.sql``) marks the signalled
-token in those rows and kills each ear's query.
+running query of another session of its own user (``KILL QUERY``), and a wait killed returns
+at once: the ear waits in ``GET_LOCK`` of the name the state's :class:`~._ear.Anchor` holds
+(why not ``SLEEP``: ``_ear.py``). A state that listens for a key's supersede signals keeps one
+connection of its own (the ear) in the ``supersede_ear`` statement and names that connection in
+one row of ``supersede_ears`` per key it listens on; ``supersede_v1`` (``schema.sql``) marks the
+signalled token in those rows and kills each ear's query.
 
 Invariants:
 
@@ -28,28 +29,30 @@ import logging
 from typing import TYPE_CHECKING
 
 from asynclock._compat import deadline_after
+from asynclock.state.mysql._ear import ANCHOR_LOST
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Mapping
 
+    from asynclock.state.mysql._ear import Anchor
     from asynclock.state.mysql._wake import DedicatedConnection
 
 __all__ = ["SupersedeEar"]
 
 logger = logging.getLogger("asynclock")
 
-#: seconds the ear's SLEEP lasts (whole seconds: MySQL 8 takes no fraction)
+#: seconds the ear's wait lasts
 EAR_WAIT = 5
 #: seconds before a failed ear connection is opened again
 RECONNECT_DELAY = 1.0
-#: "Query execution was interrupted": what a killed SLEEP inside a larger statement answers
+#: "Query execution was interrupted": what a statement killed outside its wait answers
 _INTERRUPTED = 1317
 
 
 class SupersedeEar:
     """One state's supersede ear (see the module): :meth:`start`, then :meth:`aclose`."""
 
-    __slots__ = ("_connect", "_deliver", "_op_timeout", "_statements", "_task", "conn")
+    __slots__ = ("_anchor", "_connect", "_deliver", "_op_timeout", "_statements", "_task", "conn")
 
     def __init__(
         self,
@@ -57,10 +60,12 @@ class SupersedeEar:
         statements: Mapping[str, str],
         deliver: Callable[[str, int], None],
         *,
+        anchor: Anchor,
         op_timeout: float,
     ) -> None:
         """``statements``: ``supersede_ear``, ``supersede_heard``, ``supersede_read`` of
-        ``queries.sql``; ``deliver(hex_id, token)``: a signal heard."""
+        ``queries.sql``; ``deliver(hex_id, token)``: a signal heard; ``anchor``: the state's."""
+        self._anchor = anchor
         self._connect = connect
         self._statements = statements
         self._deliver = deliver
@@ -111,8 +116,12 @@ class SupersedeEar:
                     if conn is None:
                         conn = await self._open()
                     await self._read(conn)
+                    await self._anchor.hold()
                     async with deadline_after(EAR_WAIT + self._op_timeout):
-                        await _query(conn, self._statements["supersede_ear"], {"wait": EAR_WAIT})
+                        args = {"wait": EAR_WAIT, "anchor": self._anchor.name}
+                        rows = await _query(conn, self._statements["supersede_ear"], args)
+                    if rows and rows[0][-1] == ANCHOR_LOST:
+                        self._anchor.lost()
                 except asyncio.CancelledError:  # noqa: PERF203 - one wait per round
                     raise
                 except Exception as exc:  # noqa: BLE001 - an ear that fails is reopened

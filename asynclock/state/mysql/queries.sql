@@ -212,14 +212,16 @@ CALL {prefix}inbox_worker_gone_v1(%(worker)s)
 
 -- inbox_ear --
 -- What a worker's ear waits in: at once 0 when the worker's row holds a hint (a key it was woken
--- for: a kill that came between two of these costs nothing), else SLEEP(wait), which the accept
--- that wakes this worker interrupts (KILL QUERY: the statement fails, "interrupted"); 0 (SLEEP's
--- answer) after the whole wait. Keys with work that no wake-up named are not its business: they
--- go to the worker they were handed to, or to a rescan. The marker lets inbox_wake_one_v2 kill
--- only a waiting ear.
+-- for: a kill that came between two of these costs nothing), else up to "wait" seconds for the
+-- lock "anchor" (held by the state's anchor, _ear.py), which the accept that wakes this worker
+-- interrupts (KILL QUERY: GET_LOCK answers NULL, 1 here); 0 after the whole wait; 2 when it took
+-- the lock (the anchor is gone), given back at once. Keys with work that no wake-up named are not
+-- its business: they go to the worker they were handed to, or to a rescan. The marker lets
+-- inbox_wake_one_v2 kill only a waiting ear.
 SELECT 'asynclock-inbox-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}inbox_workers WHERE id = %(worker)s AND hint IS NOT NULL
-), 0, SLEEP(%(wait)s))
+), 0, CASE GET_LOCK(%(anchor)s, %(wait)s)
+    WHEN 0 THEN 0 WHEN 1 THEN 1 + RELEASE_LOCK(%(anchor)s) ELSE 1 END)
 
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
@@ -361,12 +363,14 @@ LIMIT %(batch)s
 
 -- semaphore_ear --
 -- What the semaphore waiters' ear of a state waits in: at once 1 when a release marked one of
--- its waiters (a kill missed between two of these costs nothing), else SLEEP(wait), which such a
--- release interrupts (KILL QUERY: the statement fails, "interrupted"); 0 after the whole wait.
--- The marker lets ear_kill_v1 kill only a waiting ear.
+-- its waiters (a kill missed between two of these costs nothing), else up to "wait" seconds for
+-- the lock "anchor" (held by the state's anchor, _ear.py), which such a release interrupts
+-- (KILL QUERY: GET_LOCK answers NULL, 1 here); 0 after the whole wait; 2 when it took the lock
+-- (the anchor is gone), given back at once. The marker lets ear_kill_v1 kill only a waiting ear.
 SELECT 'asynclock-semaphore-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}semaphore_ears WHERE conn = CONNECTION_ID() AND woken = 1
-), 1, SLEEP(%(wait)s))
+), 1, CASE GET_LOCK(%(anchor)s, %(wait)s)
+    WHEN 0 THEN 0 WHEN 1 THEN 1 + RELEASE_LOCK(%(anchor)s) ELSE 1 END)
 
 -- semaphore_heard --
 -- What the ear collects once interrupted: its marked waiters, "<key id hex>:<owner>" one per
@@ -406,12 +410,14 @@ UPDATE {prefix}supersede_ears SET fresh = 0
 WHERE id = UNHEX(%(id)s) AND conn = %(conn)s AND token = %(token)s
 
 -- supersede_ear --
--- What the ear waits in: at once 0 when a signal for it is unread, else SLEEP(wait), which a
--- signal's KILL QUERY interrupts (the statement fails, "interrupted"); 1 after the whole wait.
--- The marker lets supersede_v1 kill only a waiting ear.
+-- What the ear waits in: at once 0 when a signal for it is unread, else up to "wait" seconds for
+-- the lock "anchor" (held by the state's anchor, _ear.py), which a signal's KILL QUERY
+-- interrupts (GET_LOCK answers NULL, 0 here); 1 after the whole wait; 2 when it took the lock
+-- (the anchor is gone), given back at once. The marker lets supersede_v1 kill only a waiting ear.
 SELECT 'asynclock-supersede-ear', IF(EXISTS (
     SELECT 1 FROM {prefix}supersede_ears WHERE conn = CONNECTION_ID() AND fresh = 1
-), 0, SLEEP(%(wait)s))
+), 0, CASE GET_LOCK(%(anchor)s, %(wait)s)
+    WHEN 0 THEN 1 WHEN 1 THEN 1 + RELEASE_LOCK(%(anchor)s) ELSE 0 END)
 
 -- purge_supersede_ears --
 -- Delete up to "batch" supersede_ears rows whose lease passed (left by a state that crashed).

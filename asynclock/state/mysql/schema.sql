@@ -131,7 +131,7 @@ $$;
 
 -- The inbox's hand-out (EventDispatcher.serve): a key with work and no holder goes to ONE worker.
 -- Each serving worker has a row here, kept alive by its lease, naming the connection of its "ear":
--- a session that waits in SLEEP() for work. An accept that finds its key free wakes one live
+-- a session that waits in GET_LOCK() for work (on a name its state's anchor holds, _ear.py). An accept that finds its key free wakes one live
 -- worker, chosen at random, by killing its ear's query (KILL QUERY: a user may kill the queries of
 -- its own sessions); the worker then takes a key (inbox_claim).
 CREATE TABLE IF NOT EXISTS {prefix}inbox_workers (
@@ -754,7 +754,7 @@ CREATE TABLE IF NOT EXISTS {prefix}semaphore_waiters (
 ) ENGINE = InnoDB;
 
 -- Push wake-ups across processes (MySQL has no NOTIFY): a waiting state keeps an "ear", a
--- connection of its own parked in a marked SLEEP (the semaphore_ear query). A place whose state
+-- connection of its own parked in a marked GET_LOCK (the semaphore_ear query). A place whose state
 -- has an ear has a row here naming the ear's CONNECTION_ID(), written by the acquire that queues
 -- it. A release or abandon that makes waiters eligible marks their rows (woken = 1) and, after
 -- its commit, interrupts each of their ears once (KILL QUERY); the ear's statement first looks
@@ -1113,7 +1113,7 @@ $$;
 
 -- Supersede signals (on_lock_conflict="supersede"): one row per key and state that listens for
 -- them (a holder, or a waiter about to hold), naming the connection of the state's supersede ear,
--- a session that waits in SLEEP(). "token" is the fencing token last signalled for the key,
+-- a session that waits in GET_LOCK(). "token" is the fencing token last signalled for the key,
 -- "fresh" set until the ear has read it. A row outlives a crashed state until its lease (a day)
 -- passes; purge_expired deletes it after.
 CREATE TABLE IF NOT EXISTS {prefix}supersede_ears (
