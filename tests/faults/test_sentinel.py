@@ -189,14 +189,25 @@ async def test_failover_mid_load(
 ) -> None:
     """The master dies (SIGKILL) or is demoted (``SENTINEL FAILOVER``) under load."""
     a, b = open_state(), open_state()
-    # the waiter's fallback attempt comes when the holder's TTL runs out: 6 s leaves the
-    # failover (0.5 s to notice the master down, then the election) time to finish first on a
-    # loaded machine; an attempt inside the window raises StateUnavailableError, as it must
+    load = Load(a)
+    await until(load.succeeded_since(0.0, 50), "the load to run", within=5.0)
+    # the waiter's fallback attempt comes when the holder's TTL runs out: 6 s from just before
+    # the kill (the load started first: its start, slow on a loaded machine, must not use the
+    # TTL up) leaves the failover (0.5 s to notice the master down, then the election) time to
+    # finish first; an attempt inside the window raises StateUnavailableError, as it must
     holder = AsyncLock(a, "held", ttl=6.0)
     assert await bounded(holder.acquire(), "the holder", 5.0)
     waiting = asyncio.create_task(serve(AsyncLock(b, "held", ttl=3.0, timeout=30.0)))
-    load = Load(a)
-    await until(load.succeeded_since(0.0, 50), "the load to run", within=5.0)
+    admin = topology.client(topology.master.port)
+    try:
+
+        async def blocked() -> bool:
+            reply: Any = await admin.pubsub_numsub(f"{b.lock_key('held')}:released")
+            return int(reply[0][1]) > 0
+
+        await until(blocked, "the waiter's SUBSCRIBE", within=3.0)
+    finally:
+        await admin.aclose()
 
     down_at = time.monotonic()
     if how == "kill":
