@@ -154,16 +154,7 @@ async def test_round_trip_through_discovery(
     # a blocked waiter of another state is woken by the release (pub/sub on the master)
     other = open_state()
     waiting = asyncio.create_task(serve(AsyncLock(other, "k", ttl=5.0, timeout=10.0)))
-    admin = topology.client(topology.master.port)
-    try:
-
-        async def subscribed() -> bool:
-            reply: Any = await admin.pubsub_numsub(f"{state.lock_key('k')}:released")
-            return int(reply[0][1]) > 0
-
-        await until(subscribed, "the waiter's SUBSCRIBE", within=3.0)
-    finally:
-        await admin.aclose()
+    await waiter_subscribed(topology, state, "k")
     released_at = time.monotonic()
     await lock.release()
     acquired_at = await bounded(waiting, "the waiter", 5.0)
@@ -175,6 +166,20 @@ async def test_round_trip_through_discovery(
         assert await bounded(Deduper(by_url).first_seen("e1"), "first_seen", 5.0) is True
     finally:
         await by_url.aclose()
+
+
+async def waiter_subscribed(topology: SentinelSet, state: RedisState, key: str) -> None:
+    """Return once a waiter listens on the master for the release of ``state``'s ``key``."""
+    admin = topology.client(topology.master.port)
+    try:
+
+        async def subscribed() -> bool:
+            reply: Any = await admin.pubsub_numsub(f"{state.lock_key(key)}:released")
+            return int(reply[0][1]) > 0
+
+        await until(subscribed, "the waiter's SUBSCRIBE", within=3.0)
+    finally:
+        await admin.aclose()
 
 
 @pytest.mark.parametrize("url", ["redis+sentinel://127.0.0.1:1", "redis+sentinel:///svc"])
@@ -198,16 +203,7 @@ async def test_failover_mid_load(
     holder = AsyncLock(a, "held", ttl=6.0)
     assert await bounded(holder.acquire(), "the holder", 5.0)
     waiting = asyncio.create_task(serve(AsyncLock(b, "held", ttl=3.0, timeout=30.0)))
-    admin = topology.client(topology.master.port)
-    try:
-
-        async def blocked() -> bool:
-            reply: Any = await admin.pubsub_numsub(f"{b.lock_key('held')}:released")
-            return int(reply[0][1]) > 0
-
-        await until(blocked, "the waiter's SUBSCRIBE", within=3.0)
-    finally:
-        await admin.aclose()
+    await waiter_subscribed(topology, b, "held")
 
     down_at = time.monotonic()
     if how == "kill":
