@@ -594,6 +594,14 @@ class TestWakeKill:
 
         held = asyncio.create_task(keep())
         await bounded(holding.wait(), "the holder's acquire", CALL_BOUND)
+
+        async def bell_holds() -> bool:
+            return await sql.lock_holder(name) is not None
+
+        # the waiter starts once the bell holds the name: an ear's look takes a free name for
+        # an instant, and a bell's GET_LOCK(name, 0) landing in that instant does not hold it
+        # for this holding (documented: the waiter polls), which is not the path killed here
+        await until(bell_holds, "the bell to hold the wake name", within=CALL_BOUND)
         served = asyncio.create_task(serve(AsyncLock(b, key, ttl=self.HOLD_TTL)))
 
         sessions: dict[str, int] = {}
