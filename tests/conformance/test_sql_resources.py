@@ -54,6 +54,7 @@ OWN_QUERIES = {
         "purge_semaphore_holders",
         "purge_semaphore_waiters",
         "inbox_ear",
+        "inbox_ear_moved",  # a reopened ear names its new id in its worker's row
         # the semaphore waiters' ear (push wake-ups through KILL QUERY) and its rows
         "semaphore_ear",
         "semaphore_heard",

@@ -469,6 +469,14 @@ class TestInboxKill:
                     return bool((await sql.listeners()) - killed)
 
                 await until(listening_again, "the worker to LISTEN again", within=3.0)
+            else:
+
+                async def ear_waits_again() -> bool:
+                    return bool(await sql.running("asynclock-inbox-ear"))
+
+                # the accept comes once the reopened ear waits: the row must name its new id
+                # by then, not at the lease's next renewal (the ear's whole wait later)
+                await until(ear_waits_again, "the worker's ear to wait again", within=5.0)
             accepted_at = time.monotonic()
             await until(
                 works(lambda: producer.accept(Event("message", "slack", "C1", "T1", "after"))),

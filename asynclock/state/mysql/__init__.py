@@ -368,7 +368,7 @@ class MySQLState(
             await self._ensure_schema()
         ear = InboxEar(
             self._connect_dedicated,
-            self._statements["inbox_ear"],
+            (self._statements["inbox_ear"], self._statements["inbox_ear_moved"]),
             worker=worker,
             anchor=self._ear_anchor,
             op_timeout=self._op_timeout or DEFAULT_OP_TIMEOUT,

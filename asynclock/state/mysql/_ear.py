@@ -130,8 +130,13 @@ class Anchor:
 class EarListener(Protocol):
     """What an :class:`Ear` tells its owner."""
 
-    def opened(self, channel: str) -> None:
-        """A new ear connection, whose ``CONNECTION_ID()`` is ``channel``: what to register."""
+    async def opened(self, conn: DedicatedConnection, channel: str) -> None:
+        """A new ear connection, whose ``CONNECTION_ID()`` is ``channel``: what to register.
+
+        Runs before the ear's first wait on ``conn``, and may run statements on it (a
+        registration made there is committed before the ear's first look); an exception drops
+        the connection.
+        """
 
     def lost(self) -> None:
         """Wake-ups may have been missed: the ear failed, or was reopened under a new id."""
@@ -212,11 +217,12 @@ class Ear:
                 await cursor.execute("SELECT CONNECTION_ID()")
                 rows = await cursor.fetchall()
                 await cursor.close()
+                channel = str(rows[0][0])
+                await self._listener.opened(conn, channel)
             except BaseException:
                 conn.close()
                 raise
-        self._channel = str(rows[0][0])
-        self._listener.opened(self._channel)
+        self._channel = channel
         return conn
 
     async def _listen(self, conn: DedicatedConnection | None) -> None:
@@ -270,19 +276,22 @@ class InboxEar:
     second time for nothing.
     """
 
-    __slots__ = ("_ear", "_watch")
+    __slots__ = ("_ear", "_moved", "_watch", "_worker")
 
     def __init__(
         self,
         connect: Callable[[], Coroutine[object, object, DedicatedConnection]],
-        statement: str,
+        statements: tuple[str, str],
         *,
         worker: str,
         anchor: Anchor,
         op_timeout: float,
     ) -> None:
-        """``statement``: ``inbox_ear`` of ``queries.sql``; ``worker``: the id of the worker's row
-        (its hint is what the ear looks for); ``anchor``: the state's."""
+        """``statements``: ``inbox_ear`` and ``inbox_ear_moved`` of ``queries.sql``; ``worker``:
+        the id of the worker's row (its hint is what the ear looks for); ``anchor``: the
+        state's."""
+        statement, self._moved = statements
+        self._worker = worker
         self._watch = HintWatch()
         self._ear = Ear(
             connect,
@@ -303,9 +312,18 @@ class InboxEar:
         """Stop listening and close the ear's connection."""
         await self._ear.aclose()
 
-    def opened(self, channel: str) -> None:
-        """See :meth:`EarListener.opened`: the id the worker's row names."""
+    async def opened(self, conn: DedicatedConnection, channel: str) -> None:
+        """See :meth:`EarListener.opened`: the id the worker's row names, written into the row
+        (when it exists: a new worker registers it) before the ear's first look. An accept that
+        wrote its hint before that look is seen by it; one that writes it after kills this id.
+        Left to the lease's renewal, the row named the dead id for up to a third of the lease,
+        and an accept then waited for the ear's whole wait (``docs/decisions.md``)."""
         self._watch.channel = channel
+        cursor = await conn.cursor()
+        try:
+            await cursor.execute(self._moved, {"worker": self._worker})
+        finally:
+            await cursor.close()
 
     def lost(self) -> None:
         """See :meth:`EarListener.lost`: the worker claims once."""

@@ -99,7 +99,7 @@ class SemaphoreEar:
 
     # -- EarListener ----------------------------------------------------------------------------
 
-    def opened(self, channel: str) -> None:
+    async def opened(self, conn: DedicatedConnection, channel: str) -> None:
         """See :meth:`~._ear.EarListener.opened`: the acquires that queue name it from now."""
 
     def lost(self) -> None:

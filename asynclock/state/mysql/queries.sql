@@ -223,6 +223,11 @@ SELECT 'asynclock-inbox-ear', IF(EXISTS (
 ), 0, CASE GET_LOCK(%(anchor)s, %(wait)s)
     WHEN 0 THEN 0 WHEN 1 THEN 1 + RELEASE_LOCK(%(anchor)s) ELSE 1 END)
 
+-- inbox_ear_moved --
+-- A worker's ear opened again under a new connection id: the worker's row names it from now, on
+-- the ear's own connection before its first inbox_ear (no row yet: inbox_worker_seen makes it).
+UPDATE {prefix}inbox_workers SET conn = CONNECTION_ID() WHERE id = %(worker)s
+
 -- inbox_step --
 -- As owner, holder of the key's lock: finish entry "done" (deleted, or a dead letter with the
 -- error text "dead"), then hand out the head (attempts + 1 when "take"), or release the lock when

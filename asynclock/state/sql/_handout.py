@@ -11,7 +11,7 @@ on every accept.
 How a backend wakes a worker is its own (:class:`WakeUps`): PostgreSQL cancels the worker's
 ear's ``pg_sleep`` (the key written in the worker's row; a NOTIFY on the worker's own channel,
 heard on the state's LISTEN connection, when it may not: ``postgres/_ear.py``); MySQL writes the
-key in the worker's row too and kills the worker's ear's ``SLEEP`` (``mysql/_ear.py``). Either
+key in the worker's row too and kills the worker's ear's wait (``mysql/_ear.py``). Either
 way the ear answers only for its own worker's key, so a worker re-arming its ear never takes the
 key another was woken for.
 
